@@ -1,0 +1,58 @@
+"""PNG plots of a sweep: scaling (speedup vs workers) and statistical efficiency (validation metric vs time)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from analysis.runs import Row  # noqa: E402
+from analysis.speedup import baseline_for  # noqa: E402
+
+
+def plot_speedup(rows: list[Row], path: Path) -> Path:
+    workloads = sorted({r.workload for r in rows})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for row in rows:
+            base = baseline_for(row, rows)
+            if row.workload == workload and row.status == "finished" and base and row.throughput:
+                lines[row.strategy].append((row.workers, row.throughput / base.throughput))
+        top = max((w for pts in lines.values() for w, _ in pts), default=1)
+        ax.plot([1, top], [1, top], "k:", label="linear")
+        for strategy, points in sorted(lines.items()):
+            points.sort()
+            ax.plot([w for w, _ in points], [s for _, s in points], "o-", label=strategy)
+        ax.set(title="/".join(workload), xlabel="workers", ylabel="speedup vs baseline")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_convergence(rows: list[Row], client, path: Path) -> Path:
+    """Validation metric against cumulative training time, the view Study N argues for."""
+    workloads = sorted({r.workload for r in rows})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        for row in rows:
+            if row.workload != workload or row.val_metric is None:
+                continue
+            times = {m.step: m.value for m in client.get_metric_history(row.run_id, "train_time_s")}
+            values = sorted((m.step, m.value) for m in client.get_metric_history(row.run_id, row.val_metric))
+            points = [(times[step], v) for step, v in values if step in times]
+            if points:
+                ax.plot(*zip(*points), "o-", label=f"{row.strategy}/w{row.workers}")
+            ax.set(ylabel=row.val_metric)
+        ax.set(title="/".join(workload), xlabel="training time (s)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,42 @@
+"""Speedup table: mean epoch time and throughput of each point against its workload's 1-worker baseline.
+
+The baseline of a (dataset, network) is its `single` run on one worker, else the run with the
+fewest workers of the same strategy. Speedup is the throughput ratio (samples/s), which equals
+the epoch-time ratio when epochs cover the same data (one pass over the training set).
+"""
+
+from __future__ import annotations
+
+from analysis.runs import Row
+
+
+def baseline_for(row: Row, rows: list[Row]) -> Row | None:
+    finished = [r for r in rows if r.workload == row.workload and r.status == "finished" and r.throughput]
+    single = [r for r in finished if r.strategy == "single" and r.workers == 1]
+    if single:
+        return single[0]
+    same = sorted((r for r in finished if r.strategy == row.strategy), key=lambda r: r.workers)
+    return same[0] if same else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def speedup_table(rows: list[Row]) -> str:
+    lines = [
+        "| dataset | network | strategy | workers | status | epoch time (s) | samples/s | speedup | baseline "
+        "| peak memory (MB) | final val metric |",
+        "|---|---|---|---:|---|---:|---:|---:|---|---:|---|",
+    ]
+    for row in rows:
+        base = baseline_for(row, rows)
+        speedup = row.throughput / base.throughput if base and row.throughput and row.status == "finished" else None
+        baseline = f"{base.strategy}/w{base.workers}" if base else "-"
+        metric = f"{row.val_metric} {row.val_value:.4g}" if row.val_value is not None else "-"
+        lines.append(
+            f"| {row.dataset} | {row.network} | {row.strategy} | {row.workers} | {row.status} "
+            f"| {_fmt(row.epoch_time_s, '.3f')} | {_fmt(row.throughput, '.1f')} | {_fmt(speedup, '.2f')} "
+            f"| {baseline} | {_fmt(row.peak_memory_mb, '.0f')} | {metric} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Start one point on this machine: `torchrun --standalone` with one process per worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+
+
+def torchrun_command(point_dir: Path, workers: int) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        f"--nproc-per-node={workers}", "--max-restarts=0", "--monitor-interval=0.5",
+        "-m", "suite.worker", str(point_dir),
+    ]
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the whole process group (torchrun and its workers), SIGKILL what is left after the grace."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_streamed(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str]) -> LaunchResult:
+    """Run `cmd` in its own process group, copying its output to the console and to `log_path`."""
+    start = time.monotonic()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, start_new_session=True, bufsize=1)
+
+        def pump() -> None:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                log.write(line)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop(proc)
+        reader.join(5)
+    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start)
+
+
+def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str]) -> LaunchResult:
+    return run_streamed(torchrun_command(point_dir, workers), point_dir / "launcher.log", timeout_s, env)

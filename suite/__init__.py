@@ -1,0 +1,1 @@
+"""Reproducible benchmark suite for distributed deep-learning training."""

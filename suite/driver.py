@@ -1,0 +1,120 @@
+"""Runs a planned sweep point by point and records every point as one MLflow run.
+
+The sweep goes on past broken points: each ends as a run with its status (finished, oom,
+timeout, failed, invalid), one error line and its logs. Points that already have a finished run
+with the same config hash are skipped unless forced.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from launchers import LaunchResult, launch
+from suite.manifest import git_sha
+from suite.paths import REPO_ROOT, results_dir
+from suite.plan import Point
+from suite.point_dir import PointDir
+from suite.tracking import Store, run_params
+
+
+@dataclass(frozen=True)
+class Outcome:
+    point: Point
+    status: str
+    error: str | None
+    run_id: str | None
+    point_dir: PointDir | None = None  # None when skipped
+
+
+def new_point_dir(point: Point) -> PointDir:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = results_dir() / "points" / point.cfg.tracking.experiment
+    name = f"{stamp}-{point.label.replace('/', '_')}-{point.config_hash[:8]}"
+    for attempt in range(1000):  # never reuse a directory: earlier results stay untouched
+        path = base / (name if attempt == 0 else f"{name}.{attempt}")
+        try:
+            path.mkdir(parents=True)
+            return PointDir(path)
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a point directory under {base}")
+
+
+def worker_env(point: Point, position: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SUITE_POINT_LABEL"] = f"[{position} {point.label}]"
+    env["PYTHONUNBUFFERED"] = "1"
+    threads = point.cfg.cluster.threads_per_worker or max(1, (os.cpu_count() or 1) // point.cfg.workers)
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _worker_exit_code(launcher_log: Path) -> int | None:
+    """The exit code torchrun reports for the first failed worker (negative: killed by that signal)."""
+    if not launcher_log.exists():
+        return None
+    match = re.search(r"exitcode\s*:\s*(-?\d+)", launcher_log.read_text(errors="replace"))
+    return int(match.group(1)) if match else None
+
+
+def judge(out: PointDir, result: LaunchResult, timeout_s: float) -> tuple[str, str | None]:
+    """Status and error line of a point from what its workers left behind and how the launcher ended."""
+    if result.timed_out:
+        return "timeout", f"no result after timeout_s={timeout_s:g} s; the point was stopped"
+    errors = out.errors()
+    if errors:
+        return errors[0]["status"], f"rank {errors[0]['rank']}: {errors[0]['error']}"
+    if result.returncode == 0 and out.summary() is not None:
+        return "finished", None
+    code = _worker_exit_code(out.path / "launcher.log")
+    if code == -9:
+        return "oom", "a worker was killed by SIGKILL (most likely the kernel's out-of-memory killer)"
+    if code is not None and code < 0:
+        return "failed", f"a worker was killed by signal {-code} without an error report (see its log)"
+    if code:
+        return "failed", f"a worker exited with code {code} without an error report (see its log)"
+    return "failed", f"the launcher exited with code {result.returncode} without a result"
+
+
+def run_point(point: Point, store: Store, position: str) -> Outcome:
+    out = new_point_dir(point)
+    OmegaConf.save(point.cfg, out.config, resolve=True)
+    start = time.time()
+    result = launch(point.cfg.cluster.scheduler, out.path, point.cfg.workers, point.cfg.timeout_s,
+                    worker_env(point, position))
+    status, error = judge(out, result, point.cfg.timeout_s)
+    tags = {"suite.status": status, "suite.config_hash": point.config_hash, "suite.git_sha": git_sha(REPO_ROOT),
+            "suite.point_dir": str(out.path), "suite.label": point.label}
+    if error:
+        tags["suite.error"] = error
+    run_id = store.record(
+        point.cfg.tracking.experiment, point.label, run_params(point.cfg, point.global_batch_size), tags,
+        out.epochs(), out.summary() or {},
+        [out.config, out.manifest_file, out.logs, out.path / "launcher.log", out.summary_file, out.epochs_file,
+         *sorted(out.path.glob("error.rank*.json"))],
+        start, time.time(),
+    )
+    return Outcome(point, status, error, run_id, out)
+
+
+def run_sweep(points: list[Point], store: Store, force: bool = False) -> list[Outcome]:
+    outcomes = []
+    for k, point in enumerate(points, 1):
+        position = f"{k}/{len(points)}"
+        done = None if force else store.finished_run(point.cfg.tracking.experiment, point.config_hash)
+        if done:
+            print(f"[{position} {point.label}] skipped: finished run {done.info.run_id} has this config", flush=True)
+            outcomes.append(Outcome(point, "finished", None, done.info.run_id))
+            continue
+        print(f"[{position} {point.label}] starting ({' '.join(point.overrides)})", flush=True)
+        outcome = run_point(point, store, position)
+        line = f"[{position} {point.label}] {outcome.status}"
+        print(line + (f": {outcome.error}" if outcome.error else "") + f" (run {outcome.run_id})", flush=True)
+        outcomes.append(outcome)
+    return outcomes

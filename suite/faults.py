@@ -1,0 +1,22 @@
+"""Deliberate failures inside a worker, to exercise how the suite records broken points."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+FAULT_KINDS = ("error", "oom", "hang", "exit")
+
+
+def inject_fault(kind: str, step: int) -> None:
+    if kind == "error":
+        raise RuntimeError(f"injected fault at step {step}")
+    if kind == "oom":
+        torch.empty(1 << 50, dtype=torch.uint8)  # a real allocator failure (1 PiB), not a simulated one
+    if kind == "hang":
+        while True:
+            time.sleep(60)
+    if kind == "exit":
+        os._exit(3)  # dies without a Python traceback, like a crash in native code

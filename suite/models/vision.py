@@ -1,0 +1,61 @@
+"""torchvision's CNNs, untrained, adapted to the dataset's channels, resolution and classes.
+
+For small inputs (CIFAR, MNIST, digits) they are changed as Study J did: ResNets get the CIFAR stem
+(3x3 stride-1 convolution, no max-pool), MobileNetV2 keeps full resolution in its first layer, and
+VGG keeps only the max-pools the resolution allows, with a global-pool + linear head in place of
+the 4096-wide ImageNet classifier.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torchvision
+from torch import nn
+from torchvision.models.vgg import VGG, cfgs, make_layers
+
+SMALL_INPUT = 64  # images up to this side are "small" (CIFAR-style adaptations)
+VGG_LAYOUTS = {"vgg11": "A", "vgg16": "D"}
+
+
+def _conv(in_channels: int, out_channels: int, kernel: int, stride: int) -> nn.Conv2d:
+    conv = nn.Conv2d(in_channels, out_channels, kernel, stride, kernel // 2, bias=False)
+    nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+    return conv
+
+
+def resnet(arch: str, channels: int, classes: int, image_size: int) -> nn.Module:
+    model = getattr(torchvision.models, arch)(weights=None, num_classes=classes)
+    if image_size <= SMALL_INPUT:
+        model.conv1 = _conv(channels, 64, 3, 1)
+        model.maxpool = nn.Identity()
+    elif channels != 3:
+        model.conv1 = _conv(channels, 64, 7, 2)
+    return model
+
+
+def vgg(arch: str, channels: int, classes: int, image_size: int, width: float, dropout: float) -> nn.Module:
+    max_pools = int(math.log2(image_size))  # each pool halves the side; stop at one pixel
+    layout: list = []
+    for entry in cfgs[VGG_LAYOUTS[arch]]:
+        if entry != "M":
+            layout.append(max(1, round(entry * width)))
+        elif layout.count("M") < max_pools:
+            layout.append("M")
+    features = make_layers(layout, batch_norm=False)
+    features[0] = nn.Conv2d(channels, layout[0], 3, padding=1)
+    model = VGG(features, num_classes=classes, dropout=dropout)  # initialises every layer as torchvision does
+    if image_size <= SMALL_INPUT or width != 1:
+        model.avgpool = nn.AdaptiveAvgPool2d(1)
+        model.classifier = nn.Linear(layout[-1] if layout[-1] != "M" else layout[-2], classes)
+        nn.init.normal_(model.classifier.weight, 0, 0.01)
+        nn.init.zeros_(model.classifier.bias)
+    return model
+
+
+def mobilenet_v2(channels: int, classes: int, image_size: int, width: float, dropout: float) -> nn.Module:
+    model = torchvision.models.mobilenet_v2(weights=None, num_classes=classes, width_mult=width, dropout=dropout)
+    first = model.features[0][0]
+    if channels != 3 or image_size <= SMALL_INPUT:
+        model.features[0][0] = _conv(channels, first.out_channels, 3, 1 if image_size <= SMALL_INPUT else 2)
+    return model

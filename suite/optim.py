@@ -1,0 +1,15 @@
+"""Optimizers selectable from the config (`optimizer.name`)."""
+
+from __future__ import annotations
+
+import torch
+
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def build_optimizer(params, cfg) -> torch.optim.Optimizer:
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {cfg.name!r}")

@@ -1,0 +1,172 @@
+"""From command-line overrides or a sweep file to a list of validated points, before anything runs.
+
+Every point of a sweep is composed and checked first; one bad point rejects the whole sweep with
+one line per problem, so a mistake never surfaces hours into a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from suite.config import register_schema
+from suite.data import check_dataset
+from suite.dist import will_use_cuda
+from suite.errors import ConfigError
+from suite.faults import FAULT_KINDS
+from suite.models import check_network
+from suite.optim import OPTIMIZERS
+from suite.paths import CONF_DIR
+from suite.precision import PRECISIONS
+from suite.strategies import build_strategy
+
+# Settings that change how a point is run or reported, not what it measures.
+NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights")
+TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
+
+
+@dataclass(frozen=True)
+class Point:
+    overrides: tuple[str, ...]
+    cfg: DictConfig
+    global_batch_size: int
+
+    @property
+    def label(self) -> str:
+        c = self.cfg
+        return f"{c.dataset.name}/{c.network.name}/{c.strategy.name}/w{c.workers}"
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.cfg)
+
+
+def config_hash(cfg: DictConfig) -> str:
+    identity = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IDENTITY}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """Hydra's own sweep syntax: `strategy=single,ddp workers=1,2` is the cartesian product."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if not multirun:
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            raise ConfigError(f"{sweeps[0]!r} is a sweep: add -m (--multirun) to run every value")
+        return [overrides]
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def sweep_lines(name: str) -> list[list[str]]:
+    """A sweep file (conf/sweep/<name>.yaml): `common` overrides plus `points`, one override line each."""
+    path = CONF_DIR / "sweep" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise ConfigError(f"no sweep {name!r} in conf/sweep (known: {known})")
+    sweep = OmegaConf.load(path)
+    common = list(sweep.get("common", []))
+    return [common + line.split() for line in sweep.points]
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    try:
+        return compose(config_name="config", overrides=overrides)
+    except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
+        raise ConfigError(" ".join(str(e).split())) from e
+
+
+def _check_ranges(cfg: DictConfig) -> None:
+    positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "epochs": cfg.epochs,
+                "timeout_s": cfg.timeout_s, "log_every": cfg.log_every, "optimizer.lr": cfg.optimizer.lr,
+                "cluster.workers_per_node": cfg.cluster.workers_per_node}
+    optional = {"steps_per_epoch": cfg.steps_per_epoch, "eval_batches": cfg.eval_batches, "nodes": cfg.nodes,
+                "cluster.threads_per_worker": cfg.cluster.threads_per_worker}
+    for key, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if cfg.warmup_steps < 0:
+        raise ConfigError(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    choices = {"precision": (cfg.precision, PRECISIONS), "optimizer.name": (cfg.optimizer.name, OPTIMIZERS),
+               "cluster.device": (cfg.cluster.device, ("auto", "cpu", "cuda"))}
+    if cfg.fault.kind is not None:
+        choices["fault.kind"] = (cfg.fault.kind, FAULT_KINDS)
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{key}={value} is not one of {', '.join(allowed)}")
+    metric = TASK_METRICS.get(cfg.dataset.kind)
+    if cfg.target.metric is not None and cfg.target.metric != metric:
+        raise ConfigError(f"target.metric={cfg.target.metric} does not fit {cfg.dataset.kind} data (use {metric})")
+    if not 0 <= cfg.fault.rank < cfg.workers:
+        raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
+
+
+def _check_device(cfg: DictConfig) -> None:
+    """What this machine can check for points it runs itself (a cluster's nodes are checked there)."""
+    if cfg.cluster.scheduler != "local":
+        return
+    if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("cluster.device=cuda but this machine has no CUDA device")
+    uses_cuda = will_use_cuda(cfg.cluster)
+    if cfg.precision == "fp16" and not uses_cuda:
+        raise ConfigError("precision=fp16 needs a GPU (loss scaling); use bf16 on CPU")
+    if uses_cuda and cfg.workers > torch.cuda.device_count():
+        raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs")
+
+
+def validate(cfg: DictConfig) -> int:
+    """Raise ConfigError for a point that cannot run; return its global batch size."""
+    _check_ranges(cfg)
+    _check_choices(cfg)
+    _check_device(cfg)
+    check_dataset(cfg.dataset)
+    check_network(cfg.network, cfg.dataset)
+    strategy = build_strategy(cfg)
+    strategy.check(cfg)
+    global_batch = strategy.global_batch_size(cfg)
+    samples = cfg.dataset.samples
+    if samples is not None and samples < global_batch:
+        raise ConfigError(f"dataset.samples={samples} is smaller than one global batch of {global_batch}")
+    if cfg.cluster.scheduler == "local" and cfg.nodes != 1:
+        raise ConfigError(f"cluster local is one node, but the point needs {cfg.nodes} "
+                          f"(workers={cfg.workers}, {cfg.cluster.workers_per_node} per node)")
+    return global_batch
+
+
+def make_point(overrides: list[str], experiment: str | None) -> Point:
+    cfg = _compose(overrides)
+    if experiment and not any(o.startswith("tracking.experiment=") for o in overrides):
+        cfg.tracking.experiment = experiment
+    if cfg.nodes is None:
+        cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
+    global_batch = validate(cfg)
+    return Point(tuple(overrides), cfg, global_batch)
+
+
+def plan(jobs: list[list[str]], experiment: str | None = None) -> list[Point]:
+    """Compose and validate every job; raise ConfigError listing all bad ones."""
+    register_schema()
+    GlobalHydra.instance().clear()
+    points, problems = [], []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        for overrides in jobs:
+            try:
+                points.append(make_point(overrides, experiment))
+            except ConfigError as e:
+                where = " ".join(overrides) or "(defaults)"
+                problems.append(f"{where}: {e}" if len(jobs) > 1 else str(e))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    unique = {p.config_hash: p for p in points}
+    return list(unique.values())

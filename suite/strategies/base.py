@@ -1,0 +1,85 @@
+"""The interface every strategy implements, with the data-parallel defaults most of them share.
+
+A strategy decides four things and nothing else: how the global batch follows from the per-worker
+batch and the worker count, which shard of the data a rank reads, how the plain model is wrapped
+or split across ranks, and how one training step runs on the wrapped model. The training loop
+(`suite.trainer`) is the same for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from suite.dist import DistEnv
+from suite.optim import build_optimizer
+from suite.precision import Precision
+from suite.timing import PhaseTimer
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Strategy:
+    name: str
+
+    def knobs(self) -> dict[str, Any]:
+        """The strategy's own settings, recorded as run params."""
+        return {k: v for k, v in asdict(self).items() if k != "name"}
+
+    # Before launch, in the driver: raise ConfigError for a point this strategy cannot run.
+    def check(self, cfg) -> None:
+        pass
+
+    def global_batch_size(self, cfg) -> int:
+        """Data-parallel rule (Studies N and J): the batch per worker is fixed."""
+        return cfg.batch_size * cfg.workers
+
+    # In each worker.
+    def data_shard(self, env: DistEnv) -> tuple[int, int]:
+        """(index, count) of the data shard this rank reads; each data-parallel replica reads its own."""
+        return env.rank, env.world_size
+
+    def parallelize(self, model: nn.Module, env: DistEnv) -> nn.Module:
+        return model
+
+    def build_optimizer(self, model: nn.Module, cfg) -> torch.optim.Optimizer:
+        return build_optimizer(model.parameters(), cfg)
+
+    def train_step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        loss_fn: LossFn,
+        precision: Precision,
+        timer: PhaseTimer,
+    ) -> torch.Tensor:
+        """One optimisation step on this rank's part of the global batch; returns the local loss."""
+        with timer.phase("forward"), precision.autocast():
+            loss = loss_fn(model(inputs), targets)
+        with timer.phase("backward"):
+            precision.backward(loss)
+        with timer.phase("optimizer"):
+            precision.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def reduce_mean(self, values: torch.Tensor, env: DistEnv) -> torch.Tensor:
+        """Mean over the data-parallel replicas of per-rank values (losses of equal-sized shards)."""
+        values = values.clone()
+        dist.all_reduce(values)
+        return values / env.world_size
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The plain model inside whatever `parallelize` returned."""
+        return model
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The complete weights, valid on rank 0 (sharding strategies gather them)."""
+        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}

@@ -1,0 +1,95 @@
+"""The MLflow store: one run per point, with the names of the contract (DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from suite.paths import results_dir
+
+EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss", "val_accuracy",
+                 "val_perplexity", "train_time_s")
+SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
+                   "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
+                   "samples_per_epoch", "steps_per_epoch")
+
+
+def tracking_uri(configured: str | None = None) -> str:
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{results_dir() / 'mlflow.db'}"
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def run_params(cfg: DictConfig, global_batch_size: int) -> dict[str, Any]:
+    """The flattened config, plus the short names the contract promises and the strategy's own knobs."""
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    params.update(dataset=cfg.dataset.name, network=cfg.network.name, strategy=cfg.strategy.name,
+                  global_batch_size=global_batch_size)
+    for knob, value in cfg.strategy.items():
+        if knob not in ("_target_", "name"):
+            params.setdefault(knob, value)
+    return params
+
+
+class Store:
+    def __init__(self, uri: str | None = None) -> None:
+        self.uri = tracking_uri(uri)
+        if self.uri.startswith("sqlite:///"):
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(tracking_uri=self.uri)
+
+    def experiment_id(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found:
+            return found.experiment_id
+        location = None
+        if self.uri.startswith("sqlite:") or self.uri.startswith("file:") or "://" not in self.uri:
+            location = (results_dir() / "artifacts" / name).as_uri()
+        return self.client.create_experiment(name, artifact_location=location)
+
+    def runs(self, experiment: str, filter_string: str = "") -> list:
+        found = self.client.get_experiment_by_name(experiment)
+        if not found:
+            return []
+        return self.client.search_runs([found.experiment_id], filter_string, max_results=50000,
+                                       order_by=["attributes.start_time DESC"])
+
+    def finished_run(self, experiment: str, config_hash: str):
+        runs = self.runs(experiment, f"tags.`suite.config_hash` = '{config_hash}' and tags.`suite.status` = 'finished'")
+        return runs[0] if runs else None
+
+    def record(self, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
+               epochs: list[dict], summary: dict[str, Any], artifacts: list[Path],
+               start_time: float, end_time: float) -> str:
+        """Write one complete run; a new run every time, nothing existing is touched."""
+        run = self.client.create_run(self.experiment_id(experiment), start_time=int(start_time * 1000),
+                                     run_name=name, tags=tags)
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(e[k]), now, int(e["epoch"])) for e in epochs for k in EPOCH_METRICS if k in e]
+        metrics += [Metric(k, float(summary[k]), now, 0) for k in SUMMARY_METRICS if k in summary]
+        metrics += [Metric("step_loss", float(v), now, i) for i, v in enumerate(summary.get("step_losses", []))]
+        for rank, memory in enumerate(summary.get("memory_by_rank", [])):
+            metrics.append(Metric(f"peak_memory_mb_rank{rank}", float(memory["peak_memory_mb"]), now, 0))
+        self.client.log_batch(run.info.run_id, metrics=metrics,
+                              params=[Param(k, str(v)) for k, v in params.items()])
+        for path in artifacts:
+            if path.is_dir():
+                self.client.log_artifacts(run.info.run_id, str(path), path.name)
+            elif path.exists():
+                self.client.log_artifact(run.info.run_id, str(path))
+        status = "FINISHED" if tags["suite.status"] == "finished" else "FAILED"
+        self.client.set_terminated(run.info.run_id, status, end_time=int(end_time * 1000))
+        return run.info.run_id

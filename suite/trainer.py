@@ -1,0 +1,228 @@
+"""The training loop shared by every strategy.
+
+Warm-up steps run before the first epoch and are not timed. Each epoch is `steps_per_epoch`
+steps (or one pass over this rank's shard), timed with device-synchronised clocks, followed by
+an evaluation on the validation set. Per-rank numbers are reduced explicitly once per epoch:
+max for times, mean over data-parallel replicas for losses, sums for sample counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler
+
+from suite.data import Datasets, build_datasets
+from suite.dist import DistEnv
+from suite.errors import ConfigError
+from suite.faults import inject_fault
+from suite.memory import peak_memory, reset_peak
+from suite.models import build_model
+from suite.point_dir import PointDir
+from suite.precision import Precision, make_precision
+from suite.strategies.base import Strategy
+from suite.timing import PHASES, PhaseTimer, synchronize
+
+log = logging.getLogger("suite")
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy for both tasks: [B, C] vs [B] (classification) or [B, T, V] vs [B, T] (language model)."""
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
+def target_metric(cfg, task: str) -> str:
+    return cfg.target.metric or ("val_accuracy" if task == "classification" else "val_perplexity")
+
+
+def reached(metric: str, value: float, target: float) -> bool:
+    return value <= target if metric == "val_perplexity" else value >= target
+
+
+@dataclass
+class Loaders:
+    train: DataLoader
+    val: DataLoader
+    sampler: DistributedSampler
+    local_batch: int
+
+
+def make_loaders(cfg, data: Datasets, strategy: Strategy, env: DistEnv) -> Loaders:
+    index, count = strategy.data_shard(env)
+    global_batch = strategy.global_batch_size(cfg)
+    if global_batch % count:
+        raise ConfigError(f"global batch {global_batch} does not split over {count} data-parallel shards")
+    local_batch = global_batch // count
+    pin = env.device.type == "cuda"
+    workers = cfg.dataset.loader_workers
+    sampler = DistributedSampler(data.train, count, index, shuffle=True, seed=cfg.seed, drop_last=True)
+    val_sampler = DistributedSampler(data.val, count, index, shuffle=False)
+    train = DataLoader(data.train, local_batch, sampler=sampler, drop_last=True,
+                       num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
+    val = DataLoader(data.val, local_batch, sampler=val_sampler, num_workers=workers, pin_memory=pin)
+    return Loaders(train, val, sampler, local_batch)
+
+
+class Trainer:
+    def __init__(self, cfg, env: DistEnv, strategy: Strategy, out: PointDir, label: str = "") -> None:
+        self.cfg, self.env, self.strategy, self.out = cfg, env, strategy, out
+        self.label = label
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.data = build_datasets(cfg.dataset, cfg.seed)
+        model = build_model(cfg.network, cfg.dataset).to(env.device)
+        self.model = strategy.parallelize(model, env)
+        self.optimizer = strategy.build_optimizer(self.model, cfg.optimizer)
+        self.precision: Precision = make_precision(cfg.precision, env.device)
+        self.loaders = make_loaders(cfg, self.data, strategy, env)
+        available = len(self.loaders.train)
+        self.steps_per_epoch = min(cfg.steps_per_epoch or available, available)
+        if self.steps_per_epoch < 1 or (cfg.steps_per_epoch or 0) > available:
+            raise ConfigError(
+                f"steps_per_epoch={cfg.steps_per_epoch} but the shard holds {available} batches of "
+                f"{self.loaders.local_batch}: raise dataset.samples or lower the batch"
+            )
+        self.timer = PhaseTimer(env.device)
+        self.metric = target_metric(cfg, self.data.task)
+        self.global_step = 0
+        self.step_losses: list[float] = []
+
+    def _batches(self, epoch: int, steps: int):
+        self.loaders.sampler.set_epoch(epoch)
+        loader = iter(self.loaders.train)
+        for _ in range(steps):
+            with self.timer.phase("data"):
+                inputs, targets = next(loader)
+                inputs = inputs.to(self.env.device, non_blocking=True)
+                targets = targets.to(self.env.device, non_blocking=True)
+            yield inputs, targets
+
+    def _step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.global_step += 1
+        fault = self.cfg.fault
+        if fault.kind and fault.step == self.global_step and fault.rank == self.env.rank:
+            inject_fault(fault.kind, self.global_step)
+        return self.strategy.train_step(self.model, self.optimizer, inputs, targets, loss_fn,
+                                        self.precision, self.timer)
+
+    def _reduce_losses(self, losses: list[torch.Tensor]) -> list[float]:
+        if not losses:
+            return []
+        return self.strategy.reduce_mean(torch.stack(losses).float(), self.env).tolist()
+
+    def _max(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def _warm_up(self) -> float:
+        start = time.perf_counter()
+        self.model.train()
+        losses = [self._step(x, y) for x, y in self._batches(0, min(self.cfg.warmup_steps, self.steps_per_epoch))]
+        synchronize(self.env.device)
+        self.step_losses += self._reduce_losses(losses)
+        return time.perf_counter() - start
+
+    def _train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.train()
+        self.timer.enabled = True
+        losses: list[torch.Tensor] = []
+        samples = 0
+        synchronize(self.env.device)
+        start = time.perf_counter()
+        for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch), 1):
+            losses.append(self._step(inputs, targets))
+            self.timer.steps += 1
+            samples += inputs.shape[0]
+            if self.env.is_main and (step % self.cfg.log_every == 0 or step == self.steps_per_epoch):
+                rate = samples * self.loaders_count / (time.perf_counter() - start)
+                log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
+                         self.cfg.epochs, step, self.steps_per_epoch, losses[-1].item(), rate)
+        synchronize(self.env.device)
+        elapsed = time.perf_counter() - start
+        self.timer.enabled = False
+        step_losses = self._reduce_losses(losses)
+        self.step_losses += step_losses
+        (epoch_time,) = self._max([elapsed])
+        global_samples = self.strategy.reduce_mean(torch.tensor([float(samples)]), self.env).item() * self.loaders_count
+        return {
+            "epoch_time_s": epoch_time,
+            "throughput_samples_s": global_samples / epoch_time,
+            "samples": global_samples,
+            "train_loss": sum(step_losses) / len(step_losses),
+        }
+
+    @property
+    def loaders_count(self) -> int:
+        return self.strategy.data_shard(self.env)[1]
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct predictions, targets
+        for batch, (inputs, targets) in enumerate(self.loaders.val):
+            if self.cfg.eval_batches is not None and batch >= self.cfg.eval_batches:
+                break
+            inputs, targets = inputs.to(self.env.device), targets.to(self.env.device)
+            with self.precision.autocast():
+                logits = self.model(inputs)
+            logits, targets = logits.flatten(0, -2).float(), targets.flatten()
+            totals += torch.tensor([
+                F.cross_entropy(logits, targets, reduction="sum").item(),
+                (logits.argmax(-1) == targets).sum().item(),
+                targets.numel(),
+            ], dtype=torch.float64)
+        totals = self.strategy.reduce_mean(totals, self.env) * self.loaders_count
+        val_loss = (totals[0] / totals[2]).item()
+        if self.data.task == "classification":
+            return {"val_loss": val_loss, "val_accuracy": (totals[1] / totals[2]).item()}
+        return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
+
+    def run(self) -> dict[str, Any]:
+        reset_peak(self.env.device)
+        train_clock = self._warm_up()
+        epochs: list[dict[str, float]] = []
+        to_target: dict[str, float] = {}
+        for epoch in range(1, self.cfg.epochs + 1):
+            metrics = self._train_epoch(epoch)
+            train_clock += metrics["epoch_time_s"]
+            metrics.update(self.evaluate())
+            metrics.update(epoch=epoch, train_time_s=train_clock)
+            epochs.append(metrics)
+            if self.env.is_main:
+                self.out.append_epoch(metrics)
+                log.info("%s epoch %d/%d done in %.2fs, %.1f samples/s, train_loss %.4f, %s %.4f", self.label,
+                         epoch, self.cfg.epochs, metrics["epoch_time_s"], metrics["throughput_samples_s"],
+                         metrics["train_loss"], self.metric, metrics[self.metric])
+            target = self.cfg.target.value
+            if target is not None and not to_target and reached(self.metric, metrics[self.metric], target):
+                to_target = {"time_to_target_s": train_clock, "epochs_to_target": epoch}
+        return self._summary(epochs, to_target)
+
+    def _summary(self, epochs: list[dict[str, float]], to_target: dict[str, float]) -> dict[str, Any]:
+        phases = self.timer.means()
+        phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
+        memory = [None] * self.env.world_size
+        dist.all_gather_object(memory, peak_memory(self.env.device))
+        summary = {
+            "epoch_time_s_mean": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
+            "throughput_samples_s_mean": sum(e["throughput_samples_s"] for e in epochs) / len(epochs),
+            "samples_per_epoch": epochs[-1]["samples"],
+            "steps_per_epoch": self.steps_per_epoch,
+            "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),
+            **{f"time_{p}_s": t for p, t in phase_max.items()},
+            **to_target,
+            "memory_by_rank": memory,
+            "step_losses": self.step_losses,
+        }
+        if self.cfg.save_final_weights:
+            state = self.strategy.full_state_dict(self.model)
+            if self.env.is_main:
+                torch.save(state, self.out.weights_file)
+        return summary

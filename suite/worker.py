@@ -1,0 +1,61 @@
+"""One rank of a point: `python -m suite.worker <point dir>`, started by a launcher (torchrun, srun, jsrun).
+
+It reads the resolved config from the point directory, trains, and leaves its results there
+(see `suite.point_dir`). Rank 0 prints progress; every rank logs to logs/rank<r>.log.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from suite.dist import init_distributed, shutdown
+from suite.manifest import environment_manifest, rank_info
+from suite.point_dir import PointDir
+from suite.strategies import build_strategy
+from suite.trainer import Trainer
+
+log = logging.getLogger("suite")
+
+
+def setup_logging(out: PointDir, rank: int) -> None:
+    out.logs.mkdir(parents=True, exist_ok=True)
+    logfile = open(out.rank_log(rank), "a", buffering=1)
+    faulthandler.enable(file=logfile)  # a crash in native code still leaves its stack in the log
+    handlers: list[logging.Handler] = [logging.StreamHandler(logfile)]
+    if rank == 0:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(message)s", handlers=handlers)
+
+
+def main(point_dir: str) -> int:
+    out = PointDir(point_dir)
+    rank = int(os.environ.get("RANK", 0))
+    setup_logging(out, rank)
+    try:
+        cfg = OmegaConf.load(out.config)
+        env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker)
+        ranks = [None] * env.world_size
+        dist.all_gather_object(ranks, rank_info(env.device))
+        if env.is_main:
+            out.write_manifest(environment_manifest(ranks, env.backend))
+        trainer = Trainer(cfg, env, build_strategy(cfg), out, os.environ.get("SUITE_POINT_LABEL", ""))
+        summary = trainer.run()
+        if env.is_main:
+            out.write_summary(summary)
+        return 0
+    except BaseException as exc:
+        log.exception("rank %d failed", rank)
+        out.write_error(rank, exc)
+        return 1
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,43 @@
+"""Each strategy trains to the same losses and weights as `single` on the same global batch."""
+
+import pytest
+import torch
+
+from suite.driver import run_sweep
+from suite.plan import plan
+
+STEPS = ["epochs=1", "steps_per_epoch=5", "warmup_steps=0", "save_final_weights=true", "eval_batches=1",
+         "dataset.samples=64", "dataset.val_samples=16", "optimizer.lr=0.05"]
+WORKLOADS = {
+    "cnn": ["dataset=cifar10", "dataset.image_size=16", "network=vgg11", "network.width=0.125"],
+    "gpt2": ["dataset=tokens", "dataset.seq_len=32", "dataset.vocab_size=512", "network=gpt2_tiny"],
+}
+
+
+def train_pair(store, workload: list[str], strategy: list[str], workers: int, global_batch: int):
+    """Run `single` and the strategy on the same global batch; return both point directories."""
+    reference = ["strategy=single", "workers=1", f"batch_size={global_batch}"]
+    candidate = [*strategy, f"workers={workers}", f"batch_size={global_batch // workers}"]
+    points = plan([workload + STEPS + reference, workload + STEPS + candidate], experiment="equivalence")
+    outcomes = run_sweep(points, store)
+    assert [o.status for o in outcomes] == ["finished", "finished"], [o.error for o in outcomes]
+    assert points[0].global_batch_size == points[1].global_batch_size == global_batch
+    return outcomes[0].point_dir, outcomes[1].point_dir
+
+
+def assert_same_training(reference, candidate) -> None:
+    ref_losses, losses = reference.summary()["step_losses"], candidate.summary()["step_losses"]
+    assert len(ref_losses) == len(losses) == 5
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=0)
+    assert ref_losses[0] != ref_losses[-1]  # the weights did move
+    ref_weights = torch.load(reference.weights_file)
+    weights = torch.load(candidate.weights_file)
+    assert ref_weights.keys() == weights.keys()
+    for name, value in ref_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_ddp_equivalence(store, workload):
+    reference, ddp = train_pair(store, WORKLOADS[workload], ["strategy=ddp"], workers=2, global_batch=8)
+    assert_same_training(reference, ddp)

@@ -1,0 +1,47 @@
+"""Broken points are recorded with their status and one readable error line; the sweep goes on."""
+
+from conftest import DIGITS_VGG, run_suite
+
+FAST = [*DIGITS_VGG, "epochs=1"]
+
+
+def statuses(store):
+    return {r.info.run_name: r for r in store.runs("adhoc")}
+
+
+def test_failing_points_are_recorded_and_the_sweep_goes_on(store):
+    # Three points in one sweep: an exception in rank 1, a real allocator failure, then a healthy point.
+    result = run_suite("-m", *FAST, "strategy=ddp", "workers=2", "fault.rank=1", "fault.kind=error,oom,null")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "2 of 3 point(s) did not finish" in result.stderr
+    runs = sorted(store.runs("adhoc"), key=lambda r: r.info.start_time)
+    assert [r.data.tags["suite.status"] for r in runs] == ["failed", "oom", "finished"]
+    failed, oom, finished = runs
+    assert failed.data.tags["suite.error"] == "rank 1: RuntimeError: injected fault at step 1"
+    assert "can't allocate memory" in oom.data.tags["suite.error"]
+    assert "suite.error" not in finished.data.tags
+    assert failed.info.status == "FAILED" and finished.info.status == "FINISHED"
+    logs = {a.path for a in store.client.list_artifacts(failed.info.run_id, "logs")}
+    assert logs == {"logs/rank0.log", "logs/rank1.log"}
+
+
+def test_hung_point_ends_as_timeout(store):
+    result = run_suite(*FAST, "strategy=single", "fault.kind=hang", "timeout_s=25")
+    assert result.returncode == 1
+    (run,) = store.runs("adhoc")
+    assert run.data.tags["suite.status"] == "timeout"
+    assert "timeout_s=25" in run.data.tags["suite.error"]
+
+
+def test_worker_dying_without_traceback_and_runtime_invalid_point(store):
+    result = run_suite("-m", *FAST, "strategy=single", "fault.kind=exit,null", "steps_per_epoch=1,1000")
+    assert result.returncode == 1
+    by_params = {(r.data.params["fault.kind"], r.data.params["steps_per_epoch"]): r for r in store.runs("adhoc")}
+    died = by_params[("exit", "1")]
+    assert died.data.tags["suite.status"] == "failed"
+    assert died.data.tags["suite.error"] == "a worker exited with code 3 without an error report (see its log)"
+    # Too many steps for the data is only known once the dataset is built: recorded as invalid.
+    invalid = by_params[("None", "1000")]
+    assert invalid.data.tags["suite.status"] == "invalid"
+    assert "steps_per_epoch=1000" in invalid.data.tags["suite.error"]
+    assert by_params[("None", "1")].data.tags["suite.status"] == "finished"

@@ -1,0 +1,50 @@
+"""Malformed points are rejected before any process starts, with one clear line and a non-zero exit."""
+
+import pytest
+
+from conftest import run_suite
+from suite.errors import ConfigError
+from suite.plan import expand, plan
+
+MALFORMED = {
+    "unknown strategy": (["strategy=dpp"], "strategy/dpp"),
+    "misspelt key": (["epoch=2"], "epoch"),
+    "single on two workers": (["strategy=single", "workers=2"], "strategy single runs one process"),
+    "transformer on images": (["network=gpt2_tiny"], "gpt2"),
+    "unknown precision": (["precision=fp8"], "precision=fp8"),
+    "fp16 without a GPU": (["precision=fp16"], "fp16 needs a GPU"),
+    "real data without a path": (["dataset=wikitext103", "network=gpt2_tiny"], "path"),
+    "unknown strategy knob": (["strategy=ddp", "+strategy.bucket_cap=5"], "bucket_cap"),
+    "bad strategy knob": (["strategy=ddp", "strategy.bucket_cap_mb=0"], "bucket_cap_mb > 0"),
+    "fewer samples than a batch": (["strategy=ddp", "workers=2", "dataset.samples=10"], "smaller than one global"),
+    "sync batch-norm on CPU": (["strategy=ddp", "strategy.sync_batchnorm=true"], "GPUs only"),
+    "negative workers": (["workers=-1"], "workers must be positive"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_point_is_rejected(case):
+    overrides, expected = MALFORMED[case]
+    with pytest.raises(ConfigError, match=None) as info:
+        plan([overrides])
+    assert expected in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_sweep_without_multirun_is_rejected():
+    with pytest.raises(ConfigError, match="add -m"):
+        expand(["strategy=single,ddp"], multirun=False)
+
+
+def test_cli_rejects_a_bad_sweep_before_launching_anything(results):
+    result = run_suite("-m", "strategy=single,ddp", "workers=2")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: strategy=single workers=2: strategy single runs one process, but workers=2"
+    ]
+    assert not (results / "points").exists()  # nothing was launched
+
+
+def test_multirun_expands_the_cartesian_product():
+    jobs = expand(["strategy=ddp", "workers=1,2", "precision=fp32,bf16"], multirun=True)
+    assert len(jobs) == 4 and ["strategy=ddp", "workers=2", "precision=bf16"] in jobs

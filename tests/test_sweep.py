@@ -1,0 +1,47 @@
+"""A sweep through the real driver, torchrun and MLflow store: the contract's names, resume, the report."""
+
+import json
+
+from conftest import DIGITS_VGG, run_suite
+
+CONTRACT_PARAMS = {"dataset", "network", "strategy", "workers", "nodes", "global_batch_size", "precision", "seed",
+                   "bucket_cap_mb"}
+EPOCH_METRICS = {"epoch_time_s", "throughput_samples_s", "train_loss", "val_loss", "val_accuracy"}
+SUMMARY_METRICS = {"epoch_time_s_mean", "peak_memory_mb", "time_to_target_s", "epochs_to_target", "time_data_s",
+                   "time_forward_s", "time_backward_s", "time_optimizer_s"}
+
+
+def test_two_point_sweep_records_contract_and_resumes(results, store):
+    args = ["-m", *DIGITS_VGG, "strategy=ddp", "workers=1,2", "target.value=0.05"]
+    first = run_suite(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "[1/2 digits/vgg11/ddp/w1]" in first.stdout and "epoch 2/2" in first.stdout  # progress is shown
+
+    runs = store.runs("adhoc")
+    assert sorted(r.info.run_name for r in runs) == ["digits/vgg11/ddp/w1", "digits/vgg11/ddp/w2"]
+    for run in runs:
+        assert run.data.tags["suite.status"] == "finished"
+        assert len(run.data.tags["suite.config_hash"]) == 16 and run.data.tags["suite.git_sha"]
+        assert CONTRACT_PARAMS <= run.data.params.keys()
+        assert EPOCH_METRICS | SUMMARY_METRICS <= run.data.metrics.keys()
+        history = store.client.get_metric_history(run.info.run_id, "epoch_time_s")
+        assert sorted(m.step for m in history) == [1, 2]
+        assert run.data.metrics["epochs_to_target"] == 1
+        workers = int(run.data.params["workers"])
+        assert run.data.params["global_batch_size"] == str(16 * workers)
+        artifacts = {a.path for a in store.client.list_artifacts(run.info.run_id)}
+        assert {"config.yaml", "manifest.json", "logs", "launcher.log"} <= artifacts
+        logs = {a.path for a in store.client.list_artifacts(run.info.run_id, "logs")}
+        assert logs == {f"logs/rank{r}.log" for r in range(workers)}
+        manifest = json.loads(store.client.download_artifacts(run.info.run_id, "manifest.json", str(results)) and
+                              (results / "manifest.json").read_text())
+        assert manifest["packages"]["torch"].startswith("2.14.1") and len(manifest["ranks"]) == workers
+
+    assert "| speedup |" in first.stdout.replace("speedup | baseline", "speedup |")
+    assert (results / "reports" / "adhoc_speedup.png").stat().st_size > 0
+    assert (results / "reports" / "adhoc_convergence.png").stat().st_size > 0
+
+    again = run_suite(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("skipped: finished run") == 2
+    assert len(store.runs("adhoc")) == 2  # nothing re-run, nothing overwritten
