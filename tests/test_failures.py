@@ -1,8 +1,8 @@
 """Broken points are recorded with their status and one readable error line; the sweep goes on."""
 
-from conftest import DIGITS_VGG, run_suite
+from conftest import DIGITS, run_suite
 
-FAST = [*DIGITS_VGG, "epochs=1"]
+FAST = [*DIGITS, "epochs=1"]
 
 
 def statuses(store):

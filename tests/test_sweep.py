@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import DIGITS_VGG, run_suite
+from conftest import DIGITS, run_suite
 
 CONTRACT_PARAMS = {"dataset", "network", "strategy", "workers", "nodes", "global_batch_size", "precision", "seed",
                    "bucket_cap_mb"}
@@ -12,13 +12,13 @@ SUMMARY_METRICS = {"epoch_time_s_mean", "peak_memory_mb", "time_to_target_s", "e
 
 
 def test_two_point_sweep_records_contract_and_resumes(results, store):
-    args = ["-m", *DIGITS_VGG, "strategy=ddp", "workers=1,2", "target.value=0.05"]
+    args = ["-m", *DIGITS, "strategy=ddp", "workers=1,2", "target.value=0.3"]
     first = run_suite(*args)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "[1/2 digits/vgg11/ddp/w1]" in first.stdout and "epoch 2/2" in first.stdout  # progress is shown
+    assert "[1/2 digits/resnet18/ddp/w1]" in first.stdout and "epoch 2/2" in first.stdout  # progress is shown
 
     runs = store.runs("adhoc")
-    assert sorted(r.info.run_name for r in runs) == ["digits/vgg11/ddp/w1", "digits/vgg11/ddp/w2"]
+    assert sorted(r.info.run_name for r in runs) == ["digits/resnet18/ddp/w1", "digits/resnet18/ddp/w2"]
     for run in runs:
         assert run.data.tags["suite.status"] == "finished"
         assert len(run.data.tags["suite.config_hash"]) == 16 and run.data.tags["suite.git_sha"]

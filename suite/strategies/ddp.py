@@ -19,7 +19,7 @@ class DDP(Strategy):
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False
-    broadcast_buffers: bool = True
+    forward_sync_buffers: bool = True
     sync_batchnorm: bool = False
 
     def check(self, cfg) -> None:
@@ -38,7 +38,7 @@ class DDP(Strategy):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             static_graph=self.static_graph,
             find_unused_parameters=self.find_unused_parameters,
-            broadcast_buffers=self.broadcast_buffers,
+            forward_sync_buffers=self.forward_sync_buffers,
         )
 
     def unwrap(self, model: nn.Module) -> nn.Module:
