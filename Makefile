@@ -29,4 +29,4 @@ report: setup
 	$(PY) -m analysis.report $(SWEEP)
 
 bench-overhead: setup
-	$(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.benchmarks.overhead
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.benchmarks.overhead

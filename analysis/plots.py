@@ -29,6 +29,7 @@ def plot_speedup(rows: list[Row], path: Path) -> Path:
             points.sort()
             ax.plot([w for w, _ in points], [s for _, s in points], "o-", label=strategy)
         ax.set(title="/".join(workload), xlabel="workers", ylabel="speedup vs baseline")
+        ax.set_xticks(sorted({w for pts in lines.values() for w, _ in pts} | {1}))
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -49,7 +50,7 @@ def plot_convergence(rows: list[Row], client, path: Path) -> Path:
             points = [(times[step], v) for step, v in values if step in times]
             if points:
                 ax.plot(*zip(*points), "o-", label=f"{row.strategy}/w{row.workers}")
-            ax.set(ylabel=row.val_metric)
+            ax.set(ylabel=row.val_metric, yscale="log" if row.val_metric == "val_perplexity" else "linear")
         ax.set(title="/".join(workload), xlabel="training time (s)")
         ax.legend()
     fig.tight_layout()

@@ -11,7 +11,6 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -55,12 +54,19 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
     return env
 
 
-def _worker_exit_code(launcher_log: Path) -> int | None:
+def _worker_exit_code(launcher_text: str) -> int | None:
     """The exit code torchrun reports for the first failed worker (negative: killed by that signal)."""
-    if not launcher_log.exists():
-        return None
-    match = re.search(r"exitcode\s*:\s*(-?\d+)", launcher_log.read_text(errors="replace"))
+    match = re.search(r"exitcode\s*:\s*(-?\d+)", launcher_text)
     return int(match.group(1)) if match else None
+
+
+def _first_exception_line(launcher_text: str) -> str | None:
+    """The first `SomeError: message` a worker printed before any error report could be written."""
+    for line in launcher_text.splitlines():
+        line = line.split("]: ", 1)[-1].strip()  # torchrun prefixes worker output with [rank<i>]:
+        if re.match(r"^[\w.]+(Error|Exception)\b", line) and "ChildFailedError" not in line:
+            return line
+    return None
 
 
 def judge(out: PointDir, result: LaunchResult, timeout_s: float) -> tuple[str, str | None]:
@@ -72,14 +78,14 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float) -> tuple[str, s
         return errors[0]["status"], f"rank {errors[0]['rank']}: {errors[0]['error']}"
     if result.returncode == 0 and out.summary() is not None:
         return "finished", None
-    code = _worker_exit_code(out.path / "launcher.log")
+    launcher_log = out.path / "launcher.log"
+    text = launcher_log.read_text(errors="replace") if launcher_log.exists() else ""
+    code = _worker_exit_code(text)
     if code == -9:
         return "oom", "a worker was killed by SIGKILL (most likely the kernel's out-of-memory killer)"
-    if code is not None and code < 0:
-        return "failed", f"a worker was killed by signal {-code} without an error report (see its log)"
-    if code:
-        return "failed", f"a worker exited with code {code} without an error report (see its log)"
-    return "failed", f"the launcher exited with code {result.returncode} without a result"
+    died = f"killed by signal {-code}" if code and code < 0 else f"exited with code {code or result.returncode}"
+    exception = _first_exception_line(text)
+    return "failed", f"a worker {died}: {exception}" if exception else f"a worker {died} without an error report (see its log)"
 
 
 def run_point(point: Point, store: Store, position: str) -> Outcome:

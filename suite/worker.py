@@ -11,14 +11,7 @@ import logging
 import os
 import sys
 
-import torch.distributed as dist
-from omegaconf import OmegaConf
-
-from suite.dist import init_distributed, shutdown
-from suite.manifest import environment_manifest, rank_info
 from suite.point_dir import PointDir
-from suite.strategies import build_strategy
-from suite.trainer import Trainer
 
 log = logging.getLogger("suite")
 
@@ -33,13 +26,19 @@ def setup_logging(out: PointDir, rank: int) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(message)s", handlers=handlers)
 
 
-def main(point_dir: str) -> int:
-    out = PointDir(point_dir)
-    rank = int(os.environ.get("RANK", 0))
-    setup_logging(out, rank)
+def train_point(out: PointDir) -> None:
+    # Imported here so that a broken import is reported like any other failure of the point.
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from suite.dist import init_distributed, shutdown
+    from suite.manifest import environment_manifest, rank_info
+    from suite.strategies import build_strategy
+    from suite.trainer import Trainer
+
+    cfg = OmegaConf.load(out.config)
+    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker)
     try:
-        cfg = OmegaConf.load(out.config)
-        env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker)
         ranks = [None] * env.world_size
         dist.all_gather_object(ranks, rank_info(env.device))
         if env.is_main:
@@ -48,13 +47,21 @@ def main(point_dir: str) -> int:
         summary = trainer.run()
         if env.is_main:
             out.write_summary(summary)
+    finally:
+        shutdown()
+
+
+def main(point_dir: str) -> int:
+    out = PointDir(point_dir)
+    rank = int(os.environ.get("RANK", 0))
+    setup_logging(out, rank)
+    try:
+        train_point(out)
         return 0
     except BaseException as exc:
         log.exception("rank %d failed", rank)
         out.write_error(rank, exc)
         return 1
-    finally:
-        shutdown()
 
 
 if __name__ == "__main__":

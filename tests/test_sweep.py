@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from conftest import DIGITS, run_suite
 
 CONTRACT_PARAMS = {"dataset", "network", "strategy", "workers", "nodes", "global_batch_size", "precision", "seed",
@@ -45,3 +47,14 @@ def test_two_point_sweep_records_contract_and_resumes(results, store):
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("skipped: finished run") == 2
     assert len(store.runs("adhoc")) == 2  # nothing re-run, nothing overwritten
+
+
+def test_speedup_column_is_the_throughput_ratio_to_the_single_baseline(store):
+    result = run_suite("-m", *DIGITS, "epochs=1", "strategy=single,ddp", "workers=1", "precision=bf16")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = {r.data.params["strategy"]: r for r in store.runs("adhoc")}
+    assert runs["single"].data.params["precision"] == "bf16"
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| digits")]
+    speedup = {cells[2].strip(): float(cells[7]) for cells in rows}
+    ratio = runs["ddp"].data.metrics["throughput_samples_s_mean"] / runs["single"].data.metrics["throughput_samples_s_mean"]
+    assert speedup == {"single": 1.0, "ddp": pytest.approx(ratio, abs=0.006)}

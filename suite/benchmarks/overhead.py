@@ -26,10 +26,10 @@ from suite.point_dir import PointDir
 from suite.strategies import build_strategy
 from suite.trainer import Trainer
 
-POINT = ["dataset=cifar10", "network=resnet18", "strategy=ddp", "workers=2", "batch_size=32",
-         "dataset.samples=2048", "dataset.val_samples=64", "epochs=1", "steps_per_epoch=12", "warmup_steps=2",
+POINT = ["dataset=cifar10", "network=resnet18", "strategy=ddp", "workers=2", "batch_size=16",
+         "dataset.samples=1024", "dataset.val_samples=32", "epochs=1", "steps_per_epoch=10", "warmup_steps=2",
          "eval_batches=1", "log_every=1000"]
-ROUNDS = 5
+ROUNDS = 7
 
 
 def minimal_ddp_step_time(cfg, device: torch.device) -> float:
