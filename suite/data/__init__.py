@@ -1,31 +1,46 @@
 """Datasets: synthetic with the published shapes, scikit-learn's bundled digits, real ones from a path.
 
 Every dataset is map-style with a length, so the trainer shards it with a DistributedSampler and
-each rank reads only its shard. Image items are (float [C, H, W], int64 label); token items are
+each rank reads only its shard. Image items are (float32 [C, H, W], int64 label); token items are
 (int64 [seq_len] input, int64 [seq_len] next-token target).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-import torch
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import Dataset, Subset
 
-from suite.data.real import REQUIRED, missing_files, real_splits
+from suite.data.digits import digits_splits
+from suite.data.real import check_real, real_splits
 from suite.data.synthetic import SyntheticImages, SyntheticTokens
 from suite.errors import ConfigError
 
-# Published sizes (train, validation): images, or tokens for token datasets (REFERENCES.md).
-PUBLISHED = {
-    "mnist": (60_000, 10_000),
-    "cifar10": (50_000, 10_000),
-    "imagenet": (1_281_167, 50_000),
-    "highres": (50_000, 10_000),
-    "tokens": (103_227_021, 217_646),
+KINDS = ("image", "tokens")
+SOURCES = ("synthetic", "real", "digits")
+TASKS = {"image": "classification", "tokens": "language_model"}
+
+
+@dataclass(frozen=True)
+class Catalogued:
+    """What a dataset name means: its kind, where it can come from, and its published size."""
+
+    kind: str
+    sources: tuple[str, ...]
+    train: int  # images, or tokens for token datasets
+    val: int
+
+
+CATALOG = {  # sizes from REFERENCES.md; highres has 60,000 images in all
+    "mnist": Catalogued("image", ("synthetic", "real"), 60_000, 10_000),
+    "cifar10": Catalogued("image", ("synthetic", "real"), 50_000, 10_000),
+    "imagenet": Catalogued("image", ("synthetic", "real"), 1_281_167, 50_000),
+    "highres": Catalogued("image", ("synthetic",), 50_000, 10_000),
+    "tokens": Catalogued("tokens", ("synthetic",), 103_227_021, 217_646),  # WikiText-103's token counts
+    "wikitext103": Catalogued("tokens", ("real",), 103_227_021, 217_646),
+    "digits": Catalogued("image", ("digits",), 1437, 360),
 }
-DIGITS_TRAIN = 1437  # of scikit-learn's 1797 digits; the other 360 validate
+DIGITS_SHAPE = {"channels": 1, "image_size": 8, "num_classes": 10}
 
 
 @dataclass(frozen=True)
@@ -35,50 +50,57 @@ class Datasets:
     task: str  # classification | language_model
 
 
-def _published_samples(cfg) -> tuple[int, int]:
-    train, val = PUBLISHED.get(cfg.name, PUBLISHED["tokens" if cfg.kind == "tokens" else "cifar10"])
-    if cfg.kind == "tokens":
-        return train // cfg.seq_len, val // cfg.seq_len
-    return train, val
+def _choice(field: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"dataset.{field}={value} is not one of {', '.join(choices)}")
 
 
 def check_dataset(cfg) -> None:
     """Raise ConfigError (one line) for a dataset that cannot be built; cheap, runs before launch."""
-    if cfg.kind not in ("image", "tokens"):
-        raise ConfigError(f"dataset.kind={cfg.kind} is not one of image, tokens")
-    if cfg.source not in ("synthetic", "real", "digits"):
-        raise ConfigError(f"dataset.source={cfg.source} is not one of synthetic, real, digits")
-    for key in ("samples", "val_samples"):
-        if cfg[key] is not None and cfg[key] <= 0:
-            raise ConfigError(f"dataset.{key}={cfg[key]} must be positive")
-    sizes = ("num_classes", "channels", "image_size") if cfg.kind == "image" else ("vocab_size", "seq_len")
-    for key in sizes:
-        if cfg[key] <= 0:
-            raise ConfigError(f"dataset {cfg.name}: dataset.{key} must be positive, got {cfg[key]}")
+    _choice("name", cfg.name, CATALOG)
+    _choice("kind", cfg.kind, KINDS)
+    _choice("source", cfg.source, SOURCES)
+    entry = CATALOG[cfg.name]
+    if cfg.kind != entry.kind:
+        raise ConfigError(f"dataset {cfg.name} is {entry.kind} data, not dataset.kind={cfg.kind}")
+    if cfg.source not in entry.sources:
+        raise ConfigError(f"dataset {cfg.name} comes from dataset.source={' or '.join(entry.sources)}, "
+                          f"not {cfg.source}")
+    for field in ("samples", "val_samples"):
+        value = getattr(cfg, field)
+        if value is not None and value <= 0:
+            raise ConfigError(f"dataset.{field}={value} must be positive")
     if cfg.loader_workers < 0:
         raise ConfigError(f"dataset.loader_workers={cfg.loader_workers} must be >= 0")
-    if cfg.source == "digits" and (cfg.kind, cfg.channels, cfg.image_size, cfg.num_classes) != ("image", 1, 8, 10):
-        raise ConfigError("dataset digits is 10 classes of 1x8x8 images: keep channels=1, image_size=8, num_classes=10")
+    sizes = ("num_classes", "channels", "image_size") if cfg.kind == "image" else ("vocab_size", "seq_len")
+    for field in sizes:
+        if getattr(cfg, field) <= 0:
+            raise ConfigError(f"dataset {cfg.name}: dataset.{field} must be positive, got {getattr(cfg, field)}")
+    if cfg.source == "digits":
+        for field, value in DIGITS_SHAPE.items():
+            if getattr(cfg, field) != value:
+                raise ConfigError(f"dataset digits is 10 classes of 1x8x8 images: dataset.{field} must be {value}")
     if cfg.source == "real":
-        if cfg.name not in REQUIRED:
-            raise ConfigError(f"no reader for real dataset {cfg.name} (known: {', '.join(REQUIRED)})")
-        if cfg.path is None:
-            raise ConfigError(f"dataset {cfg.name} is real data: set dataset.path=/path/to/{cfg.name} (no downloads)")
-        missing = missing_files(cfg.name, Path(cfg.path))
-        if missing:
-            raise ConfigError(f"dataset {cfg.name}: {Path(cfg.path) / missing[0]} does not exist")
+        check_real(cfg)
 
 
-def _digits() -> tuple[Dataset, Dataset]:
-    from sklearn.datasets import load_digits
+def published_samples(cfg) -> tuple[int, int]:
+    """(train, val) sample counts of the published dataset: images, or sequences of seq_len tokens."""
+    entry = CATALOG[cfg.name]
+    if cfg.kind == "tokens":
+        return entry.train // cfg.seq_len, entry.val // cfg.seq_len
+    return entry.train, entry.val
 
-    images, labels = load_digits(return_X_y=True)
-    x = torch.tensor(images, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
-    x = (x - x.mean()) / x.std()
-    y = torch.tensor(labels, dtype=torch.int64)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))  # the same split for every run
-    train, val = order[:DIGITS_TRAIN], order[DIGITS_TRAIN:]
-    return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
+
+def _synthetic_splits(cfg, seed: int) -> tuple[Dataset, Dataset]:
+    published_train, published_val = published_samples(cfg)
+    train = published_train if cfg.samples is None else cfg.samples
+    val = published_val if cfg.val_samples is None else cfg.val_samples
+    if cfg.kind == "image":
+        shape = (cfg.num_classes, cfg.channels, cfg.image_size, seed)
+        return SyntheticImages(train, *shape, "train"), SyntheticImages(val, *shape, "val")
+    shape = (cfg.vocab_size, cfg.seq_len, seed)
+    return SyntheticTokens(train, *shape, "train"), SyntheticTokens(val, *shape, "val")
 
 
 def _cap(dataset: Dataset, samples: int | None) -> Dataset:
@@ -86,18 +108,11 @@ def _cap(dataset: Dataset, samples: int | None) -> Dataset:
 
 
 def build_datasets(cfg, seed: int) -> Datasets:
-    task = "classification" if cfg.kind == "image" else "language_model"
-    if cfg.source == "digits":
-        train, val = _digits()
-    elif cfg.source == "real":
-        train, val = real_splits(cfg)
+    """The training and validation sets of `cfg`; synthetic data is a function of `seed`."""
+    check_dataset(cfg)
+    if cfg.source == "synthetic":
+        train, val = _synthetic_splits(cfg, seed)
     else:
-        published_train, published_val = _published_samples(cfg)
-        n_train, n_val = cfg.samples or published_train, cfg.val_samples or published_val
-        if cfg.kind == "image":
-            shape = (cfg.num_classes, cfg.channels, cfg.image_size, seed)
-            train, val = SyntheticImages(n_train, *shape, "train"), SyntheticImages(n_val, *shape, "val")
-        else:
-            shape = (cfg.vocab_size, cfg.seq_len, seed)
-            train, val = SyntheticTokens(n_train, *shape, "train"), SyntheticTokens(n_val, *shape, "val")
-    return Datasets(_cap(train, cfg.samples), _cap(val, cfg.val_samples), task)
+        train, val = digits_splits() if cfg.source == "digits" else real_splits(cfg)
+        train, val = _cap(train, cfg.samples), _cap(val, cfg.val_samples)
+    return Datasets(train, val, TASKS[cfg.kind])

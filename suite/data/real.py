@@ -1,12 +1,22 @@
-"""Real datasets read from a user-given path. Nothing is downloaded.
+"""Real datasets read from a user-given path (`dataset.path`). Nothing is downloaded.
 
-Expected layouts under `dataset.path`:
-- mnist:       MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte (torchvision's MNIST layout)
-- cifar10:     cifar-10-batches-py/data_batch_1..5 and test_batch (the python pickles of the official archive)
-- imagenet:    train/<class>/<image> and val/<class>/<image> (ImageFolder layout)
-- wikitext103: train.bin and val.bin: GPT-2 token ids as uint16, the format of nanoGPT's
-               data/openwebtext/prepare.py (encode wiki.train.tokens / wiki.valid.tokens with
-               tiktoken's "gpt2" encoding and write `np.array(ids, dtype=np.uint16).tofile(...)`).
+Expected layouts under the path:
+- mnist:       MNIST/raw/{train,t10k}-images-idx3-ubyte and MNIST/raw/{train,t10k}-labels-idx1-ubyte
+               (torchvision's MNIST layout: the official files, gunzipped)
+- cifar10:     cifar-10-batches-py/data_batch_1..5 and cifar-10-batches-py/test_batch
+               (the python pickles of the official cifar-10-python.tar.gz, unpacked)
+- imagenet:    train/<class>/<image> and val/<class>/<image> (ImageFolder layout; the validation
+               images sorted into one folder per class, with the same class folder names as train/)
+- wikitext103: train.bin and val.bin: GPT-2 token ids as uint16, the format of nanoGPT's prepare.py
+               scripts. To make them from wikitext-103-raw-v1 (wiki.train.raw, wiki.valid.raw):
+                   import numpy as np, tiktoken
+                   enc = tiktoken.get_encoding("gpt2")
+                   for split, raw in (("train", "wiki.train.raw"), ("val", "wiki.valid.raw")):
+                       ids = enc.encode_ordinary(open(raw, encoding="utf-8").read())
+                       np.array(ids, dtype=np.uint16).tofile(f"{split}.bin")
+               Sample i is tokens [i*seq_len, (i+1)*seq_len]: the input is its first seq_len tokens,
+               the target its last seq_len (windows do not overlap, except that one window's last
+               target is the next window's first input).
 """
 
 from __future__ import annotations
@@ -19,29 +29,82 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
-MNIST_FILES = [f"MNIST/raw/{p}-{k}" for p in ("train", "t10k") for k in ("images-idx3-ubyte", "labels-idx1-ubyte")]
-CIFAR_FILES = [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)] + ["cifar-10-batches-py/test_batch"]
-REQUIRED = {
+from suite.errors import ConfigError
+
+MNIST_FILES = [f"MNIST/raw/{split}-{kind}" for split in ("train", "t10k")
+               for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")]
+CIFAR_TRAIN = [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)]
+CIFAR_VAL = ["cifar-10-batches-py/test_batch"]
+REQUIRED_FILES = {
     "mnist": MNIST_FILES,
-    "cifar10": CIFAR_FILES,
+    "cifar10": CIFAR_TRAIN + CIFAR_VAL,
     "imagenet": ["train", "val"],
     "wikitext103": ["train.bin", "val.bin"],
 }
+IMAGE_SHAPES = {"mnist": (1, 10), "cifar10": (3, 10), "imagenet": (3, None)}  # channels, classes (None: folders)
 MEAN_STD = {
     "mnist": ((0.1307,), (0.3081,)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
+TOKEN_DTYPE = np.uint16
 
 
-def missing_files(name: str, path: Path) -> list[str]:
-    return [f for f in REQUIRED[name] if not (path / f).exists()]
+def class_folders(split_dir: Path) -> list[str]:
+    """Class names as ImageFolder finds them: the sorted sub-directory names."""
+    return sorted(entry.name for entry in split_dir.iterdir() if entry.is_dir())
+
+
+def _token_count(file: Path) -> int:
+    return file.stat().st_size // np.dtype(TOKEN_DTYPE).itemsize
+
+
+def check_real(cfg) -> None:
+    """Raise ConfigError (one line) unless `cfg.path` holds the files `cfg.name` is read from."""
+    if cfg.path is None:
+        raise ConfigError(f"dataset {cfg.name} is real data: set dataset.path=/path/to/{cfg.name} (no downloads)")
+    root = Path(cfg.path)
+    if not root.is_dir():
+        raise ConfigError(f"dataset {cfg.name}: dataset.path={root} is not a directory")
+    for file in REQUIRED_FILES[cfg.name]:
+        if not (root / file).exists():
+            raise ConfigError(f"dataset {cfg.name}: {root / file} does not exist (layout: see suite/data/real.py)")
+    if cfg.kind == "tokens":
+        _check_token_files(cfg, root)
+    else:
+        _check_images(cfg, root)
+
+
+def _check_token_files(cfg, root: Path) -> None:
+    for file in REQUIRED_FILES[cfg.name]:
+        if _token_count(root / file) <= cfg.seq_len:
+            raise ConfigError(f"dataset {cfg.name}: {root / file} holds fewer than seq_len+1 = {cfg.seq_len + 1} "
+                              "tokens")
+
+
+def _check_images(cfg, root: Path) -> None:
+    channels, classes = IMAGE_SHAPES[cfg.name]
+    if cfg.channels != channels:
+        raise ConfigError(f"dataset {cfg.name} has {channels}-channel images, not channels={cfg.channels}")
+    if classes is not None and cfg.num_classes != classes:
+        raise ConfigError(f"dataset {cfg.name} has {classes} classes, not num_classes={cfg.num_classes}")
+    if cfg.name == "imagenet":
+        train, val = class_folders(root / "train"), class_folders(root / "val")
+        if not train:
+            raise ConfigError(f"dataset imagenet: {root / 'train'} holds no class folders")
+        unmatched = sorted(set(train) ^ set(val))  # ImageFolder numbers classes per split: they must agree
+        if unmatched:
+            raise ConfigError(f"dataset imagenet: class folder {unmatched[0]} is in only one of "
+                              f"{root / 'train'} and {root / 'val'}")
+        if len(train) > cfg.num_classes:
+            raise ConfigError(f"dataset imagenet: {root / 'train'} holds {len(train)} classes, more than "
+                              f"num_classes={cfg.num_classes}")
 
 
 class CifarBatches(Dataset):
     """CIFAR-10's python pickles (torchvision's reader insists on the official md5 sums)."""
 
-    def __init__(self, files: list[Path], transform) -> None:
+    def __init__(self, files: list[Path], transform: transforms.Compose) -> None:
         data, labels = [], []
         for file in files:
             with file.open("rb") as f:
@@ -59,39 +122,56 @@ class CifarBatches(Dataset):
         return self.transform(self.images[index].float() / 255), self.labels[index]
 
 
-class TokenBins(Dataset):
-    """Non-overlapping windows of seq_len + 1 tokens from a uint16 token file (memory-mapped)."""
+class TokenWindows(Dataset):
+    """Windows of seq_len + 1 tokens from a uint16 token file, memory-mapped."""
 
     def __init__(self, file: Path, seq_len: int) -> None:
-        self.tokens = np.memmap(file, dtype=np.uint16, mode="r")
-        self.seq_len = seq_len
+        self.file, self.seq_len = file, seq_len
+        self.windows = (_token_count(file) - 1) // seq_len
+        self._tokens: np.memmap | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}  # a pickled copy (spawned DataLoader workers) maps the file anew
 
     def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.seq_len
+        return self.windows
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.windows:
+            raise IndexError(f"window {index} out of range for {self.windows} windows of {self.file}")
+        if self._tokens is None:  # mapped on first use, by each process that reads
+            self._tokens = np.memmap(self.file, dtype=TOKEN_DTYPE, mode="r")
         start = index * self.seq_len
-        window = torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
+        window = torch.from_numpy(self._tokens[start : start + self.seq_len + 1].astype(np.int64))
         return window[:-1], window[1:]
 
 
+def _imagenet(root: Path, image_size: int, normalize: transforms.Normalize) -> tuple[Dataset, Dataset]:
+    train = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
+                                transforms.ToTensor(), normalize])
+    val = transforms.Compose([transforms.Resize(image_size * 256 // 224), transforms.CenterCrop(image_size),
+                              transforms.ToTensor(), normalize])
+    return datasets.ImageFolder(root / "train", train), datasets.ImageFolder(root / "val", val)
+
+
+def _mnist(root: Path, image_size: int, normalize: transforms.Normalize) -> tuple[Dataset, Dataset]:
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Resize(image_size, antialias=True), normalize])
+    return (datasets.MNIST(root, train=True, transform=transform, download=False),
+            datasets.MNIST(root, train=False, transform=transform, download=False))
+
+
+def _cifar10(root: Path, image_size: int, normalize: transforms.Normalize) -> tuple[Dataset, Dataset]:
+    transform = transforms.Compose([transforms.Resize(image_size, antialias=True), normalize])
+    return (CifarBatches([root / f for f in CIFAR_TRAIN], transform),
+            CifarBatches([root / f for f in CIFAR_VAL], transform))
+
+
+IMAGE_READERS = {"mnist": _mnist, "cifar10": _cifar10, "imagenet": _imagenet}
+
+
 def real_splits(cfg) -> tuple[Dataset, Dataset]:
-    path = Path(cfg.path)
-    if cfg.name == "wikitext103":
-        return TokenBins(path / "train.bin", cfg.seq_len), TokenBins(path / "val.bin", cfg.seq_len)
-    normalize = transforms.Normalize(*MEAN_STD[cfg.name])
-    if cfg.name == "imagenet":
-        train = transforms.Compose([transforms.RandomResizedCrop(cfg.image_size), transforms.RandomHorizontalFlip(),
-                                    transforms.ToTensor(), normalize])
-        val = transforms.Compose([transforms.Resize(cfg.image_size * 256 // 224), transforms.CenterCrop(cfg.image_size),
-                                  transforms.ToTensor(), normalize])
-        return datasets.ImageFolder(path / "train", train), datasets.ImageFolder(path / "val", val)
-    resize = transforms.Resize(cfg.image_size, antialias=True)
-    if cfg.name == "mnist":
-        transform = transforms.Compose([transforms.ToTensor(), resize, normalize])
-        return (datasets.MNIST(path, train=True, transform=transform, download=False),
-                datasets.MNIST(path, train=False, transform=transform, download=False))
-    transform = transforms.Compose([resize, normalize])
-    batches = path / "cifar-10-batches-py"
-    return (CifarBatches([batches / f"data_batch_{i}" for i in range(1, 6)], transform),
-            CifarBatches([batches / "test_batch"], transform))
+    """(train, val) of the real dataset `cfg.name` under `cfg.path`, at the configured image size."""
+    root = Path(cfg.path)
+    if cfg.kind == "tokens":
+        return TokenWindows(root / "train.bin", cfg.seq_len), TokenWindows(root / "val.bin", cfg.seq_len)
+    return IMAGE_READERS[cfg.name](root, cfg.image_size, transforms.Normalize(*MEAN_STD[cfg.name]))

@@ -34,6 +34,7 @@ def check_network(net, data) -> None:
 
 
 def build_model(net, data) -> nn.Module:
+    """An untrained network shaped for the dataset, initialised from torch's global RNG (seed it first)."""
     if net.arch == "gpt2":
         return GPT2(data.vocab_size, data.seq_len, net.n_layer, net.n_head, net.n_embd, net.dropout)
     if net.arch in RESNETS:

@@ -20,14 +20,15 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = n_embd // n_head
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
-        self.dropout = dropout
+        self.attn_dropout = dropout
         self.resid_drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, _ = x.shape
         # Heads are inferred from the width, so a column-sharded qkv holds whole local heads.
         q, k, v = (t.view(batch, time, -1, self.head_dim).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.attn_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(batch, time, -1)))
 
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torchvision
 from torch import nn
 from torchvision.models.vgg import VGG, cfgs, make_layers
 
 SMALL_INPUT = 64  # images up to this side are "small" (CIFAR-style adaptations)
-VGG_LAYOUTS = {"vgg11": "A", "vgg16": "D"}
+RESNET_STEM_CHANNELS = 64
+VGG_LAYOUTS = {"vgg11": "A", "vgg16": "D"}  # torchvision's names for the layer lists of the VGG paper
 
 
 def _conv(in_channels: int, out_channels: int, kernel: int, stride: int) -> nn.Conv2d:
+    """A bias-free convolution initialised as torchvision initialises ResNet and MobileNetV2."""
     conv = nn.Conv2d(in_channels, out_channels, kernel, stride, kernel // 2, bias=False)
     nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
     return conv
@@ -27,16 +30,38 @@ def _conv(in_channels: int, out_channels: int, kernel: int, stride: int) -> nn.C
 def resnet(arch: str, channels: int, classes: int, image_size: int) -> nn.Module:
     model = getattr(torchvision.models, arch)(weights=None, num_classes=classes)
     if image_size <= SMALL_INPUT:
-        model.conv1 = _conv(channels, 64, 3, 1)
+        model.conv1 = _conv(channels, RESNET_STEM_CHANNELS, 3, 1)
         model.maxpool = nn.Identity()
     elif channels != 3:
-        model.conv1 = _conv(channels, 64, 7, 2)
+        model.conv1 = _conv(channels, RESNET_STEM_CHANNELS, 7, 2)
     return model
 
 
+class CompactVGG(nn.Module):
+    """VGG features, global average pooling and one linear layer: the head of CIFAR-style VGGs."""
+
+    def __init__(self, features: nn.Sequential, feature_channels: int, classes: int) -> None:
+        super().__init__()
+        self.features = features
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(feature_channels, classes)
+        for module in self.modules():  # torchvision's VGG initialisation
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0, 0.01)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
 def vgg(arch: str, channels: int, classes: int, image_size: int, width: float, dropout: float) -> nn.Module:
+    """Plain VGG (no batch-norm). The ImageNet classifier is kept only at full width on large inputs,
+    since its first layer expects 512 x 7 x 7 features."""
     max_pools = int(math.log2(image_size))  # each pool halves the side; stop at one pixel
-    layout: list = []
+    layout: list[int | str] = []
     for entry in cfgs[VGG_LAYOUTS[arch]]:
         if entry != "M":
             layout.append(max(1, round(entry * width)))
@@ -44,13 +69,10 @@ def vgg(arch: str, channels: int, classes: int, image_size: int, width: float, d
             layout.append("M")
     features = make_layers(layout, batch_norm=False)
     features[0] = nn.Conv2d(channels, layout[0], 3, padding=1)
-    model = VGG(features, num_classes=classes, dropout=dropout)  # initialises every layer as torchvision does
     if image_size <= SMALL_INPUT or width != 1:
-        model.avgpool = nn.AdaptiveAvgPool2d(1)
-        model.classifier = nn.Linear(layout[-1] if layout[-1] != "M" else layout[-2], classes)
-        nn.init.normal_(model.classifier.weight, 0, 0.01)
-        nn.init.zeros_(model.classifier.bias)
-    return model
+        feature_channels = [entry for entry in layout if entry != "M"][-1]
+        return CompactVGG(features, feature_channels, classes)
+    return VGG(features, num_classes=classes, dropout=dropout)  # initialises every layer, the new conv too
 
 
 def mobilenet_v2(channels: int, classes: int, image_size: int, width: float, dropout: float) -> nn.Module:
