@@ -14,7 +14,7 @@ SUMMARY_METRICS = {"epoch_time_s_mean", "peak_memory_mb", "time_to_target_s", "e
 
 
 def test_two_point_sweep_records_contract_and_resumes(results, store):
-    args = ["-m", *DIGITS, "strategy=ddp", "workers=1,2", "target.value=0.3"]
+    args = ["-m", *DIGITS, "strategy=ddp", "workers=1,2", "target.value=0.15"]
     first = run_suite(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "[1/2 digits/resnet18/ddp/w1]" in first.stdout and "epoch 2/2" in first.stdout  # progress is shown
