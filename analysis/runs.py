@@ -45,4 +45,4 @@ def latest_per_point(runs) -> list[Row]:
         row = row_from_run(run)
         if key not in best or row.status == "finished" or best[key].status != "finished":
             best[key] = row
-    return sorted(best.values(), key=lambda r: (r.dataset, r.network, r.strategy, r.workers))
+    return sorted(best.values(), key=lambda r: (r.dataset, r.network, r.strategy != "single", r.strategy, r.workers))

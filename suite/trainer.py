@@ -52,6 +52,7 @@ class Loaders:
     val: DataLoader
     sampler: DistributedSampler
     local_batch: int
+    shards: int  # data-parallel replicas, each reading its own shard
 
 
 def make_loaders(cfg, data: Datasets, strategy: Strategy, env: DistEnv) -> Loaders:
@@ -67,7 +68,7 @@ def make_loaders(cfg, data: Datasets, strategy: Strategy, env: DistEnv) -> Loade
     train = DataLoader(data.train, local_batch, sampler=sampler, drop_last=True,
                        num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
     val = DataLoader(data.val, local_batch, sampler=val_sampler, num_workers=workers, pin_memory=pin)
-    return Loaders(train, val, sampler, local_batch)
+    return Loaders(train, val, sampler, local_batch, count)
 
 
 class Trainer:
@@ -117,7 +118,7 @@ class Trainer:
         return self.strategy.reduce_mean(torch.stack(losses).float(), self.env).tolist()
 
     def _max(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.env.device)  # NCCL reduces device tensors only
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
@@ -141,7 +142,7 @@ class Trainer:
             self.timer.steps += 1
             samples += inputs.shape[0]
             if self.env.is_main and (step % self.cfg.log_every == 0 or step == self.steps_per_epoch):
-                rate = samples * self.loaders_count / (time.perf_counter() - start)
+                rate = samples * self.loaders.shards / (time.perf_counter() - start)
                 log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
                          self.cfg.epochs, step, self.steps_per_epoch, losses[-1].item(), rate)
         synchronize(self.env.device)
@@ -150,7 +151,8 @@ class Trainer:
         step_losses = self._reduce_losses(losses)
         self.step_losses += step_losses
         (epoch_time,) = self._max([elapsed])
-        global_samples = self.strategy.reduce_mean(torch.tensor([float(samples)]), self.env).item() * self.loaders_count
+        local_samples = torch.tensor([float(samples)], device=self.env.device)
+        global_samples = self.strategy.reduce_mean(local_samples, self.env).item() * self.loaders.shards
         return {
             "epoch_time_s": epoch_time,
             "throughput_samples_s": global_samples / epoch_time,
@@ -158,14 +160,10 @@ class Trainer:
             "train_loss": sum(step_losses) / len(step_losses),
         }
 
-    @property
-    def loaders_count(self) -> int:
-        return self.strategy.data_shard(self.env)[1]
-
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct predictions, targets
+        totals = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss sum, correct, targets
         for batch, (inputs, targets) in enumerate(self.loaders.val):
             if self.cfg.eval_batches is not None and batch >= self.cfg.eval_batches:
                 break
@@ -173,12 +171,10 @@ class Trainer:
             with self.precision.autocast():
                 logits = self.model(inputs)
             logits, targets = logits.flatten(0, -2).float(), targets.flatten()
-            totals += torch.tensor([
-                F.cross_entropy(logits, targets, reduction="sum").item(),
-                (logits.argmax(-1) == targets).sum().item(),
-                targets.numel(),
-            ], dtype=torch.float64)
-        totals = self.strategy.reduce_mean(totals, self.env) * self.loaders_count
+            totals[0] += F.cross_entropy(logits, targets, reduction="sum")
+            totals[1] += (logits.argmax(-1) == targets).sum()
+            totals[2] += targets.numel()
+        totals = self.strategy.reduce_mean(totals, self.env) * self.loaders.shards
         val_loss = (totals[0] / totals[2]).item()
         if self.data.task == "classification":
             return {"val_loss": val_loss, "val_accuracy": (totals[1] / totals[2]).item()}
