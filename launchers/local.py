@@ -17,6 +17,7 @@ class LaunchResult:
     returncode: int | None
     timed_out: bool
     seconds: float
+    interrupted: bool = False  # the driver was interrupted (Ctrl-C, SIGTERM) and stopped the point
 
 
 def torchrun_command(point_dir: Path, workers: int) -> list[str]:
@@ -56,14 +57,17 @@ def run_streamed(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = False
+        timed_out = interrupted = False
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _stop(proc)
+        except KeyboardInterrupt:  # the ranks run in their own session: stop them, then report
+            interrupted = True
+            _stop(proc)
         reader.join(5)
-    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start)
+    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, interrupted)
 
 
 def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str]) -> LaunchResult:

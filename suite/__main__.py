@@ -8,6 +8,7 @@ command-line overrides applied to each of its points. Every point is validated b
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from suite.errors import ConfigError
@@ -48,7 +49,12 @@ def main(argv: list[str]) -> int:
         return 0
     store = Store(points[0].cfg.tracking.uri)
     print(f"{len(points)} point(s); results in {store.uri}", flush=True)
-    outcomes = run_sweep(points, store, force=args.force)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a scheduler's SIGTERM stops like Ctrl-C
+    try:
+        outcomes = run_sweep(points, store, force=args.force)
+    except KeyboardInterrupt as e:
+        print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
+        return 130
     by_experiment: dict[str, set[str]] = {}
     for o in outcomes:
         by_experiment.setdefault(o.point.cfg.tracking.experiment, set()).add(o.run_id)

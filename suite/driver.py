@@ -73,6 +73,8 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float) -> tuple[str, s
     """Status and error line of a point from what its workers left behind and how the launcher ended."""
     if result.timed_out:
         return "timeout", f"no result after timeout_s={timeout_s:g} s; the point was stopped"
+    if result.interrupted:
+        return "failed", f"interrupted after {result.seconds:.0f} s: the sweep was stopped"
     errors = out.errors()
     if errors:
         return errors[0]["status"], f"rank {errors[0]['rank']}: {errors[0]['error']}"
@@ -106,6 +108,8 @@ def run_point(point: Point, store: Store, position: str) -> Outcome:
          *sorted(out.path.glob("error.rank*.json"))],
         start, time.time(),
     )
+    if result.interrupted:
+        raise KeyboardInterrupt(f"stopped during {point.label}; recorded as run {run_id}")
     return Outcome(point, status, error, run_id, out)
 
 

@@ -1,6 +1,12 @@
 """Broken points are recorded with their status and one readable error line; the sweep goes on."""
 
+import signal
+import subprocess
+import sys
+import time
+
 from conftest import DIGITS, run_suite
+from suite.paths import REPO_ROOT
 
 FAST = [*DIGITS, "epochs=1"]
 
@@ -45,3 +51,20 @@ def test_worker_dying_without_traceback_and_runtime_invalid_point(store):
     assert invalid.data.tags["suite.status"] == "invalid"
     assert "steps_per_epoch=1000" in invalid.data.tags["suite.error"]
     assert by_params[("None", "1")].data.tags["suite.status"] == "finished"
+
+
+def test_stopping_the_driver_stops_the_ranks_and_records_the_point(store, results):
+    cmd = [sys.executable, "-m", "suite", *FAST, "strategy=ddp", "workers=2", "fault.kind=hang"]
+    driver = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list(results.glob("points/adhoc/*/logs/rank1.log")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # the ranks are training (rank 0 hangs at step 1)
+    point_dir = next(results.glob("points/adhoc/*"))
+    driver.send_signal(signal.SIGTERM)  # what a scheduler sends before killing a job
+    assert driver.wait(60) == 130, driver.stdout.read()[-3000:]
+    (run,) = store.runs("adhoc")
+    assert run.data.tags["suite.status"] == "failed"
+    assert "interrupted" in run.data.tags["suite.error"]
+    leftover = subprocess.run(["pgrep", "-f", str(point_dir)], capture_output=True, text=True).stdout
+    assert leftover == ""  # no orphaned ranks keep the cores busy
