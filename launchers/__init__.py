@@ -7,6 +7,9 @@ from pathlib import Path
 from launchers.local import LaunchResult, launch_local
 
 
+SCHEDULERS = ("local",)
+
+
 def launch(scheduler: str, point_dir: Path, workers: int, timeout_s: float, env: dict[str, str]) -> LaunchResult:
     """Run one point to completion (or its timeout) and return how its launcher ended."""
     if scheduler == "local":

@@ -40,7 +40,12 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
     return torch.device(requested)
 
 
-def init_distributed(device: str, threads_per_worker: int | None) -> DistEnv:
+def threads_per_worker(configured: int | None, local_workers: int) -> int:
+    """CPU intra-op threads of one rank: as configured, else the cores shared out among this node's ranks."""
+    return configured or max(1, (os.cpu_count() or 1) // local_workers)
+
+
+def init_distributed(device: str, threads: int | None) -> DistEnv:
     """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
     Every strategy runs in a process group, `single` in one of size 1, so the reductions of the
@@ -54,8 +59,7 @@ def init_distributed(device: str, threads_per_worker: int | None) -> DistEnv:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     else:
-        threads = threads_per_worker or max(1, (os.cpu_count() or 1) // local_world_size)
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads_per_worker(threads, local_world_size))
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
 
-FAULT_KINDS = ("error", "oom", "hang", "exit")
+FAULT_KINDS = ("error", "oom", "hang", "exit", "kill")
 
 
 def inject_fault(kind: str, step: int) -> None:
@@ -20,3 +21,5 @@ def inject_fault(kind: str, step: int) -> None:
             time.sleep(60)
     if kind == "exit":
         os._exit(3)  # dies without a Python traceback, like a crash in native code
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's out-of-memory killer does

@@ -19,7 +19,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from suite.config import register_schema
-from suite.data import check_dataset
+from launchers import SCHEDULERS
+from suite.data import check_dataset, train_samples
 from suite.dist import will_use_cuda
 from suite.errors import ConfigError
 from suite.faults import FAULT_KINDS
@@ -99,7 +100,8 @@ def _check_ranges(cfg: DictConfig) -> None:
 
 def _check_choices(cfg: DictConfig) -> None:
     choices = {"precision": (cfg.precision, PRECISIONS), "optimizer.name": (cfg.optimizer.name, OPTIMIZERS),
-               "cluster.device": (cfg.cluster.device, ("auto", "cpu", "cuda"))}
+               "cluster.device": (cfg.cluster.device, ("auto", "cpu", "cuda")),
+               "cluster.scheduler": (cfg.cluster.scheduler, SCHEDULERS)}
     if cfg.fault.kind is not None:
         choices["fault.kind"] = (cfg.fault.kind, FAULT_KINDS)
     for key, (value, allowed) in choices.items():
@@ -108,6 +110,10 @@ def _check_choices(cfg: DictConfig) -> None:
     metric = TASK_METRICS.get(cfg.dataset.kind)
     if cfg.target.metric is not None and cfg.target.metric != metric:
         raise ConfigError(f"target.metric={cfg.target.metric} does not fit {cfg.dataset.kind} data (use {metric})")
+    target = cfg.target.value
+    if target is not None and not (0 < target <= 1 if metric == "val_accuracy" else target >= 1):
+        raise ConfigError(f"target.value={target} is not a reachable {metric} "
+                          + ("(a fraction in (0, 1])" if metric == "val_accuracy" else "(a perplexity >= 1)"))
     if not 0 <= cfg.fault.rank < cfg.workers:
         raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
 
@@ -125,6 +131,21 @@ def _check_device(cfg: DictConfig) -> None:
         raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs")
 
 
+def _check_batches(cfg: DictConfig, global_batch: int, shards: int) -> None:
+    """The data must give every shard at least one batch, and `steps_per_epoch` batches when set."""
+    if global_batch % shards:
+        raise ConfigError(f"global batch {global_batch} does not split over {shards} data shards")
+    samples = train_samples(cfg.dataset)
+    if samples is None:  # real data: its size is checked by the workers once it is read
+        return
+    batches = (samples // shards) // (global_batch // shards)
+    if batches < 1:
+        raise ConfigError(f"{samples} training samples are fewer than one global batch of {global_batch}")
+    if cfg.steps_per_epoch is not None and cfg.steps_per_epoch > batches:
+        raise ConfigError(f"steps_per_epoch={cfg.steps_per_epoch} but {samples} samples give {batches} batches "
+                          f"of {global_batch}: raise dataset.samples or lower the batch")
+
+
 def validate(cfg: DictConfig) -> int:
     """Raise ConfigError for a point that cannot run; return its global batch size."""
     _check_ranges(cfg)
@@ -135,9 +156,7 @@ def validate(cfg: DictConfig) -> int:
     strategy = build_strategy(cfg)
     strategy.check(cfg)
     global_batch = strategy.global_batch_size(cfg)
-    samples = cfg.dataset.samples
-    if samples is not None and samples < global_batch:
-        raise ConfigError(f"dataset.samples={samples} is smaller than one global batch of {global_batch}")
+    _check_batches(cfg, global_batch, strategy.data_shards(cfg))
     if cfg.cluster.scheduler == "local" and cfg.nodes != 1:
         raise ConfigError(f"cluster local is one node, but the point needs {cfg.nodes} "
                           f"(workers={cfg.workers}, {cfg.cluster.workers_per_node} per node)")

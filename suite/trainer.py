@@ -4,6 +4,7 @@ Warm-up steps run before the first epoch and are not timed. Each epoch is `steps
 steps (or one pass over this rank's shard), timed with device-synchronised clocks, followed by
 an evaluation on the validation set. Per-rank numbers are reduced explicitly once per epoch:
 max for times, mean over data-parallel replicas for losses, sums for sample counts.
+Time-to-target counts training time only (warm-up and epochs, slowest rank), not evaluation.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite.data import Datasets, build_datasets
 from suite.dist import DistEnv
@@ -64,10 +65,11 @@ def make_loaders(cfg, data: Datasets, strategy: Strategy, env: DistEnv) -> Loade
     pin = env.device.type == "cuda"
     workers = cfg.dataset.loader_workers
     sampler = DistributedSampler(data.train, count, index, shuffle=True, seed=cfg.seed, drop_last=True)
-    val_sampler = DistributedSampler(data.val, count, index, shuffle=False)
     train = DataLoader(data.train, local_batch, sampler=sampler, drop_last=True,
                        num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
-    val = DataLoader(data.val, local_batch, sampler=val_sampler, num_workers=workers, pin_memory=pin)
+    # Validation shards are strided without padding, so every sample counts exactly once.
+    val_shard = Subset(data.val, range(index, len(data.val), count))
+    val = DataLoader(val_shard, local_batch, num_workers=workers, pin_memory=pin)
     return Loaders(train, val, sampler, local_batch, count)
 
 
@@ -127,8 +129,9 @@ class Trainer:
         self.model.train()
         losses = [self._step(x, y) for x, y in self._batches(0, min(self.cfg.warmup_steps, self.steps_per_epoch))]
         synchronize(self.env.device)
+        (elapsed,) = self._max([time.perf_counter() - start])
         self.step_losses += self._reduce_losses(losses)
-        return time.perf_counter() - start
+        return elapsed
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
@@ -136,6 +139,7 @@ class Trainer:
         losses: list[torch.Tensor] = []
         samples = 0
         synchronize(self.env.device)
+        dist.barrier()  # every rank starts the epoch clock together
         start = time.perf_counter()
         for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch), 1):
             losses.append(self._step(inputs, targets))
@@ -148,6 +152,7 @@ class Trainer:
         synchronize(self.env.device)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
+        self.timer.collect()
         step_losses = self._reduce_losses(losses)
         self.step_losses += step_losses
         (epoch_time,) = self._max([elapsed])
@@ -162,6 +167,7 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        self.strategy.before_evaluate(self.model, self.env)
         self.model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss sum, correct, targets
         for batch, (inputs, targets) in enumerate(self.loaders.val):
@@ -206,9 +212,10 @@ class Trainer:
         phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
         memory = [None] * self.env.world_size
         dist.all_gather_object(memory, peak_memory(self.env.device))
+        total_time = sum(e["epoch_time_s"] for e in epochs)
         summary = {
-            "epoch_time_s_mean": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
-            "throughput_samples_s_mean": sum(e["throughput_samples_s"] for e in epochs) / len(epochs),
+            "epoch_time_s_mean": total_time / len(epochs),
+            "throughput_samples_s_mean": sum(e["samples"] for e in epochs) / total_time,
             "samples_per_epoch": epochs[-1]["samples"],
             "steps_per_epoch": self.steps_per_epoch,
             "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),

@@ -16,7 +16,11 @@ MALFORMED = {
     "real data without a path": (["dataset=wikitext103", "network=gpt2_tiny"], "path"),
     "unknown strategy knob": (["strategy=ddp", "+strategy.bucket_cap=5"], "bucket_cap"),
     "bad strategy knob": (["strategy=ddp", "strategy.bucket_cap_mb=0"], "bucket_cap_mb > 0"),
-    "fewer samples than a batch": (["strategy=ddp", "workers=2", "dataset.samples=10"], "smaller than one global"),
+    "fewer samples than a batch": (["strategy=ddp", "workers=2", "dataset.samples=10"], "fewer than one global"),
+    "more steps than the data holds": (["dataset=digits", "batch_size=64", "steps_per_epoch=30"],
+                                       "steps_per_epoch=30 but 1437 samples give 22 batches"),
+    "unknown scheduler": (["cluster.scheduler=slurm"], "cluster.scheduler=slurm is not one of local"),
+    "unreachable accuracy target": (["target.value=95"], "target.value=95.0 is not a reachable val_accuracy"),
     "sync batch-norm on CPU": (["strategy=ddp", "strategy.sync_batchnorm=true"], "GPUs only"),
     "negative workers": (["workers=-1"], "workers must be positive"),
 }

@@ -56,5 +56,6 @@ def test_speedup_column_is_the_throughput_ratio_to_the_single_baseline(store):
     assert runs["single"].data.params["precision"] == "bf16"
     rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| digits")]
     speedup = {cells[2].strip(): float(cells[7]) for cells in rows}
-    ratio = runs["ddp"].data.metrics["throughput_samples_s_mean"] / runs["single"].data.metrics["throughput_samples_s_mean"]
+    throughput = {name: run.data.metrics["throughput_samples_s_mean"] for name, run in runs.items()}
+    ratio = throughput["ddp"] / throughput["single"]
     assert speedup == {"single": 1.0, "ddp": pytest.approx(ratio, abs=0.006)}

@@ -92,6 +92,16 @@ def published_samples(cfg) -> tuple[int, int]:
     return entry.train, entry.val
 
 
+def train_samples(cfg) -> int | None:
+    """Training samples of `cfg` when known without reading data (synthetic, digits); None for real data."""
+    if cfg.source == "real":
+        return None
+    available = published_samples(cfg)[0]
+    if cfg.source == "synthetic":
+        return available if cfg.samples is None else cfg.samples
+    return available if cfg.samples is None else min(cfg.samples, available)
+
+
 def _synthetic_splits(cfg, seed: int) -> tuple[Dataset, Dataset]:
     published_train, published_val = published_samples(cfg)
     train = published_train if cfg.samples is None else cfg.samples

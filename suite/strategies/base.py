@@ -39,6 +39,10 @@ class Strategy:
         """Data-parallel rule (Studies N and J): the batch per worker is fixed."""
         return cfg.batch_size * cfg.workers
 
+    def data_shards(self, cfg) -> int:
+        """How many shards the training data is split into (before launch; see `data_shard`)."""
+        return cfg.workers
+
     # In each worker.
     def data_shard(self, env: DistEnv) -> tuple[int, int]:
         """(index, count) of the data shard this rank reads; each data-parallel replica reads its own."""
@@ -69,6 +73,9 @@ class Strategy:
             precision.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
+        """Make every rank hold the model that is evaluated (e.g. the same BatchNorm statistics)."""
 
     def reduce_mean(self, values: torch.Tensor, env: DistEnv) -> torch.Tensor:
         """Mean over the data-parallel replicas of per-rank values (losses of equal-sized shards)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -40,6 +41,11 @@ class DDP(Strategy):
             find_unused_parameters=self.find_unused_parameters,
             forward_sync_buffers=self.forward_sync_buffers,
         )
+
+    def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
+        """Evaluate rank 0's model: BatchNorm running statistics drift apart on rank-local batches."""
+        for buffer in model.module.buffers():
+            dist.broadcast(buffer, 0)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module
