@@ -23,7 +23,8 @@ sweep: setup
 	$(PY) -m suite --sweep $(SWEEP) cluster=$(CLUSTER) $(if $(FORCE),--force) $(ARGS)
 
 ui: setup
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///results/mlflow.db --port $(or $(PORT),5000)
+	$(VENV)/bin/mlflow ui --port $(or $(PORT),5000) \
+		--backend-store-uri "$$($(PY) -c 'from suite.tracking import tracking_uri; print(tracking_uri())')"
 
 report: setup
 	$(PY) -m analysis.report $(SWEEP)

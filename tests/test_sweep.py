@@ -28,7 +28,15 @@ def test_two_point_sweep_records_contract_and_resumes(results, store):
         assert EPOCH_METRICS | SUMMARY_METRICS <= run.data.metrics.keys()
         history = store.client.get_metric_history(run.info.run_id, "epoch_time_s")
         assert sorted(m.step for m in history) == [1, 2]
-        assert run.data.metrics["epochs_to_target"] == 1
+        metrics = run.data.metrics
+        assert metrics["epochs_to_target"] == 1
+        train_time = {m.step: m.value for m in store.client.get_metric_history(run.info.run_id, "train_time_s")}
+        assert metrics["time_to_target_s"] == pytest.approx(train_time[1])
+        assert metrics["throughput_samples_s_mean"] == pytest.approx(metrics["samples_per_epoch"]
+                                                                     / metrics["epoch_time_s_mean"])
+        assert metrics["samples_per_epoch"] == 256  # counted over all ranks, not assumed
+        ranks = [metrics[f"peak_memory_mb_rank{r}"] for r in range(int(run.data.params["workers"]))]
+        assert metrics["peak_memory_mb"] == max(ranks) > 100
         workers = int(run.data.params["workers"])
         assert run.data.params["global_batch_size"] == str(16 * workers)
         artifacts = {a.path for a in store.client.list_artifacts(run.info.run_id)}

@@ -24,6 +24,7 @@ from suite.models import build_model
 from suite.plan import plan
 from suite.point_dir import PointDir
 from suite.strategies import build_strategy
+from suite.timing import synchronize
 from suite.trainer import Trainer
 
 POINT = ["dataset=cifar10", "network=resnet18", "strategy=ddp", "workers=2", "batch_size=16",
@@ -51,10 +52,12 @@ def minimal_ddp_step_time(cfg, device: torch.device) -> float:
 
     for _ in range(cfg.warmup_steps):
         step()
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(cfg.steps_per_epoch):
         step()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    synchronize(device)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return elapsed.item() / cfg.steps_per_epoch
 
