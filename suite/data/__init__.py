@@ -103,9 +103,8 @@ def train_samples(cfg) -> int | None:
 
 
 def _synthetic_splits(cfg, seed: int) -> tuple[Dataset, Dataset]:
-    published_train, published_val = published_samples(cfg)
-    train = published_train if cfg.samples is None else cfg.samples
-    val = published_val if cfg.val_samples is None else cfg.val_samples
+    train = train_samples(cfg)  # the size the plan checked batches and steps against
+    val = published_samples(cfg)[1] if cfg.val_samples is None else cfg.val_samples
     if cfg.kind == "image":
         shape = (cfg.num_classes, cfg.channels, cfg.image_size, seed)
         return SyntheticImages(train, *shape, "train"), SyntheticImages(val, *shape, "val")
