@@ -50,7 +50,7 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
     env = dict(os.environ)
     env["SUITE_POINT_LABEL"] = f"[{position} {point.label}]"
     env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = str(threads_per_worker(point.cfg.cluster.threads_per_worker, point.cfg.workers))
+    env["OMP_NUM_THREADS"] = str(threads_per_worker(point.cfg.cluster.threads_per_worker, point.processes))
     return env
 
 
@@ -104,7 +104,7 @@ def run_point(point: Point, store: Store, position: str) -> Outcome:
     OmegaConf.save(point.cfg, out.config, resolve=True)
     start = time.time()
     try:
-        result = launch(point.cfg.cluster.scheduler, out.path, point.cfg.workers, point.cfg.timeout_s,
+        result = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
                         worker_env(point, position))
         status, error = judge(out, result, point.cfg.timeout_s)
     except Exception as exc:  # the launcher itself broke: still one recorded run, and the sweep goes on
@@ -115,7 +115,7 @@ def run_point(point: Point, store: Store, position: str) -> Outcome:
     if error:
         tags["suite.error"] = error
     run_id = store.record(
-        point.cfg.tracking.experiment, point.label, run_params(point.cfg, point.global_batch_size), tags,
+        point.cfg.tracking.experiment, point.label, run_params(point.cfg, point.global_batch_size, point.derived_params), tags,
         out.epochs(), out.summary() or {},
         [out.config, out.manifest_file, out.logs, out.path / "launcher.log", out.summary_file, out.epochs_file,
          *sorted(out.path.glob("error.rank*.json"))],

@@ -28,7 +28,7 @@ from suite.models import check_network
 from suite.optim import OPTIMIZERS
 from suite.paths import CONF_DIR
 from suite.precision import PRECISIONS
-from suite.strategies import build_strategy
+from suite.strategies import Strategy, build_strategy
 
 # Settings that change how a point is run or reported, not what it measures.
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights")
@@ -40,6 +40,8 @@ class Point:
     overrides: tuple[str, ...]
     cfg: DictConfig
     global_batch_size: int
+    processes: int  # started by the launcher; fewer than workers when one process drives several devices
+    derived_params: dict
 
     @property
     def label(self) -> str:
@@ -146,8 +148,8 @@ def _check_batches(cfg: DictConfig, global_batch: int, shards: int) -> None:
                           f"of {global_batch}: raise dataset.samples or lower the batch")
 
 
-def validate(cfg: DictConfig) -> int:
-    """Raise ConfigError for a point that cannot run; return its global batch size."""
+def validate(cfg: DictConfig) -> Strategy:
+    """Raise ConfigError for a point that cannot run; return its strategy."""
     _check_ranges(cfg)
     _check_choices(cfg)
     _check_device(cfg)
@@ -160,7 +162,7 @@ def validate(cfg: DictConfig) -> int:
     if cfg.cluster.scheduler == "local" and cfg.nodes != 1:
         raise ConfigError(f"cluster local is one node, but the point needs {cfg.nodes} "
                           f"(workers={cfg.workers}, {cfg.cluster.workers_per_node} per node)")
-    return global_batch
+    return strategy
 
 
 def make_point(overrides: list[str], experiment: str | None) -> Point:
@@ -169,8 +171,9 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
         cfg.tracking.experiment = experiment
     if cfg.nodes is None:
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
-    global_batch = validate(cfg)
-    return Point(tuple(overrides), cfg, global_batch)
+    strategy = validate(cfg)
+    return Point(tuple(overrides), cfg, strategy.global_batch_size(cfg), strategy.processes(cfg),
+                 strategy.derived_params(cfg))
 
 
 def plan(jobs: list[list[str]], experiment: str | None = None) -> list[Point]:

@@ -33,11 +33,12 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def run_params(cfg: DictConfig, global_batch_size: int) -> dict[str, Any]:
-    """The flattened config, plus the short names the contract promises and the strategy's own knobs."""
+def run_params(cfg: DictConfig, global_batch_size: int, derived: dict[str, Any]) -> dict[str, Any]:
+    """The flattened config, plus the short names the contract promises, the strategy's own knobs and the
+    settings it derives from them."""
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params.update(dataset=cfg.dataset.name, network=cfg.network.name, strategy=cfg.strategy.name,
-                  global_batch_size=global_batch_size)
+                  global_batch_size=global_batch_size, **derived)
     for knob, value in cfg.strategy.items():
         if knob not in ("_target_", "name"):
             params.setdefault(knob, value)
@@ -80,6 +81,7 @@ class Store:
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(e[k]), now, int(e["epoch"])) for e in epochs for k in EPOCH_METRICS if k in e]
         metrics += [Metric(k, float(summary[k]), now, 0) for k in SUMMARY_METRICS if k in summary]
+        metrics += [Metric(k, float(v), now, 0) for k, v in summary.get("strategy_metrics", {}).items()]
         metrics += [Metric("step_loss", float(v), now, i) for i, v in enumerate(summary.get("step_losses", []))]
         for rank, memory in enumerate(summary.get("memory_by_rank", [])):
             metrics.append(Metric(f"peak_memory_mb_rank{rank}", float(memory["peak_memory_mb"]), now, 0))

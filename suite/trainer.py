@@ -79,8 +79,8 @@ class Trainer:
         self.label = label
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.data = build_datasets(cfg.dataset, cfg.seed)
-        model = build_model(cfg.network, cfg.dataset).to(env.device)
-        self.model = strategy.parallelize(model, env)
+        # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
+        self.model = strategy.parallelize(build_model(cfg.network, cfg.dataset), env, cfg)
         self.optimizer = strategy.build_optimizer(self.model, cfg.optimizer)
         self.precision: Precision = make_precision(cfg.precision, env.device)
         self.loaders = make_loaders(cfg, self.data, strategy, env)
@@ -145,10 +145,14 @@ class Trainer:
             losses.append(self._step(inputs, targets))
             self.timer.steps += 1
             samples += inputs.shape[0]
-            if self.env.is_main and (step % self.cfg.log_every == 0 or step == self.steps_per_epoch):
+            if step % self.cfg.log_every == 0 or step == self.steps_per_epoch:
+                # Every rank reduces: under pipelines only the last stage holds the loss.
+                (loss,) = self._reduce_losses(losses[-1:])
                 rate = samples * self.loaders.shards / (time.perf_counter() - start)
-                log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
-                         self.cfg.epochs, step, self.steps_per_epoch, losses[-1].item(), rate)
+                if self.env.is_main:
+                    log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
+                             self.cfg.epochs, step, self.steps_per_epoch, loss, rate)
+        self.strategy.finish_epoch(self.model, self.optimizer)
         synchronize(self.env.device)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
@@ -175,7 +179,9 @@ class Trainer:
                 break
             inputs, targets = inputs.to(self.env.device), targets.to(self.env.device)
             with self.precision.autocast():
-                logits = self.model(inputs)
+                logits = self.strategy.forward(self.model, inputs)
+            if logits is None:
+                continue
             logits, targets = logits.flatten(0, -2).float(), targets.flatten()
             totals[0] += F.cross_entropy(logits, targets, reduction="sum")
             totals[1] += (logits.argmax(-1) == targets).sum()
@@ -222,6 +228,7 @@ class Trainer:
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **to_target,
             "memory_by_rank": memory,
+            "strategy_metrics": self.strategy.summary_metrics(self.timer, memory, self.env),
             "step_losses": self.step_losses,
         }
         if self.cfg.save_final_weights:

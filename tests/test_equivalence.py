@@ -41,3 +41,30 @@ def assert_same_training(reference, candidate) -> None:
 def test_ddp_equivalence(store, workload):
     reference, ddp = train_pair(store, WORKLOADS[workload], ["strategy=ddp"], workers=2, global_batch=8)
     assert_same_training(reference, ddp)
+
+
+GLOBAL_BATCH = 8
+
+
+def train_pipeline_pair(store, workload: list[str], candidate: list[str]):
+    reference = ["strategy=single", "workers=1", f"batch_size={GLOBAL_BATCH}"]
+    points = plan([workload + STEPS + reference, workload + STEPS + candidate], experiment="equivalence")
+    assert points[1].global_batch_size == GLOBAL_BATCH
+    outcomes = run_sweep(points, store)
+    assert [o.status for o in outcomes] == ["finished", "finished"], [o.error for o in outcomes]
+    return outcomes[0].point_dir, outcomes[1].point_dir
+
+
+def pipeline_point(strategy: str) -> list[str]:
+    """2 stages, 4 micro-batches of 2: the mini-batch is the whole global batch."""
+    return [f"strategy={strategy}", "workers=2", f"batch_size={GLOBAL_BATCH}", "strategy.micro_batches=4"]
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_gpipe_dist_equivalence(store, workload):
+    assert_same_training(*train_pipeline_pair(store, WORKLOADS[workload], pipeline_point("gpipe_dist")))
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_1f1b_equivalence(store, workload):
+    assert_same_training(*train_pipeline_pair(store, WORKLOADS[workload], pipeline_point("1f1b")))

@@ -17,7 +17,7 @@ def one_rank_group():
 
 def test_ddp_knobs_configure_distributed_data_parallel(one_rank_group):
     strategy = DDP(bucket_cap_mb=3.0, gradient_as_bucket_view=True, static_graph=True, find_unused_parameters=True)
-    model = strategy.parallelize(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), one_rank_group)
+    model = strategy.parallelize(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), one_rank_group, None)
     assert model.bucket_bytes_cap == 3 * 2**20
     assert model.gradient_as_bucket_view and model.static_graph and model.find_unused_parameters
     assert strategy.knobs()["bucket_cap_mb"] == 3.0 and "name" not in strategy.knobs()

@@ -8,6 +8,8 @@ from omegaconf import OmegaConf
 from suite.errors import ConfigError
 from suite.strategies.base import Strategy
 
+__all__ = ["Strategy", "build_strategy"]
+
 
 def build_strategy(cfg) -> Strategy:
     """Instantiate the strategy of a point; an unknown knob is a ConfigError naming it."""

@@ -3,7 +3,8 @@
 A strategy decides four things and nothing else: how the global batch follows from the per-worker
 batch and the worker count, which shard of the data a rank reads, how the plain model is wrapped
 or split across ranks, and how one training step runs on the wrapped model. The training loop
-(`suite.trainer`) is the same for all of them.
+(`suite.trainer`) is the same for all of them; the hooks with defaults here (`processes`,
+`forward`, `finish_epoch`, `summary_metrics`) are where pipelines differ from data parallelism.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ class Strategy:
         """Data-parallel rule (Studies N and J): the batch per worker is fixed."""
         return cfg.batch_size * cfg.workers
 
+    def processes(self, cfg) -> int:
+        """How many processes the launcher starts (one per worker, unless one process drives several devices)."""
+        return cfg.workers
+
+    def derived_params(self, cfg) -> dict[str, Any]:
+        """Settings the strategy derives from the config (e.g. micro-batches), recorded as run params."""
+        return {}
+
     def data_shards(self, cfg) -> int:
         """How many shards the training data is split into (before launch; see `data_shard`)."""
         return cfg.workers
@@ -48,8 +57,9 @@ class Strategy:
         """(index, count) of the data shard this rank reads; each data-parallel replica reads its own."""
         return env.rank, env.world_size
 
-    def parallelize(self, model: nn.Module, env: DistEnv) -> nn.Module:
-        return model
+    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
+        """Wrap or split the host-built model; move what this rank holds to its device."""
+        return model.to(env.device)
 
     def build_optimizer(self, model: nn.Module, cfg) -> torch.optim.Optimizer:
         return build_optimizer(model.parameters(), cfg)
@@ -74,6 +84,13 @@ class Strategy:
             optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
+    def finish_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Complete work still in flight at the end of an epoch (inside the epoch's clock)."""
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Evaluation forward pass; None on ranks that do not hold the network's output."""
+        return model(inputs)
+
     def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
         """Make every rank hold the model that is evaluated (e.g. the same BatchNorm statistics)."""
 
@@ -82,6 +99,11 @@ class Strategy:
         values = values.clone()
         dist.all_reduce(values)
         return values / env.world_size
+
+    def summary_metrics(self, timer: PhaseTimer, memory_by_rank: list[dict[str, float]],
+                        env: DistEnv) -> dict[str, float]:
+        """Strategy-specific summary metrics, computed on every rank (may communicate), logged from rank 0."""
+        return {}
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain model inside whatever `parallelize` returned."""

@@ -29,7 +29,8 @@ class DDP(Strategy):
         if self.sync_batchnorm and not will_use_cuda(cfg.cluster):
             raise ConfigError("strategy ddp: sync_batchnorm works on GPUs only (torch's SyncBatchNorm)")
 
-    def parallelize(self, model: nn.Module, env: DistEnv) -> nn.Module:
+    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
+        model = model.to(env.device)
         if self.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return DistributedDataParallel(

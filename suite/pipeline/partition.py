@@ -1,0 +1,79 @@
+"""Cutting a network's layer list into contiguous pipeline stages.
+
+`balance` is an explicit list of layers per stage, `by_params` (equal parameter counts), or
+`by_time` (torchgpipe's balancer: each layer's forward + backward timed on one device, then the
+split that equalises time). Both balancers use torchgpipe's block-partition solver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torchgpipe.balance import balance_by_time, balance_cost
+
+from suite.errors import ConfigError
+from suite.models.layers import Layer
+
+BALANCERS = ("by_params", "by_time")
+
+
+def check_balance(balance, layers: int, stages: int) -> None:
+    """Before launch: the balance knob fits the network's layer count and the stage count."""
+    if stages > layers:
+        raise ConfigError(f"{stages} pipeline stages but the network has only {layers} layers")
+    if isinstance(balance, str):
+        if balance not in BALANCERS:
+            raise ConfigError(f"balance={balance} is not one of {', '.join(BALANCERS)} or a list of layer counts")
+        return
+    sizes = list(balance)
+    if len(sizes) != stages or any(size < 1 for size in sizes) or sum(sizes) != layers:
+        raise ConfigError(f"balance={sizes} must give each of {stages} stages at least one layer and "
+                          f"sum to the network's {layers} layers")
+
+
+def stage_sizes(balance, layers: Sequence[Layer], stages: int, sample: torch.Tensor,
+                device: torch.device) -> list[int]:
+    """Layers per stage. `by_time` runs the layers on `sample` (one micro-batch), so every rank must
+    decide from the same measurement: callers broadcast rank 0's answer."""
+    if not isinstance(balance, str):
+        return list(balance)
+    if balance == "by_params":
+        costs = [sum(p.numel() for p in layer.module.parameters()) for layer in layers]
+        return balance_cost([max(cost, 1) for cost in costs], stages)
+    sequential = nn.Sequential(*(layer.module for layer in layers))
+    sizes = balance_by_time(stages, sequential, sample, timeout=1.0, device=device)
+    for param in sequential.parameters():
+        param.grad = None  # the profiler's backward passes leave gradients behind
+    return sizes
+
+
+def cut(layers: Sequence[Layer], sizes: Sequence[int]) -> list[list[Layer]]:
+    """Contiguous groups of `sizes` layers. A stage's input arrives as a leaf tensor that autograd
+    forbids modifying in place, so an in-place activation that opens a stage is made out-of-place."""
+    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    groups = [list(layers[a:b]) for a, b in zip(bounds, bounds[1:])]
+    for group in groups:
+        if getattr(group[0].module, "inplace", False):
+            group[0].module.inplace = False
+    return groups
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: its layers in order, reporting weights under the whole network's names."""
+
+    def __init__(self, layers: Sequence[Layer]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layer.module for layer in layers)
+        self.prefixes = [layer.prefix for layer in layers]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def named_state(self) -> dict[str, torch.Tensor]:
+        return {prefix + name: value.detach().cpu()
+                for prefix, layer in zip(self.prefixes, self.layers)
+                for name, value in layer.state_dict().items()}

@@ -1,0 +1,86 @@
+"""Where a rank sits in DP x PP: `pp` consecutive ranks form one pipeline, `dp = world / pp` replicas.
+
+Rank r is stage `r % pp` of replica `r // pp`. Each stage's replicas all-reduce their gradients in a
+data-parallel group; the ranks that hold copies of one tied weight (GPT-2's embedding on the first
+stage, the LM head on the last) sum its gradient in a tie group, as Megatron-LM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -> None:
+    """One flattened all-reduce of the gradients of `params` (missing gradients count as zero)."""
+    if not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    if average_over > 1:
+        flat /= average_over
+    for param, chunk in zip(params, flat.split([g.numel() for g in grads])):
+        param.grad = chunk.view_as(param).clone()
+
+
+@dataclass
+class Topology:
+    pp: int
+    dp: int
+    rank: int
+    pipe_group: object = None  # the stages of this replica; None (the whole world) when dp == 1
+    dp_group: object = None  # this stage's replicas; None when dp == 1
+    tie_group: object = None  # the ranks of this replica holding a tied weight; None when not one of them
+
+    @property
+    def stage_rank(self) -> int:
+        return self.rank % self.pp
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.pp
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_rank == self.pp - 1
+
+    def peer(self, stage_rank: int) -> int:
+        """Global rank of a stage rank of this replica."""
+        return self.replica * self.pp + stage_rank
+
+    def average_grads(self, params: list[nn.Parameter]) -> None:
+        if self.dp > 1:
+            all_reduce_grads(params, self.dp_group, self.dp)
+
+    def sum_tied_grads(self, tied: list[nn.Parameter]) -> None:
+        if self.tie_group is not None:
+            all_reduce_grads(tied, self.tie_group)
+
+
+def build_topology(rank: int, world_size: int, pp: int, tie_stage_ranks: set[int]) -> Topology:
+    """Create the process groups; every rank calls this with the same arguments, in the same order."""
+    dp = world_size // pp
+    topology = Topology(pp, dp, rank)
+    if dp > 1:
+        for replica in range(dp):
+            group = dist.new_group([replica * pp + stage_rank for stage_rank in range(pp)])
+            if replica == topology.replica:
+                topology.pipe_group = group
+        for stage_rank in range(pp):
+            group = dist.new_group([replica * pp + stage_rank for replica in range(dp)])
+            if stage_rank == topology.stage_rank:
+                topology.dp_group = group
+    if len(tie_stage_ranks) > 1:
+        for replica in range(dp):
+            group = dist.new_group(sorted(replica * pp + s for s in tie_stage_ranks))
+            if replica == topology.replica and topology.stage_rank in tie_stage_ranks:
+                topology.tie_group = group
+    return topology

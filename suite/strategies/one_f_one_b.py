@@ -1,0 +1,36 @@
+"""One-forward-one-backward with a flush per mini-batch (PipeDream-Flush, Megatron-LM's schedule):
+the same math as GPipe with at most `stages` micro-batches of activations alive per stage.
+`virtual_stages > 1` gives each rank that many model chunks (ScheduleInterleaved1F1B)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+
+from suite.errors import ConfigError
+from suite.strategies.scheduled_pipeline import ScheduledPipeline
+
+
+@dataclass
+class OneFOneB(ScheduledPipeline):
+    name: str = "1f1b"
+    virtual_stages: int = 1
+
+    def chunks_per_device(self) -> int:
+        return self.virtual_stages
+
+    def check(self, cfg) -> None:
+        if self.virtual_stages < 1:
+            raise ConfigError(f"strategy 1f1b: virtual_stages must be positive, got {self.virtual_stages}")
+        super().check(cfg)
+        stages, m = self.stages(cfg), self.batching(cfg).micro_batches
+        if self.virtual_stages > 1 and m % stages:
+            raise ConfigError(f"strategy 1f1b: interleaving needs micro_batches ({m}) divisible by the "
+                              f"{stages} stages")
+
+    def make_schedule(self, stages, micro_batches, loss_fn):
+        if self.virtual_stages > 1:
+            return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)
+        (stage,) = stages
+        return Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)
