@@ -68,3 +68,9 @@ def test_gpipe_dist_equivalence(store, workload):
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_1f1b_equivalence(store, workload):
     assert_same_training(*train_pipeline_pair(store, WORKLOADS[workload], pipeline_point("1f1b")))
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_gpipe_equivalence(store, workload):
+    candidate = [*pipeline_point("gpipe"), "strategy.balance=by_params"]
+    assert_same_training(*train_pipeline_pair(store, WORKLOADS[workload], candidate))

@@ -77,3 +77,30 @@ class StageModule(nn.Module):
         return {prefix + name: value.detach().cpu()
                 for prefix, layer in zip(self.prefixes, self.layers)
                 for name, value in layer.state_dict().items()}
+
+
+def untie(layers: Sequence[Layer], ties: list[list[tuple[int, str]]]) -> list[list[nn.Parameter]]:
+    """Give every layer after the first its own copy of a tied parameter (torchgpipe rejects a parameter
+    shared between partitions); returns the copies of each tie, whose gradients `sum_grads` adds up."""
+    copies = []
+    for places in ties:
+        first_index, first_name = places[0]
+        shared = layers[first_index].module.get_parameter(first_name)
+        group = [shared]
+        for index, name in places[1:]:
+            owner, _, attr = name.rpartition(".")
+            copy = nn.Parameter(shared.detach().clone())
+            setattr(layers[index].module.get_submodule(owner), attr, copy)
+            group.append(copy)
+        copies.append(group)
+    return copies
+
+
+def sum_grads(copies: list[nn.Parameter]) -> None:
+    """Every copy of a tied parameter gets the sum of their gradients, as the shared parameter would."""
+    grads = [p.grad for p in copies if p.grad is not None]
+    if not grads:
+        return
+    total = sum(g.to(grads[0].device) for g in grads)
+    for param in copies:
+        param.grad = total.to(param.device, copy=True)

@@ -119,22 +119,24 @@ class Pipeline(Strategy):
             device_time[device] = device_time.get(device, 0.0) + seconds
         step = max(t.get("pipeline", 0.0) for t in gathered)
         devices = len(device_time)
-        m = self.micro_batches_run
         metrics = {f"peak_memory_mb_stage{i}": mb for i, mb in self.stage_peak_memory(memory_by_rank).items()}
-        metrics["bubble_fraction_ideal"] = (devices - 1) / (m + devices - 1) if devices else 0.0
+        metrics["bubble_fraction_ideal"] = self.ideal_bubble(devices)
         if step > 0 and device_time:
             busiest = max(device_time.values())
-            t_seq_mb = sum(stage_time.values()) / m
-            bound = t_seq_mb * (devices + m - 1) / devices
+            bound = self.step_bound(sum(stage_time.values()), busiest, devices)
             metrics.update(bubble_fraction_measured=max(step - busiest, 0.0) / step, pipeline_step_s=step,
                            pipeline_bound_s=bound, pipeline_bound_ratio=step / bound)
             metrics.update({f"stage_compute_s_stage{s}": t for s, t in sorted(stage_time.items())})
         return metrics
 
-    @property
-    def micro_batches_run(self) -> int:
-        """Micro-batches per step of the running pipeline (set by `parallelize`)."""
-        return self._micro_batches
+    def ideal_bubble(self, devices: int) -> float:
+        """GPipe's and 1F1B's idle fraction with balanced stages: (p - 1) / (m + p - 1)."""
+        return (devices - 1) / (self._micro_batches + devices - 1)
+
+    def step_bound(self, all_stages_s: float, busiest_s: float, devices: int) -> float:
+        """Analytic step time from measured stage times: T_seq(mb) x (p + m - 1) / p (Study J's model)."""
+        m = self._micro_batches
+        return all_stages_s / m * (devices + m - 1) / devices
 
 
 @dataclass

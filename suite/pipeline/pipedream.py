@@ -1,0 +1,135 @@
+"""Asynchronous PipeDream (Narayanan et al., SOSP 2019) with weight stashing, on point-to-point ops.
+
+Each stage runs its own one-forward-one-backward order with no flush between mini-batches: a stage
+with `lag` stages after it starts `lag` mini-batches before its first backward, then alternates
+forward of mini-batch k and backward of mini-batch k - lag; the last stage (lag 0) runs each
+backward right after its forward. Every backward is followed by this stage's weight update.
+
+Weight stashing: mini-batch k's forward runs on a snapshot of the weights current at that moment,
+and its backward differentiates through that same snapshot, however many updates happened since;
+the resulting gradient is applied to the current weights. A stage thus holds up to `lag` stale
+versions besides its live weights (identical snapshots are shared). Sends are non-blocking and
+receives blocking: each stage's order is a topological order of the pipeline's dependencies, so
+no cycle of waits can form.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from suite.pipeline import p2p
+from suite.pipeline.topology import Topology
+from suite.precision import Precision
+from suite.timing import PhaseTimer
+
+
+@dataclass
+class InFlight:
+    minibatch: int
+    inputs: torch.Tensor  # what this stage received (a leaf when it came from the previous stage)
+    output: torch.Tensor  # activation sent on, or the loss on the last stage
+    version: int  # updates applied to this stage before the forward
+    checksum: float  # of the weights the forward used
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """What one mini-batch saw on one stage: the test of weight stashing reads these."""
+
+    minibatch: int
+    forward_version: int
+    forward_checksum: float
+    backward_checksum: float  # of the weights the backward differentiated through
+    live_version_at_backward: int
+
+
+def checksum(tensors) -> float:
+    return float(sum(t.detach().double().sum().item() for t in tensors))
+
+
+class PipeDreamStage:
+    def __init__(self, module: nn.Module, stage: int, topology: Topology, optimizer: torch.optim.Optimizer,
+                 sync_grads: Callable[[], None], device: torch.device) -> None:
+        self.module, self.stage, self.topology = module, stage, topology
+        self.optimizer, self.sync_grads, self.device = optimizer, sync_grads, device
+        self.lag = topology.pp - 1 - topology.stage_rank
+        self.in_flight: deque[InFlight] = deque()
+        self.stashes: dict[int, dict[str, torch.Tensor]] = {}  # weight version -> snapshot
+        self.sends: list = []
+        self.version = 0
+        self.started = 0
+        self.weight_versions_max = 0
+        self.records: list[VersionRecord] = []
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        if self.version not in self.stashes:
+            self.stashes[self.version] = {name: p.detach().clone().requires_grad_(p.requires_grad)
+                                          for name, p in self.module.named_parameters()}
+        return self.stashes[self.version]
+
+    def _count_versions(self) -> None:
+        stale = {f.version for f in self.in_flight if f.version < self.version}
+        self.weight_versions_max = max(self.weight_versions_max, len(stale))
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn, precision: Precision,
+             timer: PhaseTimer) -> torch.Tensor | None:
+        """Forward of the next mini-batch, then the backward that is due; the loss on the last stage."""
+        loss = self._forward(inputs, targets, loss_fn, precision, timer)
+        if len(self.in_flight) > self.lag:
+            self._backward(timer)
+        self.sends = [work for work in self.sends if not work.is_completed()]
+        return loss
+
+    def drain(self, timer: PhaseTimer) -> None:
+        """Backward of every mini-batch still in flight (end of an epoch, before evaluation)."""
+        while self.in_flight:
+            self._backward(timer)
+        p2p.wait_all(self.sends)
+
+    def _forward(self, inputs, targets, loss_fn, precision: Precision, timer: PhaseTimer):
+        topo = self.topology
+        if not topo.is_first:
+            inputs = p2p.recv(topo.peer(topo.stage_rank - 1), self.device).requires_grad_()
+        with timer.phase(f"stage{self.stage}.forward"), precision.autocast():
+            if self.lag:
+                weights = self._snapshot()
+                output = functional_call(self.module, weights, (inputs,))
+            else:  # no update can come between this forward and its backward
+                weights = dict(self.module.named_parameters())
+                output = self.module(inputs)
+            if topo.is_last:
+                output = loss_fn(output, targets)
+        self.in_flight.append(InFlight(self.started, inputs, output, self.version, checksum(weights.values())))
+        self.started += 1
+        if topo.is_last:
+            return output.detach()
+        self.sends += p2p.isend(output, topo.peer(topo.stage_rank + 1))
+        return None
+
+    def _backward(self, timer: PhaseTimer) -> None:
+        topo = self.topology
+        self._count_versions()
+        done = self.in_flight.popleft()
+        grad = None if topo.is_last else p2p.recv(topo.peer(topo.stage_rank + 1), self.device)
+        weights = self.stashes.get(done.version) if self.lag else dict(self.module.named_parameters())
+        with timer.phase(f"stage{self.stage}.backward"):
+            torch.autograd.backward(done.output, grad)
+        if not topo.is_first:
+            self.sends += p2p.isend(done.inputs.grad, topo.peer(topo.stage_rank - 1))
+        self.records.append(VersionRecord(done.minibatch, done.version, done.checksum,
+                                          checksum(weights.values()), self.version))
+        if self.lag:
+            for name, param in self.module.named_parameters():
+                param.grad, weights[name].grad = weights[name].grad, None
+            if all(f.version != done.version for f in self.in_flight):
+                del self.stashes[done.version]
+        self.sync_grads()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
