@@ -74,3 +74,17 @@ def test_1f1b_equivalence(store, workload):
 def test_gpipe_equivalence(store, workload):
     candidate = [*pipeline_point("gpipe"), "strategy.balance=by_params"]
     assert_same_training(*train_pipeline_pair(store, WORKLOADS[workload], candidate))
+
+
+def test_1f1b_interleaved_equivalence(store):
+    candidate = [*pipeline_point("1f1b"), "strategy.virtual_stages=2"]  # 4 chunks of GPT-2's 4 layers
+    assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
+
+
+@pytest.mark.parametrize("strategy", ["gpipe_dist", "1f1b"])
+def test_dp_x_pp_equivalence(store, strategy):
+    """2 replicas of a 2-stage pipeline: each replica's stages average gradients, the tied GPT-2
+    embedding and head sum theirs within each replica."""
+    candidate = [f"strategy={strategy}", "workers=4", "strategy.pp=2", f"batch_size={GLOBAL_BATCH // 2}",
+                 "strategy.micro_batches=2"]
+    assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
