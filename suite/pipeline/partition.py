@@ -43,7 +43,13 @@ def stage_sizes(balance, layers: Sequence[Layer], stages: int, sample: torch.Ten
         costs = [sum(p.numel() for p in layer.module.parameters()) for layer in layers]
         return balance_cost([max(cost, 1) for cost in costs], stages)
     sequential = nn.Sequential(*(layer.module for layer in layers))
+    # The profiler feeds each layer a leaf tensor, which in-place activations may not modify.
+    in_place = [m for m in sequential.modules() if getattr(m, "inplace", False)]
+    for module in in_place:
+        module.inplace = False
     sizes = balance_by_time(stages, sequential, sample, timeout=1.0, device=device)
+    for module in in_place:
+        module.inplace = True
     for param in sequential.parameters():
         param.grad = None  # the profiler's backward passes leave gradients behind
     return sizes
