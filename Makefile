@@ -6,7 +6,7 @@ SWEEP ?= smoke
 CLUSTER ?= local
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup test sweep ui report bench-overhead clean-results
+.PHONY: setup test sweep ui report bench-overhead bench-pipeline clean-results
 
 setup: $(STAMP)
 
@@ -31,3 +31,6 @@ report: setup
 
 bench-overhead: setup
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.benchmarks.overhead
+
+bench-pipeline: setup
+	$(PY) -m suite.benchmarks.pipeline

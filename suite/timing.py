@@ -34,7 +34,8 @@ class PhaseTimer:
         self.steps = 0
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, *names: str) -> Iterator[None]:
+        """Time the block under each of `names` (e.g. "forward" and the pipeline stage's own name)."""
         if not self.enabled:
             yield
         elif self.device.type == "cuda":
@@ -42,11 +43,13 @@ class PhaseTimer:
             start.record()
             yield
             end.record()
-            self.pending.append((name, start, end))
+            self.pending += [(name, start, end) for name in names]
         else:
             start_s = time.perf_counter()
             yield
-            self.totals[name] += time.perf_counter() - start_s
+            elapsed = time.perf_counter() - start_s
+            for name in names:
+                self.totals[name] += elapsed
 
     def collect(self) -> None:
         """Fold the recorded CUDA events into the totals; call after synchronising the device."""

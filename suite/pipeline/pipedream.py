@@ -96,7 +96,7 @@ class PipeDreamStage:
         topo = self.topology
         if not topo.is_first:
             inputs = p2p.recv(topo.peer(topo.stage_rank - 1), self.device).requires_grad_()
-        with timer.phase(f"stage{self.stage}.forward"), precision.autocast():
+        with timer.phase("forward", f"stage{self.stage}.forward"), precision.autocast():
             if self.lag:
                 weights = self._snapshot()
                 output = functional_call(self.module, weights, (inputs,))
@@ -118,7 +118,7 @@ class PipeDreamStage:
         done = self.in_flight.popleft()
         grad = None if topo.is_last else p2p.recv(topo.peer(topo.stage_rank + 1), self.device)
         weights = self.stashes.get(done.version) if self.lag else dict(self.module.named_parameters())
-        with timer.phase(f"stage{self.stage}.backward"):
+        with timer.phase("backward", f"stage{self.stage}.backward"):
             torch.autograd.backward(done.output, grad)
         if not topo.is_first:
             self.sends += p2p.isend(done.inputs.grad, topo.peer(topo.stage_rank - 1))
@@ -129,7 +129,8 @@ class PipeDreamStage:
                 param.grad, weights[name].grad = weights[name].grad, None
             if all(f.version != done.version for f in self.in_flight):
                 del self.stashes[done.version]
-        self.sync_grads()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with timer.phase("optimizer"):
+            self.sync_grads()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.version += 1

@@ -85,7 +85,9 @@ class GPipe(Pipeline):
         def stop(kind: str):
             def hook(*_):
                 if self.timer is not None and self.timer.enabled and kind in started:
-                    self.timer.totals[f"stage{index}.{kind}"] += time.perf_counter() - started.pop(kind)
+                    elapsed = time.perf_counter() - started.pop(kind)
+                    self.timer.totals[kind] += elapsed
+                    self.timer.totals[f"stage{index}.{kind}"] += elapsed
             return hook
 
         if self.stage_devices[index].type == "cpu":

@@ -31,16 +31,16 @@ class ScheduledPipeline(DistributedPipeline):
         self.pipeline_stages = []
         for module, index in zip(local, self.stage_ids):
             stage = PipelineStage(module, index, self.total_stages, env.device, group=self.topology.pipe_group)
-            stage.forward_one_chunk = self._timed(stage.forward_one_chunk, f"stage{index}.forward")
-            stage.backward_one_chunk = self._timed(stage.backward_one_chunk, f"stage{index}.backward")
+            stage.forward_one_chunk = self._timed(stage.forward_one_chunk, "forward", f"stage{index}.forward")
+            stage.backward_one_chunk = self._timed(stage.backward_one_chunk, "backward", f"stage{index}.backward")
             self.pipeline_stages.append(stage)
         self.schedule = None
         return local
 
-    def _timed(self, method, phase: str):
+    def _timed(self, method, *phases: str):
         @wraps(method)
         def timed(*args, **kwargs):
-            with self.timer.phase(phase):
+            with self.timer.phase(*phases):
                 return method(*args, **kwargs)
         return timed
 
