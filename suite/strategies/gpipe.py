@@ -18,10 +18,10 @@ from torchgpipe import GPipe as TorchGPipe
 from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.models.layers import flatten_layers, tied_parameters
+from suite.pipeline.partition import cut, sum_grads, untie
 from suite.precision import Precision
 from suite.strategies.base import LossFn
 from suite.strategies.pipeline import Pipeline
-from suite.pipeline.partition import cut, sum_grads, untie
 from suite.timing import PhaseTimer
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
