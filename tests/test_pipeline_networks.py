@@ -24,6 +24,9 @@ def test_every_study_j_network_runs_as_a_2_stage_pipeline(store, strategy):
         assert run.data.params["pipeline_stages"] == "2"
         assert {"peak_memory_mb_stage0", "bubble_fraction_ideal"} <= run.data.metrics.keys() or strategy == "gpipe"
         assert "bubble_fraction_measured" in run.data.metrics
+        if strategy == "pipedream":
+            assert run.data.metrics["weight_versions_max_stage0"] == 1  # one stage after it
+            assert run.data.metrics["weight_versions_max_stage1"] == 0
 
 
 def test_hung_stage_ends_as_timeout_not_deadlock(store):
