@@ -8,8 +8,8 @@ from suite.plan import plan
 
 NETWORKS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenet_v2"]
 PIPELINES = ["gpipe", "gpipe_dist", "1f1b", "pipedream"]
-SMOKE = ["dataset=cifar10", "dataset.image_size=8", "dataset.samples=8", "dataset.val_samples=4", "batch_size=8", "workers=2", "epochs=1",
-         "warmup_steps=0", "eval_batches=1", "timeout_s=300"]
+SMOKE = ["dataset=cifar10", "dataset.image_size=8", "dataset.samples=16", "dataset.val_samples=4", "batch_size=8",
+         "workers=2", "epochs=1", "warmup_steps=0", "eval_batches=1", "timeout_s=300"]
 
 
 @pytest.mark.parametrize("strategy", PIPELINES)
