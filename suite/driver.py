@@ -115,7 +115,8 @@ def run_point(point: Point, store: Store, position: str) -> Outcome:
     if error:
         tags["suite.error"] = error
     run_id = store.record(
-        point.cfg.tracking.experiment, point.label, run_params(point.cfg, point.global_batch_size, point.derived_params), tags,
+        point.cfg.tracking.experiment, point.label,
+        run_params(point.cfg, point.global_batch_size, point.derived_params), tags,
         out.epochs(), out.summary() or {},
         [out.config, out.manifest_file, out.logs, out.path / "launcher.log", out.summary_file, out.epochs_file,
          *sorted(out.path.glob("error.rank*.json"))],

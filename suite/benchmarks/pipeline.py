@@ -41,7 +41,8 @@ def main() -> int:
         metrics = store.client.get_run(outcome.run_id).data.metrics
         values = " | ".join(f"{metrics[c]:.3f}" for c in COLUMNS)
         print(f"| {outcome.point.cfg.strategy.name} | {values} |")
-    print("\ntarget: ratio <= 1.10 for gpipe_dist and 1f1b (2 stages, 8 micro-batches, GPT-2 6x256, 1 thread per stage)")
+    print("\ntarget: ratio <= 1.10 for gpipe_dist and 1f1b "
+          "(2 stages, 8 micro-batches, GPT-2 6x256, 1 thread per stage)")
     return 0 if all(o.status == "finished" for o in outcomes) else 1
 
 

@@ -41,7 +41,8 @@ class GPipe(Pipeline):
 
     def check(self, cfg) -> None:
         if self.checkpoint not in CHECKPOINT_MODES:
-            raise ConfigError(f"strategy gpipe: checkpoint={self.checkpoint} is not one of {', '.join(CHECKPOINT_MODES)}")
+            raise ConfigError(f"strategy gpipe: checkpoint={self.checkpoint} is not one of "
+                              f"{', '.join(CHECKPOINT_MODES)}")
         if self.devices is not None and len(self.devices) != cfg.workers:
             raise ConfigError(f"strategy gpipe: {len(self.devices)} devices listed but workers={cfg.workers} "
                               "(workers counts the devices)")
@@ -120,6 +121,6 @@ class GPipe(Pipeline):
         return {i: torch.cuda.max_memory_reserved(d) / 2**20 for i, d in enumerate(self.stage_devices)}
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        layers = (layer for partition in model.partitions for layer in partition)
         return {prefix + name: value.detach().cpu()
-                for prefix, layer in zip(self.prefixes, (layer for partition in model.partitions for layer in partition))
-                for name, value in layer.state_dict().items()}
+                for prefix, layer in zip(self.prefixes, layers) for name, value in layer.state_dict().items()}
