@@ -15,10 +15,12 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from suite.driver import run_sweep
 from suite.models.layers import Layer
 from suite.pipeline.partition import StageModule, cut
 from suite.pipeline.pipedream import PipeDreamStage
 from suite.pipeline.topology import build_topology
+from suite.plan import plan
 from suite.precision import Precision
 from suite.timing import PhaseTimer
 
@@ -162,3 +164,15 @@ def test_pipedream_weights_match_replay(pipedream_run):
             torch.testing.assert_close(result["weights"][name], value, rtol=1e-5, atol=1e-6, msg=name)
     initial = [StageModule(g).named_state() for g in cut(make_layers(), SIZES)]
     assert any(not torch.equal(initial[0][n], weights[0][n]) for n in weights[0])  # training moved the weights
+
+
+def test_pipedream_replicated_gpt2_pipeline_runs(store):
+    """DP x PP (2 replicas of 2 stages) on GPT-2, whose embedding and LM head sit on different stages."""
+    (point,) = plan([["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=16", "dataset.vocab_size=256",
+                      "dataset.samples=64", "dataset.val_samples=8", "batch_size=8", "epochs=1", "warmup_steps=2",
+                      "log_every=1", "strategy=pipedream", "workers=4", "strategy.pp=2", "timeout_s=300"]])
+    (outcome,) = run_sweep([point], store)
+    assert outcome.status == "finished", outcome.error
+    (run,) = store.runs("adhoc")
+    assert run.data.metrics["weight_versions_max"] == 1
+    assert run.data.params["pipeline_replicas"] == "2"

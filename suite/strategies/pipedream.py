@@ -53,6 +53,12 @@ class PipeDream(DistributedPipeline):
         with self.timer.phase("pipeline"):
             self.engine.drain(self.timer)
 
+    def sums_tied_gradients(self) -> bool:
+        """No: the first and last stage reach a mini-batch's backward steps apart, and a blocking sum
+        between them would stall the pipeline. GPT-2's embedding and LM head, tied in the other
+        strategies, start equal and are then trained as two copies, each by its own stage."""
+        return False
+
     def ideal_bubble(self, devices: int) -> float:
         return 0.0  # no flush: in steady state every stage alternates forward and backward without waiting
 

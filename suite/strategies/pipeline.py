@@ -157,6 +157,10 @@ class DistributedPipeline(Pipeline):
     def stage_device(self, stage: int) -> int:
         return stage % self.topology.pp
 
+    def sums_tied_gradients(self) -> bool:
+        """Whether copies of a tied weight on different stages add up their gradients every step."""
+        return True
+
     def stage_peak_memory(self, memory_by_rank: list[dict[str, float]]) -> dict[int, float]:
         pp = self.topology.pp
         return {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if r % pp == i) for i in range(pp)}
@@ -167,7 +171,7 @@ class DistributedPipeline(Pipeline):
         layers = flatten_layers(model)
         groups = cut(layers, self._stage_sizes(layers, cfg, env))
         layer_stage = [stage for stage, group in enumerate(groups) for _ in group]
-        ties = tied_parameters(layers)
+        ties = tied_parameters(layers) if self.sums_tied_gradients() else []
         tie_ranks = {layer_stage[index] % pp for places in ties for index, _ in places}
         self.topology: Topology = build_topology(env.rank, env.world_size, pp, tie_ranks)
         self.device = env.device
