@@ -5,6 +5,8 @@ import torch
 
 from suite.driver import run_sweep
 from suite.plan import plan
+from suite.point_dir import PointDir
+from suite.tracking import Store
 
 STEPS = ["epochs=1", "steps_per_epoch=5", "warmup_steps=0", "save_final_weights=true", "eval_batches=1",
          "dataset.samples=64", "dataset.val_samples=16", "optimizer.lr=0.05"]
@@ -14,15 +16,31 @@ WORKLOADS = {
 }
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One store for the module, so each workload's `single` reference trains once (later tests find its
+    finished run by config hash, as a resumed sweep does)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SUITE_RESULTS_DIR", str(tmp_path_factory.mktemp("results")))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield Store()
+
+
+def run_against_single(store, reference: list[str], candidate: list[str]) -> tuple[PointDir, PointDir]:
+    """Train (or reuse) the reference and train the candidate; return both point directories."""
+    points = plan([reference, candidate], experiment="equivalence")
+    assert points[0].global_batch_size == points[1].global_batch_size
+    outcomes = run_sweep(points, store)
+    assert [o.status for o in outcomes] == ["finished", "finished"], [o.error for o in outcomes]
+    dirs = [store.client.get_run(o.run_id).data.tags["suite.point_dir"] for o in outcomes]
+    return PointDir(dirs[0]), PointDir(dirs[1])
+
+
 def train_pair(store, workload: list[str], strategy: list[str], workers: int, global_batch: int):
     """Run `single` and the strategy on the same global batch; return both point directories."""
     reference = ["strategy=single", "workers=1", f"batch_size={global_batch}"]
     candidate = [*strategy, f"workers={workers}", f"batch_size={global_batch // workers}"]
-    points = plan([workload + STEPS + reference, workload + STEPS + candidate], experiment="equivalence")
-    outcomes = run_sweep(points, store)
-    assert [o.status for o in outcomes] == ["finished", "finished"], [o.error for o in outcomes]
-    assert points[0].global_batch_size == points[1].global_batch_size == global_batch
-    return outcomes[0].point_dir, outcomes[1].point_dir
+    return run_against_single(store, workload + STEPS + reference, workload + STEPS + candidate)
 
 
 def assert_same_training(reference, candidate) -> None:
@@ -48,11 +66,7 @@ GLOBAL_BATCH = 8
 
 def train_pipeline_pair(store, workload: list[str], candidate: list[str]):
     reference = ["strategy=single", "workers=1", f"batch_size={GLOBAL_BATCH}"]
-    points = plan([workload + STEPS + reference, workload + STEPS + candidate], experiment="equivalence")
-    assert points[1].global_batch_size == GLOBAL_BATCH
-    outcomes = run_sweep(points, store)
-    assert [o.status for o in outcomes] == ["finished", "finished"], [o.error for o in outcomes]
-    return outcomes[0].point_dir, outcomes[1].point_dir
+    return run_against_single(store, workload + STEPS + reference, workload + STEPS + candidate)
 
 
 def pipeline_point(strategy: str) -> list[str]:
