@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     from analysis.report import write_report
     from launchers.batch import SchedulerError
     from suite.driver import run_sweep
-    from suite.jobs import collect
+    from suite.jobs import check_submittable, collect
     from suite.plan import expand, plan, sweep_lines
     from suite.signals import Stopped, raise_on_sigterm
     from suite.status import status_table
@@ -54,6 +54,8 @@ def main(argv: list[str]) -> int:
         lines = sweep_lines(args.sweep) if args.sweep else [[]]
         jobs = [job for line in lines for job in expand(line + args.overrides, args.multirun or bool(args.sweep))]
         points = plan(jobs, experiment=args.sweep)
+        if not (args.status or args.cfg):
+            check_submittable(points, args.dry_run)
         store = Store(store_uri(points[0].cfg))
         if args.status:
             print(status_table(points, store))

@@ -79,7 +79,6 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
               dry_run: bool = False) -> list[Outcome]:
     """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
     the outcomes too, with the run that speaks for them."""
-    jobs.check_submittable(points, dry_run)
     pending = jobs.pending(points)
     code_now = git_sha(REPO_ROOT)
     outcomes, to_submit = [], []
