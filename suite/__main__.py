@@ -38,10 +38,13 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
+    from mlflow.exceptions import MlflowException
+
     from launchers.batch import SchedulerError
     from suite.driver import run_sweep
     from suite.jobs import check_submittable, collect
     from suite.plan import expand, plan, sweep_lines
+    from suite.point_dir import error_line
     from suite.signals import Stopped, raise_on_sigterm
     from suite.status import status_table
     from suite.tracking import Store, store_uri
@@ -70,6 +73,9 @@ def main(argv: list[str]) -> int:
     except (ConfigError, SchedulerError) as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
+        return 2
+    except MlflowException as e:
+        print(f"error: the MLflow store: {error_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Stopped) as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)

@@ -17,8 +17,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from suite.errors import ConfigError
 from suite.signals import Stopped
 
@@ -26,6 +24,8 @@ STATUSES = ("finished", "oom", "timeout", "failed", "invalid")
 
 
 def failure_status(exc: BaseException) -> str:
+    import torch  # here, so that recording a point (`suite.record`, in every batch job) does not load torch
+
     if isinstance(exc, ConfigError):
         return "invalid"
     if isinstance(exc, Stopped):

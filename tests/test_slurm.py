@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from conftest import DIGITS, run_suite
+from conftest import DIGITS, free_port, run_suite, tracking_server
 from launchers.slurm_local import SlurmUnavailable, ensure_running
 from suite.paths import REPO_ROOT
 from suite.point_dir import PointDir
+from suite.tracking import Store
 
 QUICK = [*DIGITS, "epochs=1", "steps_per_epoch=2", "cluster=slurm-local", "strategy=single"]
 
@@ -109,3 +110,21 @@ def test_sigterm_to_the_ranks_records_timeout_with_the_epochs_completed(slurm, r
     assert run.data.tags["suite.error"] == ("rank 0: Stopped: stopped by SIGTERM (a time limit, a preemption or "
                                             "a cancel) after 1 of 2 epochs")
     assert [m.step for m in store.client.get_metric_history(run.info.run_id, "epoch_time_s")] == [1]
+
+
+def test_job_that_cannot_reach_the_tracking_server_is_recorded_later_by_collect(slurm, results):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tracking_server(port):  # up while the sweep submits; down by the time the job starts
+        job_id, out = submit(results, f"cluster.tracking_uri={url}", "cluster.job.directives=['--begin=now+10']")
+    wait_until(lambda: jobs_ended([job_id]), f"Slurm job {job_id}")
+    assert out.summary() is not None and out.recorded() is None  # the results wait on the shared file system
+    job_output = (results / "jobs" / "adhoc" / f"{out.path.name}.out").read_text()
+    assert "not recorded" in job_output and "make collect" in job_output
+
+    with tracking_server(port):
+        collected = make("collect")
+        assert collected.returncode == 0, collected.stderr[-2000:]
+        (run,) = Store(url).runs("adhoc")
+        assert run.data.tags["suite.status"] == "finished" and run.data.tags["suite.job_id"] == job_id
+        assert make("collect").returncode == 0 and len(Store(url).runs("adhoc")) == 1  # imported once
