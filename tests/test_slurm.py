@@ -19,8 +19,9 @@ QUICK = [*DIGITS, "epochs=1", "steps_per_epoch=2", "cluster=slurm-local", "strat
 
 @pytest.fixture(scope="session")
 def slurm():
+    """A running one-node Slurm, installed and started as `make slurm-local` does when it is not there."""
     try:
-        ensure_running(install=False)
+        ensure_running()
     except SlurmUnavailable as e:  # a missing Slurm is a failure: skipping would hide a missing feature
         pytest.fail(f"these tests need a real Slurm: {e}", pytrace=False)
 
