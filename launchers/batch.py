@@ -97,13 +97,25 @@ class Scheduler(ABC):
     name: str
     directive: str  # the prefix of option lines in a job script: #SBATCH, #BSUB, #PBS
     submit_command: str  # must be on PATH to submit
+    queue_option: str  # e.g. "--partition={}"
+    account_option: str
     # How a step's ranks start; placeholders: {ranks} {nodes} {ranks_per_node} {cores} {gpus}.
     # A cluster config may replace it (`cluster.job.launcher`), e.g. for another MPI.
     rank_launcher: str
 
     @abstractmethod
+    def allocation(self, job: Job) -> list[str]:
+        """The options that ask for the job's nodes, cores, GPUs and time, name it and place its output."""
+
     def directives(self, job: Job) -> list[str]:
-        """The scheduler options of the allocation, one per line, without the directive prefix."""
+        """The job's scheduler options, one per line, without the directive prefix."""
+        c = job.cluster.job
+        options = self.allocation(job)
+        if c.queue:
+            options.append(self.queue_option.format(c.queue))
+        if c.account:
+            options.append(self.account_option.format(c.account))
+        return options
 
     @abstractmethod
     def submit(self, script: Path) -> str:

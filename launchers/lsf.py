@@ -26,19 +26,15 @@ class Lsf(Scheduler):
     name = "lsf"
     directive = "#BSUB"
     submit_command = "bsub"
+    queue_option = "-q {}"
+    account_option = "-G {}"
     rank_launcher = ("jsrun --nrs {ranks} --rs_per_host {ranks_per_node} --tasks_per_rs 1 --cpu_per_rs {cores} "
                      "--gpu_per_rs {gpus} --bind packed:{cores}")
 
-    def directives(self, job: Job) -> list[str]:
-        c = job.cluster.job
-        options = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {c.time_limit_min}", f"-o {job.log}",
-                   # SIGTERM to the job this many minutes before the run limit
-                   "-wa TERM", f"-wt {max(1, STOP_WARNING_S // 60)}"]
-        if c.queue:
-            options.append(f"-q {c.queue}")
-        if c.account:
-            options.append(f"-G {c.account}")
-        return options
+    def allocation(self, job: Job) -> list[str]:
+        return [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {job.cluster.job.time_limit_min}", f"-o {job.log}",
+                # SIGTERM to the job this many minutes before the run limit
+                "-wa TERM", f"-wt {max(1, STOP_WARNING_S // 60)}"]
 
     def submit(self, script: Path) -> str:
         output = run_command(["bsub"], stdin=script.read_text())  # bsub reads #BSUB lines only from stdin

@@ -32,21 +32,17 @@ class Pbs(Scheduler):
     name = "pbs"
     directive = "#PBS"
     submit_command = "qsub"
+    queue_option = "-q {}"
+    account_option = "-A {}"
     rank_launcher = "mpiexec -n {ranks} --ppn {ranks_per_node} --depth {cores} --cpu-bind depth"
 
-    def directives(self, job: Job) -> list[str]:
-        c = job.cluster.job
-        hours, minutes = divmod(c.time_limit_min, 60)
+    def allocation(self, job: Job) -> list[str]:
+        hours, minutes = divmod(job.cluster.job.time_limit_min, 60)
         select = f"select={job.nodes}:ncpus={job.ranks_per_node * job.cores_per_rank}"
         if job.gpus_per_rank:
             select += f":ngpus={job.ranks_per_node}"
-        options = [f"-N {job.name}", f"-l {select}", "-l place=scatter", f"-l walltime={hours:02d}:{minutes:02d}:00",
-                   f"-o {job.log}", "-j oe"]
-        if c.queue:
-            options.append(f"-q {c.queue}")
-        if c.account:
-            options.append(f"-A {c.account}")
-        return options
+        return [f"-N {job.name}", f"-l {select}", "-l place=scatter", f"-l walltime={hours:02d}:{minutes:02d}:00",
+                f"-o {job.log}", "-j oe"]
 
     def submit(self, script: Path) -> str:
         return run_command(["qsub", str(script)]).strip()

@@ -31,20 +31,17 @@ class Slurm(Scheduler):
     name = "slurm"
     directive = "#SBATCH"
     submit_command = "sbatch"
+    queue_option = "--partition={}"
+    account_option = "--account={}"
     rank_launcher = ("srun --nodes={nodes} --ntasks={ranks} --ntasks-per-node={ranks_per_node} "
                      "--cpus-per-task={cores} --kill-on-bad-exit=1")
 
-    def directives(self, job: Job) -> list[str]:
-        c = job.cluster.job
+    def allocation(self, job: Job) -> list[str]:
         options = [f"--job-name={job.name}", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}",
-                   f"--cpus-per-task={job.cores_per_rank}", f"--time={c.time_limit_min}",
+                   f"--cpus-per-task={job.cores_per_rank}", f"--time={job.cluster.job.time_limit_min}",
                    f"--output={job.log}", f"--signal=TERM@{STOP_WARNING_S}"]
         if job.gpus_per_rank:
             options.append(f"--gpus-per-node={job.ranks_per_node}")
-        if c.queue:
-            options.append(f"--partition={c.queue}")
-        if c.account:
-            options.append(f"--account={c.account}")
         return options
 
     def submit(self, script: Path) -> str:
