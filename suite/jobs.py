@@ -130,37 +130,41 @@ def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
 
 
 def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool) -> list[Outcome]:
-    """Submit the points (position, point) as jobs of `cluster.job.points_per_job` points each and return at
-    once; with `dry_run`, only write the job scripts. A job the scheduler refuses is recorded as failed."""
-    if not items:
-        return []
-    per_job = items[0][1].cfg.cluster.job.points_per_job
-    scheduler = BATCH_SCHEDULERS[items[0][1].cfg.cluster.scheduler]
+    """Submit the points (position, point) as jobs of `cluster.job.points_per_job` points of one cluster each
+    and return at once; with `dry_run`, only write the job scripts. A job the scheduler refuses is recorded
+    as failed."""
     if not dry_run:  # created once here, not by many jobs at the same moment
         for experiment in {point.cfg.tracking.experiment for _, point in items}:
             store.experiment_id(experiment)
+    by_cluster: dict[str, list[tuple[str, Point]]] = {}
+    for position, point in items:
+        by_cluster.setdefault(point.cfg.cluster.name, []).append((position, point))
     outcomes = []
-    for first in range(0, len(items), per_job):
-        chunk = items[first:first + per_job]
-        dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p) for _, p in chunk]
-        name = dirs[0].path.name + (f"+{len(chunk) - 1}" if len(chunk) > 1 else "")
-        job = _job(name, [(p, out) for (_, p), out in zip(chunk, dirs)])
-        script = jobscript.write(job, scheduler)
-        where = " ".join(f"[{position} {p.label}]" for position, p in chunk)
-        if dry_run:
-            print(f"{where} job script: {script}", flush=True)
-            continue
-        try:
-            job_id = scheduler.submit(script)
-        except SchedulerError as e:
-            for (_, point), out in zip(chunk, dirs):
-                run_id = record_point(out, store, "failed", f"submission: {error_line(e)}", time.time(), time.time())
-                outcomes.append(Outcome(point, "failed", str(e), run_id, out))
-            print(f"{where} not submitted: {e}", flush=True)
-            continue
-        for (_, point), out in zip(chunk, dirs):
-            out.write_job({"scheduler": scheduler.name, "job_id": job_id, "script": str(script),
-                           "submitted": time.time()})
-            outcomes.append(Outcome(point, "submitted", None, None, out))
-        print(f"{where} submitted: {scheduler.name} job {job_id} ({script})", flush=True)
+    for group in by_cluster.values():
+        per_job = group[0][1].cfg.cluster.job.points_per_job
+        for first in range(0, len(group), per_job):
+            outcomes += _submit_job(group[first:first + per_job], store, dry_run)
     return outcomes
+
+
+def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool) -> list[Outcome]:
+    scheduler = BATCH_SCHEDULERS[chunk[0][1].cfg.cluster.scheduler]
+    dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p) for _, p in chunk]
+    name = dirs[0].path.name + (f"+{len(chunk) - 1}" if len(chunk) > 1 else "")
+    job = _job(name, [(p, out) for (_, p), out in zip(chunk, dirs)])
+    script = jobscript.write(job, scheduler)
+    where = " ".join(f"[{position} {p.label}]" for position, p in chunk)
+    if dry_run:
+        print(f"{where} job script: {script}", flush=True)
+        return []
+    try:
+        job_id = scheduler.submit(script)
+    except SchedulerError as e:
+        print(f"{where} not submitted: {e}", flush=True)
+        return [Outcome(point, "failed", str(e), record_point(out, store, "failed", f"submission: {error_line(e)}",
+                                                              time.time(), time.time()), out)
+                for (_, point), out in zip(chunk, dirs)]
+    for out in dirs:
+        out.write_job({"scheduler": scheduler.name, "job_id": job_id, "script": str(script), "submitted": time.time()})
+    print(f"{where} submitted: {scheduler.name} job {job_id} ({script})", flush=True)
+    return [Outcome(point, "submitted", None, None, out) for (_, point), out in zip(chunk, dirs)]

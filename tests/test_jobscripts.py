@@ -1,6 +1,7 @@
 """Job scripts for LSF (Lassen), PBS (ThetaGPU, Polaris) and Slurm, checked as text and by `bash -n`;
 the schedulers' answers about job states; what is rejected before anything is submitted."""
 
+import os
 import re
 import subprocess
 
@@ -16,50 +17,61 @@ from suite.plan import plan
 POINT = [*(o for o in DIGITS if not o.startswith("batch_size=")), "batch_size=1", "strategy=ddp"]
 
 
-def dry_run(results, cluster: str, workers: str, *extra: str) -> dict[int, str]:
-    """workers -> job script text, written by `python -m suite ... --dry-run` (nothing is submitted)."""
-    result = run_suite("-m", *POINT, f"cluster={cluster}", f"workers={workers}", *extra, "--dry-run")
+def dry_run(*overrides: str) -> dict[tuple[str, int], str]:
+    """(cluster, workers) -> job script text, written by `python -m suite -m ... --dry-run` (nothing submitted)."""
+    result = run_suite("-m", *POINT, *overrides, "--dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
-    paths = re.findall(r"job script: (\S+)", result.stdout)
-    assert not (results / "points").exists()  # a dry run creates no point directories
     scripts = {}
-    for path in paths:
+    for path in re.findall(r"job script: (\S+)", result.stdout):
         assert subprocess.run(["bash", "-n", path]).returncode == 0
         text = open(path).read()
-        scripts[int(re.search(r"_w(\d+)-", path).group(1))] = text
+        cluster = re.search(r"point\(s\) on cluster (\S+):", text).group(1)
+        scripts[cluster, int(re.search(r"_w(\d+)-", path).group(1))] = text
     return scripts
 
 
-def test_lassen_scripts_ask_bsub_for_whole_nodes_and_start_one_jsrun_resource_set_per_gpu(results):
-    scripts = dry_run(results, "lassen", "8,64", "cluster.job.account=mybank")
-    two, sixteen = scripts[8], scripts[64]
-    for text, nodes, ranks in ((two, 2, 8), (sixteen, 16, 64)):
+@pytest.fixture(scope="module")
+def site_scripts(tmp_path_factory):
+    """Scripts for a 2-node and a 16-node point on Lassen, ThetaGPU and Polaris, from one dry run."""
+    results = tmp_path_factory.mktemp("dry") / "results"
+    os.environ["SUITE_RESULTS_DIR"] = str(results)
+    try:
+        scripts = dry_run("cluster=lassen,thetagpu,polaris", "workers=8,16,64,128", "cluster.job.account=acct")
+    finally:
+        del os.environ["SUITE_RESULTS_DIR"]
+    assert not (results / "points").exists()  # a dry run creates no point directories
+    return scripts
+
+
+def test_lassen_scripts_ask_bsub_for_whole_nodes_and_start_one_jsrun_resource_set_per_gpu(site_scripts):
+    for ranks, nodes in ((8, 2), (64, 16)):
+        text = site_scripts["lassen", ranks]
         assert f"#BSUB -nnodes {nodes}\n" in text
-        assert "#BSUB -G mybank" in text and "#BSUB -q pbatch" in text and "#BSUB -W 60" in text and "#BSUB -wa TERM" in text
+        for option in ("-G acct", "-q pbatch", "-W 60", "-wa TERM", "-wt 2"):
+            assert f"#BSUB {option}\n" in text
         launch = f"jsrun --nrs {ranks} --rs_per_host 4 --tasks_per_rs 1 --cpu_per_rs 10 --gpu_per_rs 1 --bind packed:10"
-        assert launch in text
+        assert re.search(rf"{re.escape(launch)} \S+/python -m suite\.worker \S+_w{ranks}-", text)
         # the ranks find each other from jsrun's own variables: nothing about ranks is set by the script
         assert "MASTER_ADDR" not in text and "RANK" not in text
-        assert re.search(rf"{re.escape(launch)} \S+/python -m suite\.worker \S+_w{ranks}-", text)
-        assert "export " in text and "SUITE_RESULTS_DIR=" in text and "MLFLOW_TRACKING_URI=" in text
+        assert "SUITE_RESULTS_DIR=" in text and "MLFLOW_TRACKING_URI=" in text
 
 
-def test_thetagpu_and_polaris_scripts_ask_qsub_for_nodes_and_start_ranks_with_mpiexec(results):
-    theta = dry_run(results, "thetagpu", "16,128", "cluster.job.account=myproj")
+def test_thetagpu_and_polaris_scripts_ask_qsub_for_nodes_and_start_ranks_with_mpiexec(site_scripts):
     for ranks, nodes in ((16, 2), (128, 16)):
-        text = theta[ranks]
+        text = site_scripts["thetagpu", ranks]
         assert f"#PBS -l select={nodes}:ncpus=64:ngpus=8\n" in text
-        assert "#PBS -l walltime=01:00:00" in text and "#PBS -A myproj" in text and "#PBS -q full-node" in text
+        for option in ("-l walltime=01:00:00", "-A acct", "-q full-node", "-l place=scatter"):
+            assert f"#PBS {option}\n" in text
         assert f"mpiexec -n {ranks} --npernode 8 --hostfile $PBS_NODEFILE" in text
         assert "-x OMP_NUM_THREADS" in text  # Open MPI passes on only what it is told to
-    (polaris,) = dry_run(results, "polaris", "8", "cluster.job.account=myproj", "cluster.job.time_limit_min=90").values()
-    assert "#PBS -l select=2:ncpus=32:ngpus=4" in polaris and "#PBS -l walltime=01:30:00" in polaris
-    assert "#PBS -l filesystems=home:eagle" in polaris
-    assert "mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth" in polaris
+    for ranks, nodes in ((8, 2), (64, 16)):
+        text = site_scripts["polaris", ranks]
+        assert f"#PBS -l select={nodes}:ncpus=32:ngpus=4\n" in text and "#PBS -l filesystems=home:eagle\n" in text
+        assert f"mpiexec -n {ranks} --ppn 4 --depth 8 --cpu-bind depth" in text  # PALS: ranks from PMI_*
 
 
 def test_slurm_script_and_packing_points_into_one_job(results):
-    (text,) = dry_run(results, "slurm", "8", "cluster.job.queue=gpu", "cluster.job.account=proj").values()
+    (text,) = dry_run("cluster=slurm", "workers=8", "cluster.job.queue=gpu", "cluster.job.account=proj").values()
     for option in ("--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--partition=gpu", "--account=proj",
                    "--signal=TERM@120", "--time=60"):
         assert f"#SBATCH {option}\n" in text

@@ -129,3 +129,12 @@ def test_job_that_cannot_reach_the_tracking_server_is_recorded_later_by_collect(
         (run,) = Store(url).runs("adhoc")
         assert run.data.tags["suite.status"] == "finished" and run.data.tags["suite.job_id"] == job_id
         assert make("collect").returncode == 0 and len(Store(url).runs("adhoc")) == 1  # imported once
+
+
+def test_a_job_slurm_refuses_is_recorded_as_failed(slurm, results, store):
+    result = run_suite(*QUICK, "cluster.job.queue=nosuchpartition")
+    assert result.returncode == 1 and "not submitted" in result.stdout
+    (run,) = store.runs("adhoc")
+    assert run.data.tags["suite.status"] == "failed"
+    assert run.data.tags["suite.error"].startswith("submission: SchedulerError: sbatch --parsable failed: "
+                                                   "sbatch: error: invalid partition")
