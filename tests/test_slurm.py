@@ -116,8 +116,9 @@ def test_sigterm_to_the_ranks_records_timeout_with_the_epochs_completed(slurm, r
 def test_job_that_cannot_reach_the_tracking_server_is_recorded_later_by_collect(slurm, results):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with tracking_server(port):  # up while the sweep submits; down by the time the job starts
-        job_id, out = submit(results, f"cluster.tracking_uri={url}", "cluster.job.directives=['--begin=now+10']")
+    with tracking_server(port):  # up while the sweep submits (the job is held), down once the job runs
+        job_id, out = submit(results, f"cluster.tracking_uri={url}", "cluster.job.directives=[--hold]")
+    subprocess.run(["scontrol", "release", job_id], check=True)
     wait_until(lambda: jobs_ended([job_id]), f"Slurm job {job_id}")
     assert out.summary() is not None and out.recorded() is None  # the results wait on the shared file system
     job_output = (results / "jobs" / "adhoc" / f"{out.path.name}.out").read_text()
