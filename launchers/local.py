@@ -11,13 +11,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from suite.signals import Stopped
+
 
 @dataclass(frozen=True)
 class LaunchResult:
     returncode: int | None
     timed_out: bool
     seconds: float
-    interrupted: bool = False  # the driver was interrupted (Ctrl-C, SIGTERM) and stopped the point
+    stopped_by: str | None = None  # SIGINT (Ctrl-C) or SIGTERM: the driver was stopped and stopped the point
 
 
 def torchrun_command(point_dir: Path, workers: int) -> list[str]:
@@ -57,17 +59,17 @@ def run_streamed(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = interrupted = False
+        timed_out, stopped_by = False, None
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _stop(proc)
-        except KeyboardInterrupt:  # the ranks run in their own session: stop them, then report
-            interrupted = True
+        except (KeyboardInterrupt, Stopped) as e:  # the ranks run in their own session: stop them, then report
+            stopped_by = "SIGTERM" if isinstance(e, Stopped) else "SIGINT"
             _stop(proc)
         reader.join(5)
-    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, interrupted)
+    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, stopped_by)
 
 
 def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str]) -> LaunchResult:

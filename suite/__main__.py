@@ -1,14 +1,15 @@
-"""The driver: `python -m suite [-m] [--sweep NAME] [--force] [override ...]`.
+"""The driver: `python -m suite [-m] [--sweep NAME] [--force] [--retry-failed] [--dry-run] [override ...]`.
 
 Overrides are Hydra's (`dataset=cifar10 network=resnet18 strategy=ddp workers=2 epochs=2`); with
 -m, comma lists sweep the cartesian product. `--sweep NAME` runs conf/sweep/NAME.yaml, with the
 command-line overrides applied to each of its points. Every point is validated before any runs.
+On a batch cluster (`cluster=slurm`, `lassen`, ...) the points are submitted as jobs and the
+command returns; `--status` shows where each point is, `--collect` records jobs that ended unrecorded.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from suite.errors import ConfigError
@@ -20,6 +21,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated override values")
     parser.add_argument("--sweep", help="run the points of conf/sweep/<SWEEP>.yaml")
     parser.add_argument("--force", action="store_true", help="re-run points that already have a finished run")
+    parser.add_argument("--retry-failed", action="store_true", help="re-run points whose last run did not finish")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="write the job scripts (batch clusters) or list the points (here); run nothing")
+    parser.add_argument("--status", action="store_true", help="show each point's state and exit")
+    parser.add_argument("--collect", action="store_true",
+                        help="record every batch job that ended without recording its points, and exit")
     parser.add_argument("--cfg", action="store_true", help="print the composed config of each point and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. strategy=ddp workers=2")
     return parser.parse_args(argv)
@@ -31,39 +38,62 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
+    from mlflow.exceptions import MlflowException
+
+    from launchers.batch import SchedulerError
     from suite.driver import run_sweep
+    from suite.jobs import check_submittable, collect
     from suite.plan import expand, plan, sweep_lines
-    from suite.tracking import Store
+    from suite.point_dir import error_line
+    from suite.signals import Stopped, raise_on_sigterm
+    from suite.status import status_table
+    from suite.tracking import Store, store_uri
 
     try:
+        if args.collect:
+            waiting = collect(args.sweep)
+            print(f"{len(waiting)} job point(s) still queued or running")
+            return 0
         lines = sweep_lines(args.sweep) if args.sweep else [[]]
         jobs = [job for line in lines for job in expand(line + args.overrides, args.multirun or bool(args.sweep))]
         points = plan(jobs, experiment=args.sweep)
-    except ConfigError as e:
+        if not (args.status or args.cfg):
+            check_submittable(points, args.dry_run)
+        store = Store(store_uri(points[0].cfg))
+        if args.status:
+            print(status_table(points, store))
+            return 0
+        if args.cfg:
+            for point in points:
+                print(f"# {point.label} ({point.config_hash})\n{OmegaConf.to_yaml(point.cfg)}")
+            return 0
+        print(f"{len(points)} point(s); results in {store.uri}", flush=True)
+        raise_on_sigterm()  # a scheduler's SIGTERM stops the sweep like Ctrl-C, and the point as `timeout`
+        outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run)
+    except (ConfigError, SchedulerError) as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
-    if args.cfg:
-        for point in points:
-            print(f"# {point.label} ({point.config_hash})\n{OmegaConf.to_yaml(point.cfg)}")
-        return 0
-    store = Store(points[0].cfg.tracking.uri)
-    print(f"{len(points)} point(s); results in {store.uri}", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a scheduler's SIGTERM stops like Ctrl-C
-    try:
-        outcomes = run_sweep(points, store, force=args.force)
-    except KeyboardInterrupt as e:
+    except MlflowException as e:
+        print(f"error: the MLflow store: {error_line(e)}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Stopped) as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
         return 130
+    submitted = [o for o in outcomes if o.status == "submitted"]
+    if submitted:
+        print(f"\n{len(submitted)} point(s) submitted or waiting in jobs: `make status` shows where they are, "
+              "`make report` tables them once they ran")
     by_experiment: dict[str, set[str]] = {}
     for o in outcomes:
-        by_experiment.setdefault(o.point.cfg.tracking.experiment, set()).add(o.run_id)
+        if o.run_id and not args.dry_run:
+            by_experiment.setdefault(o.point.cfg.tracking.experiment, set()).add(o.run_id)
     for experiment, run_ids in by_experiment.items():
         table, files = write_report(store, experiment, run_ids)
         print(f"\n## {experiment}\n\n{table}\n")
         for path in files:
             print(f"wrote {path}")
-    failed = [o for o in outcomes if o.status != "finished"]
+    failed = [o for o in outcomes if o.status not in ("finished", "submitted")]
     if failed:
         print(f"{len(failed)} of {len(outcomes)} point(s) did not finish: "
               + ", ".join(f"{o.point.label} ({o.status})" for o in failed), file=sys.stderr)

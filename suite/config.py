@@ -67,12 +67,48 @@ class FaultConfig:
 
 
 @dataclass
+class JobConfig:
+    """How a point is submitted to a batch scheduler. Not part of a point's identity (its config hash)."""
+
+    account: Optional[str] = None  # Slurm --account, LSF -G (Lassen: your bank), PBS -A (ALCF: your project)
+    queue: Optional[str] = None  # Slurm partition, LSF or PBS queue; None = the scheduler's default
+    time_limit_min: int = 60  # per job; the ranks get SIGTERM a little before it and record `timeout`
+    cores_per_worker: Optional[int] = None  # CPU cores given to each rank; None = hardware.cores_per_node / workers_per_node
+    account_required: bool = False  # the site rejects jobs without an account: check it before submitting
+    points_per_job: int = 1  # >1 packs that many points, one after another, into one allocation
+    launcher: Optional[str] = None  # command that starts a point's ranks; None = the scheduler's (srun, jsrun,
+    # mpiexec); placeholders {ranks} {nodes} {ranks_per_node} {cores} {gpus}
+    setup: list[str] = field(default_factory=list)  # shell lines before the ranks start (modules, conda, env)
+    directives: list[str] = field(default_factory=list)  # extra scheduler options, e.g. "--constraint=v100"
+
+
+@dataclass
+class HardwareConfig:
+    """What the performance model needs to know about a machine (values for Lassen and ThetaGPU: REFERENCES.md)."""
+
+    nodes: Optional[int] = None  # nodes in the machine: a point needing more is rejected
+    cores_per_node: Optional[int] = None
+    cpu: Optional[str] = None
+    cpu_memory_gb: Optional[float] = None  # per node
+    gpu: Optional[str] = None
+    device_memory_gb: Optional[float] = None  # per GPU
+    fp64_tflops: Optional[float] = None  # peak per GPU
+    intra_node_bandwidth_gbs: Optional[float] = None  # GB/s, one direction, between two GPUs of a node
+    intra_node_latency_us: Optional[float] = None
+    inter_node_bandwidth_gbs: Optional[float] = None  # GB/s, one direction, injection bandwidth of a node
+    inter_node_latency_us: Optional[float] = None
+
+
+@dataclass
 class ClusterConfig:
     name: str = MISSING
-    scheduler: str = "local"  # local (torchrun on this machine)
+    scheduler: str = "local"  # local (torchrun on this machine) | slurm | lsf | pbs
     workers_per_node: int = 1  # GPUs per node, or CPU worker processes per node
     threads_per_worker: Optional[int] = None  # CPU intra-op threads per rank; None = cores / local ranks
     device: str = "auto"  # auto | cpu | cuda
+    tracking_uri: Optional[str] = None  # an MLflow server the cluster's jobs report to (see `make mlflow-server`)
+    job: JobConfig = field(default_factory=JobConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
 
 @dataclass

@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from suite.rendezvous import Rendezvous
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -45,30 +47,28 @@ def threads_per_worker(configured: int | None, local_workers: int) -> int:
     return configured or max(1, (os.cpu_count() or 1) // local_workers)
 
 
-def init_distributed(device: str, threads: int | None) -> DistEnv:
-    """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous) -> DistEnv:
+    """Join the process group of the job that `rendezvous` describes (see `suite.rendezvous`).
 
     Every strategy runs in a process group, `single` in one of size 1, so the reductions of the
     training loop are the same code for all of them.
     """
-    rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    dev = resolve_device(device, local_rank)
+    r = rendezvous
+    dev = resolve_device(device, r.local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     else:
-        torch.set_num_threads(threads_per_worker(threads, local_world_size))
+        torch.set_num_threads(threads_per_worker(threads, r.local_world_size))
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
+        # env:// so that under torchrun the ranks join its agent's store instead of opening another one.
+        os.environ.setdefault("MASTER_ADDR", r.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(r.master_port))
         dist.init_process_group(
-            backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=10),
+            backend, rank=r.rank, world_size=r.world_size, timeout=timedelta(minutes=10),
             device_id=dev if dev.type == "cuda" else None,
         )
-    return DistEnv(rank, world_size, local_rank, local_world_size, dev, backend)
+    return DistEnv(r.rank, r.world_size, r.local_rank, r.local_world_size, dev, backend)
 
 
 def shutdown() -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
+from suite.rendezvous import scheduler_job_id
+
 PACKAGES = ("torch", "torchvision", "numpy", "hydra-core", "omegaconf", "mlflow", "nvidia-ml-py",
             "scikit-learn", "deepspeed", "horovod", "torchgpipe")
-JOB_ID_VARIABLES = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID", "COBALT_JOBID")
 
 
 def _cpu_model() -> str:
@@ -63,5 +64,5 @@ def environment_manifest(ranks: list[dict], backend: str) -> dict:
         "cpu_count": os.cpu_count(),
         "hosts": sorted({r["host"] for r in ranks}),
         "ranks": ranks,
-        "scheduler_job_id": next((os.environ[v] for v in JOB_ID_VARIABLES if v in os.environ), None),
+        "scheduler_job_id": scheduler_job_id(os.environ),
     }

@@ -30,8 +30,9 @@ from suite.paths import CONF_DIR
 from suite.precision import PRECISIONS
 from suite.strategies import Strategy, build_strategy
 
-# Settings that change how a point is run or reported, not what it measures.
-NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights")
+# Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
+NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
+                "cluster.tracking_uri")
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
 
 
@@ -54,7 +55,13 @@ class Point:
 
 
 def config_hash(cfg: DictConfig) -> str:
-    identity = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in NOT_IDENTITY}
+    identity = OmegaConf.to_container(cfg, resolve=True)
+    for key in NOT_IDENTITY:
+        *groups, name = key.split(".")
+        node = identity
+        for group in groups:
+            node = node.get(group, {})
+        node.pop(name, None)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -91,8 +98,11 @@ def _check_ranges(cfg: DictConfig) -> None:
     positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "epochs": cfg.epochs,
                 "timeout_s": cfg.timeout_s, "log_every": cfg.log_every, "optimizer.lr": cfg.optimizer.lr,
                 "cluster.workers_per_node": cfg.cluster.workers_per_node}
+    job = cfg.cluster.job
+    positive.update({"cluster.job.time_limit_min": job.time_limit_min, "cluster.job.points_per_job": job.points_per_job})
     optional = {"steps_per_epoch": cfg.steps_per_epoch, "eval_batches": cfg.eval_batches, "nodes": cfg.nodes,
-                "cluster.threads_per_worker": cfg.cluster.threads_per_worker}
+                "cluster.threads_per_worker": cfg.cluster.threads_per_worker,
+                "cluster.job.cores_per_worker": job.cores_per_worker}
     for key, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
@@ -121,14 +131,14 @@ def _check_choices(cfg: DictConfig) -> None:
 
 
 def _check_device(cfg: DictConfig) -> None:
-    """What this machine can check for points it runs itself (a cluster's nodes are checked there)."""
+    """The device a point will run on; the GPUs themselves only for points this machine runs."""
+    uses_cuda = will_use_cuda(cfg.cluster)
+    if cfg.precision == "fp16" and not uses_cuda:
+        raise ConfigError("precision=fp16 needs a GPU (loss scaling); use bf16 on CPU")
     if cfg.cluster.scheduler != "local":
         return
     if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("cluster.device=cuda but this machine has no CUDA device")
-    uses_cuda = will_use_cuda(cfg.cluster)
-    if cfg.precision == "fp16" and not uses_cuda:
-        raise ConfigError("precision=fp16 needs a GPU (loss scaling); use bf16 on CPU")
     if uses_cuda and cfg.workers > torch.cuda.device_count():
         raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs")
 
@@ -159,10 +169,28 @@ def validate(cfg: DictConfig) -> Strategy:
     strategy.check(cfg)
     global_batch = strategy.global_batch_size(cfg)
     _check_batches(cfg, global_batch, strategy.data_shards(cfg))
-    if cfg.cluster.scheduler == "local" and cfg.nodes != 1:
-        raise ConfigError(f"cluster local is one node, but the point needs {cfg.nodes} "
-                          f"(workers={cfg.workers}, {cfg.cluster.workers_per_node} per node)")
+    _check_placement(cfg)
     return strategy
+
+
+def _check_placement(cfg: DictConfig) -> None:
+    """The point's ranks fit the nodes it asks for, the nodes fit the cluster, the scheduler gets what it needs."""
+    cluster = cfg.cluster
+    per_node = math.ceil(cfg.workers / cfg.nodes)
+    if cfg.nodes > cfg.workers:
+        raise ConfigError(f"nodes={cfg.nodes} but only workers={cfg.workers} ranks to place on them")
+    if per_node > cluster.workers_per_node:
+        raise ConfigError(f"workers={cfg.workers} on nodes={cfg.nodes} is {per_node} per node, but cluster "
+                          f"{cluster.name} has {cluster.workers_per_node} per node")
+    if cluster.scheduler == "local" and cfg.nodes != 1:
+        raise ConfigError(f"cluster local is one node, but the point needs {cfg.nodes} "
+                          f"(workers={cfg.workers}, {cluster.workers_per_node} per node)")
+    if cluster.hardware.nodes is not None and cfg.nodes > cluster.hardware.nodes:
+        raise ConfigError(f"the point needs {cfg.nodes} nodes (workers={cfg.workers}, {per_node} per node), "
+                          f"but cluster {cluster.name} has {cluster.hardware.nodes}")
+    if cluster.job.account_required and not cluster.job.account:
+        raise ConfigError(f"cluster {cluster.name} needs an account to charge: add ACCOUNT=<name> "
+                          "(or cluster.job.account=<name>)")
 
 
 def make_point(overrides: list[str], experiment: str | None) -> Point:

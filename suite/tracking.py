@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,8 +21,15 @@ SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memor
                    "samples_per_epoch", "steps_per_epoch")
 
 
-def tracking_uri(configured: str | None = None) -> str:
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{results_dir() / 'mlflow.db'}"
+def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:
+    """`tracking.uri=`, else $MLFLOW_TRACKING_URI, else the cluster's tracking server, else the sqlite file."""
+    return (configured or os.environ.get("MLFLOW_TRACKING_URI") or cluster_default
+            or f"sqlite:///{results_dir() / 'mlflow.db'}")
+
+
+def store_uri(cfg: DictConfig) -> str:
+    """The store a point reports to."""
+    return tracking_uri(cfg.tracking.uri, cfg.cluster.get("tracking_uri"))
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -59,7 +67,13 @@ class Store:
         location = None
         if self.uri.startswith("sqlite:") or self.uri.startswith("file:") or "://" not in self.uri:
             location = (results_dir() / "artifacts" / name).as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except MlflowException:  # another writer created it meanwhile
+            found = self.client.get_experiment_by_name(name)
+            if not found:
+                raise
+            return found.experiment_id
 
     def runs(self, experiment: str, filter_string: str = "") -> list:
         found = self.client.get_experiment_by_name(experiment)
@@ -70,6 +84,14 @@ class Store:
 
     def finished_run(self, experiment: str, config_hash: str):
         runs = self.runs(experiment, f"tags.`suite.config_hash` = '{config_hash}' and tags.`suite.status` = 'finished'")
+        return runs[0] if runs else None
+
+    def latest_run(self, experiment: str, config_hash: str):
+        runs = self.runs(experiment, f"tags.`suite.config_hash` = '{config_hash}'")
+        return runs[0] if runs else None
+
+    def run_for_point_dir(self, experiment: str, point_dir: str):
+        runs = self.runs(experiment, f"tags.`suite.point_dir` = '{point_dir}'")
         return runs[0] if runs else None
 
     def record(self, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],

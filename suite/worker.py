@@ -1,7 +1,9 @@
-"""One rank of a point: `python -m suite.worker <point dir>`, started by a launcher (torchrun, srun, jsrun).
+"""One rank of a point: `python -m suite.worker <point dir>`, started by a launcher (torchrun, srun, jsrun,
+mpiexec).
 
-It reads the resolved config from the point directory, trains, and leaves its results there
-(see `suite.point_dir`). Rank 0 prints progress; every rank logs to logs/rank<r>.log.
+It reads the resolved config from the point directory, finds its place in the job from the launcher's
+environment (`suite.rendezvous`), trains, and leaves its results there (see `suite.point_dir`).
+Rank 0 prints progress; every rank logs to logs/rank<r>.log. SIGTERM stops it as `timeout`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import sys
 
 from suite.point_dir import PointDir
+from suite.rendezvous import discover
+from suite.signals import raise_on_sigterm
 
 log = logging.getLogger("suite")
 
@@ -32,18 +36,26 @@ def train_point(out: PointDir) -> None:
     from omegaconf import OmegaConf
 
     from suite.dist import init_distributed, shutdown
+    from suite.errors import ConfigError
     from suite.manifest import environment_manifest, rank_info
     from suite.strategies import build_strategy
     from suite.trainer import Trainer
 
     cfg = OmegaConf.load(out.config)
-    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker)
+    strategy = build_strategy(cfg)
+    processes = strategy.processes(cfg)
+    rendezvous = discover(os.environ, expected_world_size=processes)
+    if rendezvous.world_size != processes:
+        raise ConfigError(f"started as {rendezvous.world_size} ranks by {rendezvous.source}, "
+                          f"but the point runs {processes} (workers={cfg.workers}, strategy {strategy.name})")
+    log.info(rendezvous.describe())
+    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous)
     try:
         ranks = [None] * env.world_size
         dist.all_gather_object(ranks, rank_info(env.device))
         if env.is_main:
             out.write_manifest(environment_manifest(ranks, env.backend))
-        trainer = Trainer(cfg, env, build_strategy(cfg), out, os.environ.get("SUITE_POINT_LABEL", ""))
+        trainer = Trainer(cfg, env, strategy, out, os.environ.get("SUITE_POINT_LABEL", ""))
         summary = trainer.run()
         if env.is_main:
             out.write_summary(summary)
@@ -52,8 +64,9 @@ def train_point(out: PointDir) -> None:
 
 
 def main(point_dir: str) -> int:
+    raise_on_sigterm()
     out = PointDir(point_dir)
-    rank = int(os.environ.get("RANK", 0))
+    rank = discover(os.environ).rank
     setup_logging(out, rank)
     try:
         train_point(out)

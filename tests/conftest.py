@@ -1,6 +1,11 @@
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -31,3 +36,30 @@ def run_suite(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """The driver exactly as a user starts it: `python -m suite ...`, from the repository root."""
     return subprocess.run([sys.executable, "-m", "suite", *args], cwd=REPO_ROOT, env=dict(os.environ),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def tracking_server(port: int):
+    """`make mlflow-server` on the test's store, up and answering while the block runs."""
+    server = subprocess.Popen(["make", "--no-print-directory", "mlflow-server", f"PORT={port}", "WORKERS=2"],
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "the tracking server did not start"
+                time.sleep(1)
+        yield
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)

@@ -43,12 +43,17 @@ def test_hung_point_ends_as_timeout(store):
     assert "timeout_s=25" in run.data.tags["suite.error"]
 
 
-def test_worker_dying_without_traceback(store):
-    result = run_suite(*FAST, "strategy=single", "fault.kind=exit")
+def test_worker_dying_without_traceback_is_retried_only_when_asked(store):
+    args = [*FAST, "strategy=single", "fault.kind=exit"]
+    result = run_suite(*args)
     assert result.returncode == 1
     (run,) = store.runs("adhoc")
     assert run.data.tags["suite.status"] == "failed"
     assert run.data.tags["suite.error"] == "rank 0 exited with code 3 without an error report (see its log)"
+
+    again = run_suite(*args, "--dry-run")
+    assert f"skipped: its last run {run.info.run_id} ended failed" in again.stdout
+    assert "would run here" in run_suite(*args, "--dry-run", "--retry-failed").stdout
 
 
 def test_real_data_smaller_than_the_steps_asked_for_is_recorded_invalid(store, tmp_path):
@@ -63,7 +68,7 @@ def test_real_data_smaller_than_the_steps_asked_for_is_recorded_invalid(store, t
     assert "steps_per_epoch=6 but the shard holds 5 batches of 4" in run.data.tags["suite.error"]
 
 
-def test_stopping_the_driver_stops_the_ranks_and_records_the_point(store, results):
+def test_stopping_the_driver_stops_the_ranks_and_records_the_point_as_timeout(store, results):
     cmd = [sys.executable, "-m", "suite", *FAST, "strategy=ddp", "workers=2", "fault.kind=hang"]
     driver = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
@@ -74,7 +79,9 @@ def test_stopping_the_driver_stops_the_ranks_and_records_the_point(store, result
     driver.send_signal(signal.SIGTERM)  # what a scheduler sends before killing a job
     assert driver.wait(60) == 130, driver.stdout.read()[-3000:]
     (run,) = store.runs("adhoc")
-    assert run.data.tags["suite.status"] == "failed"
-    assert "interrupted" in run.data.tags["suite.error"]
+    assert run.data.tags["suite.status"] == "timeout"
+    assert run.data.tags["suite.error"] == "the sweep got SIGTERM (a time limit or a preemption) after 0 of 1 epochs"
     leftover = subprocess.run(["pgrep", "-f", str(point_dir)], capture_output=True, text=True).stdout
     assert leftover == ""  # no orphaned ranks keep the cores busy
+    resumed = run_suite(*cmd[3:], "--dry-run")  # the same sweep again runs the point it was stopped in
+    assert "would run here" in resumed.stdout, resumed.stdout

@@ -19,7 +19,7 @@ MALFORMED = {
     "fewer samples than a batch": (["strategy=ddp", "workers=2", "dataset.samples=10"], "fewer than one global"),
     "more steps than the data holds": (["dataset=digits", "batch_size=64", "steps_per_epoch=30"],
                                        "steps_per_epoch=30 but 1437 samples give 22 batches"),
-    "unknown scheduler": (["cluster.scheduler=slurm"], "cluster.scheduler=slurm is not one of local"),
+    "unknown scheduler": (["cluster.scheduler=sge"], "cluster.scheduler=sge is not one of local, slurm, lsf, pbs"),
     "unreachable accuracy target": (["target.value=95"], "target.value=95.0 is not a reachable val_accuracy"),
     "sync batch-norm on CPU": (["strategy=ddp", "strategy.sync_batchnorm=true"], "GPUs only"),
     "negative workers": (["workers=-1"], "workers must be positive"),

@@ -1,0 +1,42 @@
+"""The one job script of every batch scheduler: its options, the cluster's setup lines, then one step per point.
+
+Only the option lines (#SBATCH, #BSUB, #PBS) and the command that starts a step's ranks (srun, jsrun,
+mpiexec) differ between schedulers; the rest, `launchers/templates/job.sh`, is shared.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from string import Template
+
+from launchers.batch import Job, Scheduler
+
+TEMPLATE = Path(__file__).with_name("templates") / "job.sh"
+
+
+def render(job: Job, scheduler: Scheduler) -> str:
+    options = [*scheduler.directives(job), *job.cluster.job.directives]
+    python = shlex.quote(job.python)
+    steps = [
+        f"run_point {shlex.quote(str(step.point_dir))} {shlex.quote(step.label)} {step.threads} "
+        f"{scheduler.launch_command(job, step)} {python} -m suite.worker {shlex.quote(str(step.point_dir))}"
+        for step in job.steps
+    ]
+    points = ", ".join(step.label for step in job.steps)
+    return Template(TEMPLATE.read_text()).substitute(
+        directives="\n".join(f"{scheduler.directive} {option}" for option in options),
+        description=f"{scheduler.name} job {job.name}: {len(job.steps)} point(s) on cluster {job.cluster.name}: {points}",
+        workdir=shlex.quote(str(job.workdir)),
+        setup="\n".join(job.cluster.job.setup),
+        exports="export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(job.env.items())),
+        python=python,
+        steps="\n".join(steps),
+    )
+
+
+def write(job: Job, scheduler: Scheduler) -> Path:
+    job.script.parent.mkdir(parents=True, exist_ok=True)
+    job.script.write_text(render(job, scheduler))
+    job.script.chmod(0o755)
+    return job.script

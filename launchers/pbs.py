@@ -1,0 +1,54 @@
+"""PBS Pro, as at ALCF: `qsub` submits, `mpiexec` starts the ranks, `qstat -x` tells a job's state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launchers.batch import ENDED, QUEUED, RUNNING, Job, JobState, Scheduler, run_command
+
+QUEUED_STATES = ("Q", "H", "W", "T", "S")
+ENDED_STATES = ("F", "X")
+# PBS Pro's exit statuses for jobs it killed itself (negative: JOB_EXEC_KILL_*).
+EXIT_STATUSES = {-29: ("timeout", "walltime exceeded"), -27: ("oom", "memory limit exceeded"),
+                 -25: ("timeout", "cpu time limit exceeded")}
+
+
+def job_state(job_id: str, job_state_letter: str, exit_status: int | None = None, comment: str = "") -> JobState:
+    if job_state_letter in QUEUED_STATES:
+        return JobState(job_id, QUEUED, None, job_state_letter + (f" ({comment})" if comment else ""))
+    if job_state_letter not in ENDED_STATES:
+        return JobState(job_id, RUNNING, None, job_state_letter)
+    if exit_status == 0:
+        return JobState(job_id, ENDED, "finished", "F (exit status 0)")
+    status, words = EXIT_STATUSES.get(exit_status, ("failed", None))
+    if words is None:
+        words = f"killed by signal {exit_status - 256}" if exit_status and exit_status > 256 else \
+            f"exit status {exit_status}"
+    return JobState(job_id, ENDED, status, f"F ({words}{'; ' + comment if comment else ''})")
+
+
+class Pbs(Scheduler):
+    name = "pbs"
+    directive = "#PBS"
+    submit_command = "qsub"
+    queue_option = "-q {}"
+    account_option = "-A {}"
+    rank_launcher = "mpiexec -n {ranks} --ppn {ranks_per_node} --depth {cores} --cpu-bind depth"
+
+    def allocation(self, job: Job) -> list[str]:
+        hours, minutes = divmod(job.cluster.job.time_limit_min, 60)
+        select = f"select={job.nodes}:ncpus={job.ranks_per_node * job.cores_per_rank}"
+        if job.gpus_per_rank:
+            select += f":ngpus={job.ranks_per_node}"
+        return [f"-N {job.name}", f"-l {select}", "-l place=scatter", f"-l walltime={hours:02d}:{minutes:02d}:00",
+                f"-o {job.log}", "-j oe"]
+
+    def submit(self, script: Path) -> str:
+        return run_command(["qsub", str(script)]).strip()
+
+    def states(self, job_ids: list[str]) -> dict[str, JobState]:
+        output = run_command(["qstat", "-x", "-f", "-F", "json", *job_ids], ok_errors=("Unknown Job Id",))
+        jobs = json.loads(output).get("Jobs", {}) if output.strip() else {}
+        return {job_id: job_state(job_id, info.get("job_state", "?"), info.get("Exit_status"), info.get("comment", ""))
+                for job_id, info in jobs.items()}

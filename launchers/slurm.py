@@ -1,0 +1,63 @@
+"""Slurm: `sbatch` submits, `srun` starts one task per rank, `squeue` (then `sacct`) tells a job's state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launchers.batch import ENDED, QUEUED, RUNNING, STOP_WARNING_S, Job, JobState, Scheduler, run_command
+
+# Slurm's job states (squeue %T, sacct State) as the suite reads them; unlisted ones count as running.
+STATES = {
+    "PENDING": (QUEUED, None), "CONFIGURING": (QUEUED, None), "REQUEUED": (QUEUED, None),
+    "REQUEUE_HOLD": (QUEUED, None), "REQUEUE_FED": (QUEUED, None), "RESV_DEL_HOLD": (QUEUED, None),
+    "SUSPENDED": (QUEUED, None),
+    "COMPLETED": (ENDED, "finished"), "TIMEOUT": (ENDED, "timeout"), "PREEMPTED": (ENDED, "timeout"),
+    "DEADLINE": (ENDED, "timeout"), "OUT_OF_MEMORY": (ENDED, "oom"), "CANCELLED": (ENDED, "failed"),
+    "FAILED": (ENDED, "failed"), "NODE_FAIL": (ENDED, "failed"), "BOOT_FAIL": (ENDED, "failed"),
+    "SPECIAL_EXIT": (ENDED, "failed"), "REVOKED": (ENDED, "failed"),
+}
+UNKNOWN_JOB = ("Invalid job id", "accounting storage is disabled")
+
+
+def job_state(job_id: str, state: str, reason: str = "", exit_code: str = "") -> JobState:
+    name = state.split()[0] if state.strip() else "UNKNOWN"  # sacct writes e.g. "CANCELLED by 1000"
+    phase, status = STATES.get(name, (RUNNING, None))
+    notes = [n for n in (reason if reason not in ("", "None") else "",
+                         f"exit code {exit_code}" if exit_code not in ("", "0:0") else "") if n]
+    return JobState(job_id, phase, status, state.strip() + (f" ({', '.join(notes)})" if notes else ""))
+
+
+class Slurm(Scheduler):
+    name = "slurm"
+    directive = "#SBATCH"
+    submit_command = "sbatch"
+    queue_option = "--partition={}"
+    account_option = "--account={}"
+    rank_launcher = ("srun --nodes={nodes} --ntasks={ranks} --ntasks-per-node={ranks_per_node} "
+                     "--cpus-per-task={cores} --kill-on-bad-exit=1")
+
+    def allocation(self, job: Job) -> list[str]:
+        options = [f"--job-name={job.name}", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}",
+                   f"--cpus-per-task={job.cores_per_rank}", f"--time={job.cluster.job.time_limit_min}",
+                   f"--output={job.log}", f"--signal=TERM@{STOP_WARNING_S}"]
+        if job.gpus_per_rank:
+            options.append(f"--gpus-per-node={job.ranks_per_node}")
+        return options
+
+    def submit(self, script: Path) -> str:
+        return run_command(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+
+    def states(self, job_ids: list[str]) -> dict[str, JobState]:
+        ids = ",".join(job_ids)
+        found = {}
+        for line in run_command(["squeue", "--noheader", "--states=all", f"--jobs={ids}", "--format=%i|%T|%r"],
+                                ok_errors=UNKNOWN_JOB).splitlines():
+            job_id, state, reason = line.strip().split("|")
+            found[job_id] = job_state(job_id, state, reason)
+        missing = [j for j in job_ids if j not in found]
+        if missing:  # finished long enough ago to have left slurmctld's memory: ask the accounting database
+            for line in run_command(["sacct", "-X", "--noheader", "--parsable2", f"--jobs={','.join(missing)}",
+                                     "--format=JobID,State,Reason,ExitCode"], ok_errors=UNKNOWN_JOB).splitlines():
+                job_id, state, reason, exit_code = line.strip().split("|")
+                found[job_id] = job_state(job_id, state, reason, exit_code)
+        return found

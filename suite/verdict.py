@@ -1,0 +1,89 @@
+"""A point's status and one error line, from what its ranks left behind and how their launcher ended.
+
+The same verdict serves a point run here (torchrun), a batch job's own last step (srun, jsrun,
+mpiexec) and `make collect`, which adds what the scheduler says about a job that ended unrecorded.
+"""
+
+from __future__ import annotations
+
+import re
+
+from launchers import LaunchResult
+from launchers.batch import JobState
+from suite.point_dir import PointDir
+
+# Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.
+OWN_FAILURES = ("failed", "oom", "invalid")
+
+
+def _failed_ranks(launcher_text: str) -> dict[int, int]:
+    """Exit code of each failed rank (negative: killed by that signal), from torchrun's failure summary
+    or srun's `task <rank>: Exited with exit code <n>` / `task <rank>: Killed` lines."""
+    entries = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_text)
+    found = {int(rank): int(code) for rank, code in entries}
+    for rank, code, killed in re.findall(r"task (\d+): (?:Exited with exit code (\d+)|(Killed))", launcher_text):
+        found.setdefault(int(rank), -9 if killed else int(code))
+    return found
+
+
+def _first_exception_line(launcher_text: str) -> str | None:
+    """The first `SomeError: message` a worker printed before any error report could be written."""
+    for line in launcher_text.splitlines():
+        line = line.split("]: ", 1)[-1].strip()  # torchrun prefixes worker output with [rank<i>]:
+        if re.match(r"^[\w.]+(Error|Exception)\b", line) and "ChildFailedError" not in line:
+            return line
+    return None
+
+
+def epochs_done(out: PointDir, epochs: int) -> str:
+    return f"after {len(out.epochs())} of {epochs} epochs"
+
+
+def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) -> tuple[str, str | None]:
+    """Status and error line of a point from what its workers left behind and how the launcher ended."""
+    if result.timed_out:
+        return "timeout", f"no result after timeout_s={timeout_s:g} s; the point was stopped {epochs_done(out, epochs)}"
+    if result.stopped_by == "SIGTERM":
+        return "timeout", f"the sweep got SIGTERM (a time limit or a preemption) {epochs_done(out, epochs)}"
+    if result.stopped_by:
+        return "failed", f"interrupted ({result.stopped_by}) {epochs_done(out, epochs)}: the sweep was stopped"
+    if result.returncode == 0 and out.summary() is not None:
+        return "finished", None
+    text = out.launcher_log.read_text(errors="replace") if out.launcher_log.exists() else ""
+    errors = out.errors()  # earliest first: the first is the root cause, the others its consequences
+    failed = _failed_ranks(text)
+    reported = {e["rank"] for e in errors}
+    # A rank killed by a signal cannot report; the errors of the others are then consequences of its death.
+    # SIGTERM is how launchers stop the surviving ranks, so it is never the cause.
+    killed = [rank for rank, code in failed.items() if code < 0 and code != -15 and rank not in reported]
+    killed.sort(key=lambda rank: (failed[rank] != -9, rank))
+    if errors and not killed:
+        first = errors[0]
+        detail = f" {epochs_done(out, epochs)}" if first["status"] == "timeout" else ""
+        return first["status"], f"rank {first['rank']}: {first['error']}{detail}"
+    rank = killed[0] if killed else next(iter(failed), None)
+    code = failed.get(rank, result.returncode)
+    who = "a worker" if rank is None else f"rank {rank}"
+    if code == -9:
+        return "oom", f"{who} was killed by SIGKILL (most likely the kernel's out-of-memory killer)"
+    died = f"killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
+    exception = _first_exception_line(text)
+    detail = f": {exception}" if exception else " without an error report (see its log)"
+    return "failed", f"{who} {died}{detail}"
+
+
+def judge_ended_job(out: PointDir, state: JobState | None, epochs: int) -> tuple[str, str | None]:
+    """A batch job that ended without recording its point: the ranks' own evidence where it is decisive,
+    else the scheduler's verdict on the job (`state`; None when the scheduler no longer knows it)."""
+    if out.summary() is not None:
+        return "finished", None
+    own = [e for e in out.errors() if e["status"] in OWN_FAILURES]
+    if own:
+        return own[0]["status"], f"rank {own[0]['rank']}: {own[0]['error']}"
+    job = out.job() or {}
+    where = f"{job.get('scheduler', 'batch')} job {job.get('job_id', '?')}"
+    if state is None:
+        return "failed", f"{where} ended without recording the point and its scheduler no longer knows it " \
+                         f"({epochs_done(out, epochs)})"
+    status = "failed" if state.status in (None, "finished") else state.status
+    return status, f"{where} ended {state.detail} {epochs_done(out, epochs)}"

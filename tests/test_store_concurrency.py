@@ -1,0 +1,79 @@
+"""Eight points recorded at the same moment, by eight processes, lose none: straight into the sqlite
+store, and through the tracking server of `make mlflow-server`."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import DIGITS, free_port, tracking_server
+from suite.paths import REPO_ROOT
+from suite.plan import plan
+from suite.point_dir import PointDir
+from suite.points import new_point_dir
+from suite.tracking import Store
+
+POINTS = 8
+OUTPUTS = ("epochs.jsonl", "summary.json", "manifest.json", "logs")
+
+
+@pytest.fixture(scope="module")
+def worker_outputs(tmp_path_factory) -> PointDir:
+    """What one real rank leaves behind, to stand for the results of eight points."""
+    os.environ["SUITE_RESULTS_DIR"] = str(tmp_path_factory.mktemp("worker"))
+    try:
+        (point,) = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2"]])
+        out = new_point_dir(point)
+    finally:
+        del os.environ["SUITE_RESULTS_DIR"]
+    subprocess.run([sys.executable, "-m", "suite.worker", str(out.path)], cwd=REPO_ROOT, check=True,
+                   capture_output=True)
+    return out
+
+
+def record_concurrently(worker_outputs: PointDir, tracking_uri: str) -> list[PointDir]:
+    points = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2", f"seed={seed}", "tracking.experiment=concurrent"]
+                   for seed in range(POINTS)])
+    Store(tracking_uri).experiment_id("concurrent")  # as the submitting driver does, before the jobs start
+    dirs = []
+    for point in points:
+        out = new_point_dir(point)
+        for name in OUTPUTS:
+            source = worker_outputs.path / name
+            (shutil.copytree if source.is_dir() else shutil.copy)(source, out.path / name)
+        dirs.append(out)
+    env = dict(os.environ, MLFLOW_TRACKING_URI=tracking_uri)
+    recorders = [subprocess.Popen([sys.executable, "-m", "suite.record", str(out.path), "--exit-code", "0",
+                                   "--started", str(time.time())], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for out in dirs]
+    for recorder in recorders:
+        output = recorder.communicate(timeout=300)[0]
+        assert recorder.returncode == 0, output[-2000:]
+    return dirs
+
+
+def assert_all_recorded(store: Store, dirs: list[PointDir]) -> None:
+    runs = store.runs("concurrent")
+    assert sorted(r.data.tags["suite.point_dir"] for r in runs) == sorted(str(d.path) for d in dirs)
+    for run in runs:
+        assert run.data.tags["suite.status"] == "finished" and "epoch_time_s_mean" in run.data.metrics
+        assert {a.path for a in store.client.list_artifacts(run.info.run_id, "logs")} == {"logs/rank0.log"}
+    assert all(d.recorded()["run_id"] in {r.info.run_id for r in runs} for d in dirs)
+
+
+def test_eight_points_recorded_at_once_into_sqlite(results, worker_outputs):
+    dirs = record_concurrently(worker_outputs, f"sqlite:///{results / 'mlflow.db'}")
+    assert_all_recorded(Store(), dirs)
+
+
+def test_eight_points_recorded_at_once_through_make_mlflow_server(results, worker_outputs):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tracking_server(port):
+        dirs = record_concurrently(worker_outputs, url)
+        assert_all_recorded(Store(url), dirs)
+    assert len(Store().runs("concurrent")) == POINTS  # the server wrote them into the suite's sqlite store
+    assert list((results / "artifacts").rglob("rank0.log"))  # and their artifacts under results/
