@@ -32,7 +32,7 @@ def test_every_study_j_network_runs_as_a_2_stage_pipeline(store, strategy):
 def test_hung_stage_ends_as_timeout_not_deadlock(store):
     """Stage 1 hangs; stage 0 waits on it in a receive. The driver's timeout ends the point."""
     (point,) = plan([[*SMOKE, "network=resnet18", "strategy=1f1b", "strategy.micro_batches=2", "fault.kind=hang",
-                      "fault.rank=1", "timeout_s=30"]])
+                      "fault.rank=1", "timeout_s=20"]])
     (outcome,) = run_sweep([point], store)
     assert outcome.status == "timeout"
     (run,) = store.runs("adhoc")
