@@ -25,7 +25,8 @@ class Layer:
     module: nn.Module
 
     def named_state(self) -> dict[str, torch.Tensor]:
-        return {self.prefix + k: v for k, v in self.module.state_dict(keep_vars=True).items()}
+        """This layer's weights and buffers on the host, under their names in the whole network."""
+        return {self.prefix + k: v.detach().cpu() for k, v in self.module.state_dict().items()}
 
 
 class Stem(nn.Module):

@@ -72,7 +72,7 @@ class StageModule(nn.Module):
     def __init__(self, layers: Sequence[Layer]) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layer.module for layer in layers)
-        self.prefixes = [layer.prefix for layer in layers]
+        self.named_layers = list(layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -80,9 +80,7 @@ class StageModule(nn.Module):
         return x
 
     def named_state(self) -> dict[str, torch.Tensor]:
-        return {prefix + name: value.detach().cpu()
-                for prefix, layer in zip(self.prefixes, self.layers)
-                for name, value in layer.state_dict().items()}
+        return {name: value for layer in self.named_layers for name, value in layer.named_state().items()}
 
 
 def untie(layers: Sequence[Layer], ties: list[list[tuple[int, str]]]) -> list[list[nn.Parameter]]:

@@ -63,7 +63,7 @@ class GPipe(Pipeline):
         self.tied = untie(layers, tied_parameters(layers))
         sizes = self._stage_sizes(layers, cfg, env)
         groups = cut(layers, sizes)
-        self.prefixes = [layer.prefix for group in groups for layer in group]
+        self.layers = [layer for group in groups for layer in group]
         self._micro_batches = self.batching(cfg).micro_batches
         self.timer: PhaseTimer | None = None
         self.stage_devices = self._devices(env, len(sizes))
@@ -121,6 +121,4 @@ class GPipe(Pipeline):
         return {i: torch.cuda.max_memory_reserved(d) / 2**20 for i, d in enumerate(self.stage_devices)}
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        layers = (layer for partition in model.partitions for layer in partition)
-        return {prefix + name: value.detach().cpu()
-                for prefix, layer in zip(self.prefixes, layers) for name, value in layer.state_dict().items()}
+        return {name: value for layer in self.layers for name, value in layer.named_state().items()}

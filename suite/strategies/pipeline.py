@@ -179,10 +179,8 @@ class DistributedPipeline(Pipeline):
         self.total_stages = total
         self._micro_batches = self.batching(cfg).micro_batches
         self.local = nn.ModuleList(StageModule(groups[s]) for s in self.stage_ids).to(env.device)
-        mine = {id(p) for p in self.local.parameters()}
-        tied_ids = {id(dict(layers[i].module.named_parameters(remove_duplicate=False))[name])
-                    for places in ties for i, name in places}
-        self.tied = [p for p in self.local.parameters() if id(p) in tied_ids and id(p) in mine]
+        tied_ids = {id(layers[i].module.get_parameter(name)) for places in ties for i, name in places}
+        self.tied = [p for p in self.local.parameters() if id(p) in tied_ids]
         return self.local
 
     def sync_grads(self) -> None:
