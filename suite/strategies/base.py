@@ -48,6 +48,11 @@ class Strategy:
         """Settings the strategy derives from the config (e.g. micro-batches), recorded as run params."""
         return {}
 
+    def config_files(self, cfg) -> dict[str, dict[str, Any]]:
+        """Configuration the strategy generates for its library (file name -> JSON content), written into
+        the point directory before launch and recorded with the run (e.g. DeepSpeed's ds_config.json)."""
+        return {}
+
     def data_shards(self, cfg) -> int:
         """How many shards the training data is split into (before launch; see `data_shard`)."""
         return cfg.workers
