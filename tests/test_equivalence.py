@@ -119,3 +119,10 @@ def test_zero_equivalence(store, stage):
     assert_same_training(reference, zero)
     assert (zero.config_files / "ds_config.json").exists()
 
+
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no_reshard"])
+def test_fsdp_equivalence(store, reshard):
+    reference, fsdp = train_pair(store, WORKLOADS["gpt2"], ["strategy=fsdp", f"strategy.reshard_after_forward={reshard}"],
+                                 workers=2, global_batch=8)
+    assert_same_training(reference, fsdp)
+

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from suite.dist import DistEnv
 from suite.optim import build_optimizer
@@ -84,10 +85,14 @@ class Strategy:
             loss = loss_fn(model(inputs), targets)
         with timer.phase("backward"):
             precision.backward(loss)
+            self.reduce_gradients(model)
         with timer.phase("optimizer"):
             precision.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def reduce_gradients(self, model: nn.Module) -> None:
+        """Gradient communication the wrapped model does not do itself (after backward, before the step)."""
 
     def finish_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Complete work still in flight at the end of an epoch (inside the epoch's clock)."""
@@ -115,5 +120,13 @@ class Strategy:
         return model
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The complete weights, valid on rank 0 (sharding strategies gather them)."""
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        """The complete weights, valid on rank 0; sharded DTensors (FSDP2, tensor parallelism) are gathered,
+        a collective every rank joins."""
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+                for k, v in self.unwrap(model).state_dict().items()}
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics drift apart on rank-local batches)."""
+    for buffer in model.buffers():
+        dist.broadcast(buffer, 0)
