@@ -126,3 +126,10 @@ def test_fsdp_equivalence(store, reshard):
                                  workers=2, global_batch=8)
     assert_same_training(reference, fsdp)
 
+
+@pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "tp1_dp2"])
+def test_megatron_equivalence(store, tp):
+    """2 workers: tp=2 is Megatron-intra (both ranks train on the whole global batch of batch_size x 2),
+    tp=1 is Megatron-data (2 replicas average their gradients after backward)."""
+    candidate = ["strategy=megatron", f"strategy.tp={tp}", "workers=2", f"batch_size={GLOBAL_BATCH // 2}"]
+    assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))

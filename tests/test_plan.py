@@ -27,6 +27,12 @@ MALFORMED = {
     "zero parameter offload below stage 3": (["strategy=zero", "strategy.zero_stage=2", "strategy.offload=params"],
                                              "offload=params needs zero_stage=3"),
     "zero with sgd": (["strategy=zero", "optimizer.name=sgd"], "optimizer.name=sgd has no DeepSpeed equivalent"),
+    "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits GPT-2's attention"),
+    "megatron tp not dividing workers": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=3"],
+                                         "tp=2 does not divide workers=3"),
+    "megatron tp not dividing heads": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=4",
+                                        "strategy.tp=4", "network.n_head=2", "network.n_embd=64"],
+                                       "tp=4 does not divide n_head=2"),
 }
 
 
