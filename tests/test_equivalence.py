@@ -133,3 +133,25 @@ def test_megatron_equivalence(store, tp):
     tp=1 is Megatron-data (2 replicas average their gradients after backward)."""
     candidate = ["strategy=megatron", f"strategy.tp={tp}", "workers=2", f"batch_size={GLOBAL_BATCH // 2}"]
     assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
+
+
+def memory_split(store, strategy: list[str]) -> dict[str, float]:
+    _, point = train_pair(store, WORKLOADS["gpt2"], strategy, workers=2, global_batch=8, common=ADAM)
+    return point.summary()
+
+
+def test_sharded_memory_split(store):
+    """With 2 workers, ZeRO and FSDP hold about half of DDP's optimizer states per rank (Adam's two moments);
+    ZeRO-3 and FSDP about half of its parameters. Reuses the ZeRO runs of the equivalence tests above."""
+    ddp = memory_split(store, ["strategy=ddp"])
+    assert ddp["mem_optim_mb"] == pytest.approx(2 * ddp["mem_params_mb"], rel=0.01)
+    assert ddp["mem_grads_mb"] == pytest.approx(ddp["mem_params_mb"], rel=0.01)
+    sharded = {"zero1": ["strategy=zero", "strategy.zero_stage=1"], "zero3": ["strategy=zero", "strategy.zero_stage=3"],
+               "fsdp": ["strategy=fsdp"]}
+    for name, strategy in sharded.items():
+        split = memory_split(store, strategy)
+        assert split["mem_optim_mb"] / ddp["mem_optim_mb"] == pytest.approx(0.5, rel=0.1), name
+        params_share = 1.0 if name == "zero1" else 0.5
+        assert split["mem_params_mb"] / ddp["mem_params_mb"] == pytest.approx(params_share, rel=0.1), name
+    fsdp = memory_split(store, ["strategy=fsdp"])
+    assert fsdp["mem_grads_mb"] / ddp["mem_grads_mb"] == pytest.approx(0.5, rel=0.1)

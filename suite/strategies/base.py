@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from suite.dist import DistEnv
+from suite.memory import local_tensor, tensor_mb
 from suite.optim import build_optimizer
 from suite.precision import Precision
 from suite.timing import PhaseTimer
@@ -86,6 +87,7 @@ class Strategy:
         with timer.phase("backward"):
             precision.backward(loss)
             self.reduce_gradients(model)
+        self.note_gradients(model)
         with timer.phase("optimizer"):
             precision.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
@@ -93,6 +95,31 @@ class Strategy:
 
     def reduce_gradients(self, model: nn.Module) -> None:
         """Gradient communication the wrapped model does not do itself (after backward, before the step)."""
+
+    def held_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+        """The parameter storage this rank holds (its shards, where parameters are sharded)."""
+        return [local_tensor(p) for p in self.unwrap(model).parameters()]
+
+    def held_gradients(self, model: nn.Module) -> list[torch.Tensor]:
+        """The gradient storage this rank holds after backward (its shards, where gradients are sharded)."""
+        return [local_tensor(p.grad) for p in self.unwrap(model).parameters() if p.grad is not None]
+
+    def held_optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """The optimizer's state tensors on this rank (momenta; Adam's first and second moments)."""
+        return [local_tensor(t) for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+
+    def note_gradients(self, model: nn.Module) -> None:
+        """Measure the gradients held after the first backward (they are freed by the step)."""
+        if not hasattr(self, "gradients_mb"):
+            self.gradients_mb = tensor_mb(self.held_gradients(model))
+
+    def memory_split(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """MiB this rank holds in parameters, gradients (after backward) and optimizer states, after training."""
+        split = {"mem_params_mb": tensor_mb(self.held_parameters(model)),
+                 "mem_optim_mb": tensor_mb(self.held_optimizer_state(optimizer))}
+        if hasattr(self, "gradients_mb"):
+            split["mem_grads_mb"] = self.gradients_mb
+        return split
 
     def finish_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Complete work still in flight at the end of an epoch (inside the epoch's clock)."""

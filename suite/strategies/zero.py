@@ -109,6 +109,14 @@ class Zero(Strategy):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module
 
+    def held_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+        """Stage 3 keeps each parameter's partition in `ds_tensor` (the parameter itself is an empty placeholder).
+        ZeRO's fp32 master partitions (the parameters its optimizer steps) are counted in neither figure."""
+        return [getattr(p, "ds_tensor", p) for p in model.module.parameters()]
+
+    def held_optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return super().held_optimizer_state(optimizer.optimizer)  # the torch optimizer inside ZeRO's wrapper
+
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Stage 3 gathers each partitioned parameter on every rank while the state dict is copied."""
         import deepspeed
