@@ -16,19 +16,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from suite.dist import DistEnv
 from suite.errors import ConfigError
+from suite.memory import local_tensor
 from suite.strategies.base import Strategy
 
 BLOCK_PLAN = {"attn.qkv": ColwiseParallel, "attn.proj": RowwiseParallel,
               "mlp.fc": ColwiseParallel, "mlp.proj": RowwiseParallel}
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 @dataclass
@@ -76,7 +72,7 @@ class Megatron(Strategy):
         """Average this rank's gradient shards over the replicas that hold the same shards (one all-reduce)."""
         if self.dp_size == 1:
             return
-        grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
+        grads = [local_tensor(p.grad) for p in model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.dp_group)
         flat /= self.dp_size
