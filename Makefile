@@ -19,7 +19,7 @@ setup: $(STAMP)
 # The environment is pinned by constraints.txt (the lock); changing it or pyproject.toml reinstalls.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: setup

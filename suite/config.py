@@ -43,10 +43,11 @@ class NetworkConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "sgd"  # sgd | adamw
+    name: str = "sgd"  # sgd | adam | adamw
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 1e-4
+    eps: float = 1e-8  # adam, adamw: added to the root of the second moment
 
 
 @dataclass

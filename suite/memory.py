@@ -1,4 +1,5 @@
-"""Peak memory of this rank: CUDA allocator and NVML on GPU, peak resident set size on CPU."""
+"""Memory of this rank: peak (CUDA allocator and NVML on GPU, peak resident set size on CPU) and the bytes
+held in parameters, gradients and optimizer states (see Strategy.memory_split)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import os
 import resource
 
 import torch
+from torch.distributed.tensor import DTensor
+
+MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb")  # per rank; a point reports the largest
 
 
 def reset_peak(device: torch.device) -> None:
@@ -45,3 +49,14 @@ def peak_memory(device: torch.device) -> dict[str, float]:
     else:
         numbers["peak_memory_mb"] = rss_mb
     return numbers
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of a tensor this rank stores (a DTensor's local shard)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def tensor_mb(tensors: list[torch.Tensor]) -> float:
+    """MiB of distinct storage behind `tensors` (a tied weight counts once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.numel()}
+    return sum(storages.values()) / 2**20

@@ -43,6 +43,7 @@ class Point:
     global_batch_size: int
     processes: int  # started by the launcher; fewer than workers when one process drives several devices
     derived_params: dict
+    config_files: dict  # generated library configs, see Strategy.config_files
 
     @property
     def label(self) -> str:
@@ -201,7 +202,7 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
     strategy = validate(cfg)
     return Point(tuple(overrides), cfg, strategy.global_batch_size(cfg), strategy.processes(cfg),
-                 strategy.derived_params(cfg))
+                 strategy.derived_params(cfg), strategy.config_files(cfg))
 
 
 def plan(jobs: list[list[str]], experiment: str | None = None) -> list[Point]:

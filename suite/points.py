@@ -45,6 +45,8 @@ def new_point_dir(point: Point) -> PointDir:
                          "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
                          "git_sha": git_sha(REPO_ROOT),
                          "params": run_params(point.cfg, point.global_batch_size, point.derived_params)})
+        for name, content in point.config_files.items():
+            out.write_config_file(name, content)
         return out
     raise RuntimeError(f"cannot create a point directory under {first.parent}")
 

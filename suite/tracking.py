@@ -18,7 +18,7 @@ EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss
                  "val_perplexity", "train_time_s")
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "steps_per_epoch")
+                   "samples_per_epoch", "steps_per_epoch", "mem_params_mb", "mem_grads_mb", "mem_optim_mb")
 
 
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:
@@ -106,7 +106,8 @@ class Store:
         metrics += [Metric(k, float(v), now, 0) for k, v in summary.get("strategy_metrics", {}).items()]
         metrics += [Metric("step_loss", float(v), now, i) for i, v in enumerate(summary.get("step_losses", []))]
         for rank, memory in enumerate(summary.get("memory_by_rank", [])):
-            metrics.append(Metric(f"peak_memory_mb_rank{rank}", float(memory["peak_memory_mb"]), now, 0))
+            metrics += [Metric(f"{key}_rank{rank}", float(memory[key]), now, 0)
+                        for key in ("peak_memory_mb", "mem_params_mb", "mem_grads_mb", "mem_optim_mb") if key in memory]
         self.client.log_batch(run.info.run_id, metrics=metrics,
                               params=[Param(k, str(v)) for k, v in params.items()])
         for path in artifacts:

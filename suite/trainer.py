@@ -24,7 +24,7 @@ from suite.data import Datasets, build_datasets
 from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.faults import inject_fault
-from suite.memory import peak_memory, reset_peak
+from suite.memory import MEMORY_SPLIT, peak_memory, reset_peak
 from suite.models import build_model
 from suite.point_dir import PointDir
 from suite.precision import Precision, make_precision
@@ -217,7 +217,8 @@ class Trainer:
         phases = self.timer.means()
         phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
         memory = [None] * self.env.world_size
-        dist.all_gather_object(memory, peak_memory(self.env.device))
+        dist.all_gather_object(memory, {**peak_memory(self.env.device),
+                                        **self.strategy.memory_split(self.model, self.optimizer)})
         total_time = sum(e["epoch_time_s"] for e in epochs)
         summary = {
             "epoch_time_s_mean": total_time / len(epochs),
@@ -225,6 +226,7 @@ class Trainer:
             "samples_per_epoch": epochs[-1]["samples"],
             "steps_per_epoch": self.steps_per_epoch,
             "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),
+            **{key: max(m[key] for m in memory) for key in MEMORY_SPLIT if key in memory[0]},
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **to_target,
             "memory_by_rank": memory,

@@ -23,6 +23,16 @@ MALFORMED = {
     "unreachable accuracy target": (["target.value=95"], "target.value=95.0 is not a reachable val_accuracy"),
     "sync batch-norm on CPU": (["strategy=ddp", "strategy.sync_batchnorm=true"], "GPUs only"),
     "negative workers": (["workers=-1"], "workers must be positive"),
+    "zero stage 4": (["strategy=zero", "strategy.zero_stage=4"], "zero_stage must be 1, 2 or 3"),
+    "zero parameter offload below stage 3": (["strategy=zero", "strategy.zero_stage=2", "strategy.offload=params"],
+                                             "offload=params needs zero_stage=3"),
+    "zero with sgd": (["strategy=zero", "optimizer.name=sgd"], "optimizer.name=sgd has no DeepSpeed equivalent"),
+    "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits GPT-2's attention"),
+    "megatron tp not dividing workers": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=3"],
+                                         "tp=2 does not divide workers=3"),
+    "megatron tp not dividing heads": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=4",
+                                        "strategy.tp=4", "network.n_head=2", "network.n_embd=64"],
+                                       "tp=4 does not divide n_head=2"),
 }
 
 
@@ -52,3 +62,16 @@ def test_cli_rejects_a_bad_sweep_before_launching_anything(results):
 def test_multirun_expands_the_cartesian_product():
     jobs = expand(["strategy=ddp", "workers=1,2", "precision=fp32,bf16"], multirun=True)
     assert len(jobs) == 4 and ["strategy=ddp", "workers=2", "precision=bf16"] in jobs
+
+
+def test_zero_point_carries_its_deepspeed_config():
+    """The generated ds_config follows the point (batches, precision, Study N's Adam) and takes extra keys."""
+    (point,) = plan([["strategy=zero", "workers=2", "batch_size=4", "strategy.zero_stage=3", "strategy.offload=params",
+                      "precision=bf16", "+strategy.ds_config.zero_optimization.overlap_comm=true"]])
+    ds = point.config_files["ds_config.json"]
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
+    assert ds["optimizer"]["type"] == "Adam"
+    assert {k: ds["optimizer"]["params"][k] for k in ("lr", "weight_decay")} == {"lr": 0.001, "weight_decay": 0.01}
+    assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}
+    assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                       "offload_param": {"device": "cpu"}, "overlap_comm": True}

@@ -25,8 +25,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, _ = x.shape
-        # Heads are inferred from the width, so a column-sharded qkv holds whole local heads.
-        q, k, v = (t.view(batch, time, -1, self.head_dim).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        # qkv's output is laid out head by head ([q k v] of head 0, then head 1, ...) as in Megatron-LM, and
+        # heads are inferred from the width: a column shard of qkv holds the whole q, k and v of its heads.
+        qkv = self.qkv(x).view(batch, time, -1, 3, self.head_dim).transpose(1, 2)
+        q, k, v = qkv.unbind(3)
         dropout = self.attn_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(batch, time, -1)))

@@ -15,8 +15,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from suite.dist import DistEnv
+from suite.memory import local_tensor, tensor_mb
 from suite.optim import build_optimizer
 from suite.precision import Precision
 from suite.timing import PhaseTimer
@@ -46,6 +48,11 @@ class Strategy:
 
     def derived_params(self, cfg) -> dict[str, Any]:
         """Settings the strategy derives from the config (e.g. micro-batches), recorded as run params."""
+        return {}
+
+    def config_files(self, cfg) -> dict[str, dict[str, Any]]:
+        """Configuration the strategy generates for its library (file name -> JSON content), written into
+        the point directory before launch and recorded with the run (e.g. DeepSpeed's ds_config.json)."""
         return {}
 
     def data_shards(self, cfg) -> int:
@@ -79,10 +86,40 @@ class Strategy:
             loss = loss_fn(model(inputs), targets)
         with timer.phase("backward"):
             precision.backward(loss)
+            self.reduce_gradients(model)
+        self.note_gradients(model)
         with timer.phase("optimizer"):
             precision.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def reduce_gradients(self, model: nn.Module) -> None:
+        """Gradient communication the wrapped model does not do itself (after backward, before the step)."""
+
+    def held_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+        """The parameter storage this rank holds (its shards, where parameters are sharded)."""
+        return [local_tensor(p) for p in self.unwrap(model).parameters()]
+
+    def held_gradients(self, model: nn.Module) -> list[torch.Tensor]:
+        """The gradient storage this rank holds after backward (its shards, where gradients are sharded)."""
+        return [local_tensor(p.grad) for p in self.unwrap(model).parameters() if p.grad is not None]
+
+    def held_optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """The optimizer's state tensors on this rank (momenta; Adam's first and second moments)."""
+        return [local_tensor(t) for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+
+    def note_gradients(self, model: nn.Module) -> None:
+        """Measure the gradients held after the first backward (they are freed by the step)."""
+        if not hasattr(self, "gradients_mb"):
+            self.gradients_mb = tensor_mb(self.held_gradients(model))
+
+    def memory_split(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """MiB this rank holds in parameters, gradients (after backward) and optimizer states, after training."""
+        split = {"mem_params_mb": tensor_mb(self.held_parameters(model)),
+                 "mem_optim_mb": tensor_mb(self.held_optimizer_state(optimizer))}
+        if hasattr(self, "gradients_mb"):
+            split["mem_grads_mb"] = self.gradients_mb
+        return split
 
     def finish_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Complete work still in flight at the end of an epoch (inside the epoch's clock)."""
@@ -110,5 +147,13 @@ class Strategy:
         return model
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The complete weights, valid on rank 0 (sharding strategies gather them)."""
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        """The complete weights, valid on rank 0; sharded DTensors (FSDP2, tensor parallelism) are gathered,
+        a collective every rank joins."""
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+                for k, v in self.unwrap(model).state_dict().items()}
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics drift apart on rank-local batches)."""
+    for buffer in model.buffers():
+        dist.broadcast(buffer, 0)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.dist import DistEnv, will_use_cuda
 from suite.errors import ConfigError
-from suite.strategies.base import Strategy
+from suite.strategies.base import Strategy, broadcast_buffers
 
 
 @dataclass
@@ -44,9 +43,7 @@ class DDP(Strategy):
         )
 
     def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
-        """Evaluate rank 0's model: BatchNorm running statistics drift apart on rank-local batches."""
-        for buffer in model.module.buffers():
-            dist.broadcast(buffer, 0)
+        broadcast_buffers(model.module)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module

@@ -1,0 +1,125 @@
+"""DeepSpeed ZeRO stages 1-3, optionally offloading optimizer states (and, at stage 3, parameters) to the host.
+
+DeepSpeed builds the optimizer from its JSON config; the engine it returns is both the model and,
+through `engine.optimizer`, the optimizer the training loop sees. Adam and AdamW are torch's own
+implementations (`torch_adam`), so a ZeRO point does the same arithmetic as `single` with the same
+optimizer; DeepSpeed's fused or CPU Adam can be chosen with `ds_config: {optimizer: {params: {torch_adam: false}}}`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from suite.dist import DistEnv
+from suite.errors import ConfigError
+from suite.precision import Precision
+from suite.strategies.base import LossFn, Strategy
+from suite.timing import PhaseTimer
+
+OFFLOADS = ("none", "cpu", "params")
+DS_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
+CONFIG_FILE = "ds_config.json"
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` merged in, nested mappings key by key."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@dataclass
+class Zero(Strategy):
+    name: str = "zero"
+    zero_stage: int = 1
+    offload: str = "none"
+    ds_config: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, cfg) -> None:
+        if self.zero_stage not in (1, 2, 3):
+            raise ConfigError(f"strategy zero: zero_stage must be 1, 2 or 3, got {self.zero_stage}")
+        if self.offload not in OFFLOADS:
+            raise ConfigError(f"strategy zero: offload={self.offload} is not one of {', '.join(OFFLOADS)}")
+        if self.offload == "params" and self.zero_stage != 3:
+            raise ConfigError(f"strategy zero: offload=params needs zero_stage=3 (got {self.zero_stage}); "
+                              "stages 1 and 2 keep parameters on every rank")
+        if cfg.optimizer.name not in DS_OPTIMIZERS:
+            raise ConfigError(f"strategy zero: optimizer.name={cfg.optimizer.name} has no DeepSpeed equivalent "
+                              f"here (use {' or '.join(DS_OPTIMIZERS)})")
+
+    def generated_config(self, cfg) -> dict[str, Any]:
+        """DeepSpeed's JSON config for this point (before launch, and again in each rank)."""
+        opt = cfg.optimizer
+        zero: dict[str, Any] = {"stage": self.zero_stage}
+        if self.offload != "none":
+            zero["offload_optimizer"] = {"device": "cpu"}
+        if self.offload == "params":
+            zero["offload_param"] = {"device": "cpu"}
+        generated = {
+            "train_batch_size": self.global_batch_size(cfg),
+            "train_micro_batch_size_per_gpu": cfg.batch_size,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": 0.0,  # DeepSpeed's default clips at norm 1.0; the other strategies do not clip
+            "optimizer": {"type": DS_OPTIMIZERS[opt.name],
+                          "params": {"lr": opt.lr, "eps": opt.eps, "weight_decay": opt.weight_decay, "torch_adam": True,
+                                     "adam_w_mode": opt.name == "adamw"}},
+            "bf16": {"enabled": cfg.precision == "bf16"},
+            "fp16": {"enabled": cfg.precision == "fp16"},
+            "zero_optimization": zero,
+            "zero_force_ds_cpu_optimizer": False,  # offload with torch's Adam needs no compiled CPU Adam
+            "steps_per_print": 2**31 - 1,  # the training loop logs progress
+        }
+        return merged(generated, self.ds_config)
+
+    def config_files(self, cfg) -> dict[str, dict[str, Any]]:
+        return {CONFIG_FILE: self.generated_config(cfg)}
+
+    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
+        import deepspeed
+
+        os.environ.setdefault("LOCAL_RANK", str(env.local_rank))  # DeepSpeed asserts it; srun and jsrun do not set it
+        if env.device.type == "cpu":
+            # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (over a minute, once per machine)
+            # that only its inference all-reduce uses; training communicates through the gloo process group.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        engine, _, _, _ = deepspeed.initialize(model=model.to(env.device), model_parameters=model.parameters(),
+                                               config=self.generated_config(cfg), dist_init_required=False)
+        return engine
+
+    def build_optimizer(self, model: nn.Module, cfg) -> torch.optim.Optimizer:
+        return model.optimizer  # built by deepspeed.initialize from the generated config
+
+    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+                   targets: torch.Tensor, loss_fn: LossFn, precision: Precision, timer: PhaseTimer) -> torch.Tensor:
+        """The engine scales, reduces (or reduce-scatters) and steps; `precision` only autocasts."""
+        with timer.phase("forward"), precision.autocast():
+            loss = loss_fn(model(inputs), targets)
+        with timer.phase("backward"):
+            model.backward(loss)
+        with timer.phase("optimizer"):
+            model.step()
+        return loss.detach()
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module
+
+    def held_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+        """Stage 3 keeps each parameter's partition in `ds_tensor` (the parameter itself is an empty placeholder).
+        ZeRO's fp32 master partitions (the parameters its optimizer steps) are counted in neither figure."""
+        return [getattr(p, "ds_tensor", p) for p in model.module.parameters()]
+
+    def held_optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return super().held_optimizer_state(optimizer.optimizer)  # the torch optimizer inside ZeRO's wrapper
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Stage 3 gathers each partitioned parameter on every rank while the state dict is copied."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.module.parameters())):
+            return super().full_state_dict(model)
