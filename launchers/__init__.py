@@ -1,6 +1,6 @@
 """How a point's ranks are started, one module per scheduler.
 
-`local` runs a point here and waits for it (torchrun); the batch schedulers (`slurm`, `lsf`, `pbs`)
+`local` runs a point here and waits for it (one process per rank); the batch schedulers (`slurm`, `lsf`, `pbs`)
 get a job script and return a job id at once (see `launchers.batch`).
 """
 

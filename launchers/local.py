@@ -1,15 +1,22 @@
-"""Start one point on this machine: `torchrun --standalone` with one process per worker."""
+"""Start one point on this machine: one process per rank, in torchrun's environment, and wait for it.
+
+The ranks get what torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT) without torchrun's agent, which costs seconds per point. As with torchrun,
+the first rank to fail ends the point: the others are stopped, and each rank's exit code is kept.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from suite.signals import Stopped
 
@@ -20,57 +27,98 @@ class LaunchResult:
     timed_out: bool
     seconds: float
     stopped_by: str | None = None  # SIGINT (Ctrl-C) or SIGTERM: the driver was stopped and stopped the point
+    # Exit code of each rank that did not exit 0 (negative: killed by that signal); local launches only.
+    failed_ranks: dict[int, int] = field(default_factory=dict)
 
 
-def torchrun_command(point_dir: Path, workers: int) -> list[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={workers}", "--max-restarts=0", "--monitor-interval=0.5",
-        "-m", "suite.worker", str(point_dir),
-    ]
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the whole process group (torchrun and its workers), SIGKILL what is left after the grace."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def rank_env(env: dict[str, str], rank: int, workers: int, port: int) -> dict[str, str]:
+    return {**env, "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(workers), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
-def run_streamed(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str]) -> LaunchResult:
-    """Run `cmd` in its own process group, copying its output to the console and to `log_path`."""
-    start = time.monotonic()
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, start_new_session=True, bufsize=1)
+class Ranks:
+    """The ranks of one point, in one process group of their own (Ctrl-C at the terminal reaches the
+    driver only, which then stops them), their output copied to the console and to the launcher log."""
 
-        def pump() -> None:
-            for line in proc.stdout:
+    def __init__(self, cmd: list[str], workers: int, env: dict[str, str], log: IO[str]):
+        port, self._lock, self._log = free_port(), threading.Lock(), log
+        self.procs: list[subprocess.Popen] = []
+        for rank in range(workers):
+            group = self.procs[0].pid if self.procs else 0
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                               env=rank_env(env, rank, workers, port), process_group=group))
+        self._pumps = [threading.Thread(target=self._pump, args=(rank, p.stdout), daemon=True)
+                       for rank, p in enumerate(self.procs)]
+        for pump in self._pumps:
+            pump.start()
+
+    def _pump(self, rank: int, stream: IO[str]) -> None:
+        for line in stream:
+            line = f"[rank{rank}]: {line}"
+            with self._lock:
                 sys.stdout.write(line)
                 sys.stdout.flush()
-                log.write(line)
+                self._log.write(line)
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        timed_out, stopped_by = False, None
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop(proc)
-        except (KeyboardInterrupt, Stopped) as e:  # the ranks run in their own session: stop them, then report
-            stopped_by = "SIGTERM" if isinstance(e, Stopped) else "SIGINT"
-            _stop(proc)
-        reader.join(5)
-    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, stopped_by)
+    def exit_codes(self) -> dict[int, int]:
+        return {rank: p.returncode for rank, p in enumerate(self.procs) if p.poll() is not None}
+
+    def wait(self, timeout_s: float) -> bool:
+        """Until every rank exited 0, one failed (the others are then stopped) or the time is up (False)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = self.exit_codes()
+            if len(codes) == len(self.procs):
+                return True
+            if any(codes.values()):
+                self.stop()
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every rank, SIGKILL those still running after the grace."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.procs[0].pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + grace_s
+            while len(self.exit_codes()) < len(self.procs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if len(self.exit_codes()) == len(self.procs):
+                return
+
+    def close(self) -> None:
+        for pump in self._pumps:
+            pump.join(5)
 
 
 def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str]) -> LaunchResult:
-    return run_streamed(torchrun_command(point_dir, workers), point_dir / "launcher.log", timeout_s, env)
+    """Run `python -m suite.worker <point_dir>` as `workers` ranks until they end or `timeout_s` passes."""
+    start = time.monotonic()
+    with (point_dir / "launcher.log").open("w") as log:
+        ranks = Ranks([sys.executable, "-m", "suite.worker", str(point_dir)], workers, env, log)
+        timed_out, stopped_by = False, None
+        try:
+            if not ranks.wait(timeout_s):
+                timed_out = True
+                ranks.stop()
+        except (KeyboardInterrupt, Stopped) as e:
+            stopped_by = "SIGTERM" if isinstance(e, Stopped) else "SIGINT"
+            ranks.stop()
+        finally:
+            ranks.close()
+        failed = {rank: code for rank, code in ranks.exit_codes().items() if code != 0}
+        for rank, code in sorted(failed.items()):
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            log.write(f"launcher: rank {rank} {how}\n")
+    returncode = next(iter(failed.values()), 0) if not timed_out else None
+    return LaunchResult(returncode, timed_out, time.monotonic() - start, stopped_by, failed)

@@ -103,7 +103,7 @@ class HardwareConfig:
 @dataclass
 class ClusterConfig:
     name: str = MISSING
-    scheduler: str = "local"  # local (torchrun on this machine) | slurm | lsf | pbs
+    scheduler: str = "local"  # local (ranks started on this machine) | slurm | lsf | pbs
     workers_per_node: int = 1  # GPUs per node, or CPU worker processes per node
     threads_per_worker: Optional[int] = None  # CPU intra-op threads per rank; None = cores / local ranks
     device: str = "auto"  # auto | cpu | cuda

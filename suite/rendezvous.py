@@ -1,4 +1,4 @@
-"""Where a rank sits in its job, read from whatever started it: torchrun, srun, jsrun or mpiexec.
+"""Where a rank sits in its job, read from whatever started it: the local launcher or torchrun, srun, jsrun or mpiexec.
 
 Each launcher describes a rank in its own variables; the scheduler's allocation (Slurm's node list,
 LSF's host list, PBS's node file) says which host runs rank 0 and so serves the rendezvous. The

@@ -1,6 +1,6 @@
 """A point's status and one error line, from what its ranks left behind and how their launcher ended.
 
-The same verdict serves a point run here (torchrun), a batch job's own last step (srun, jsrun,
+The same verdict serves a point run here (`launchers.local`), a batch job's own last step (srun, jsrun,
 mpiexec) and `make collect`, which adds what the scheduler says about a job that ended unrecorded.
 """
 
@@ -17,10 +17,9 @@ OWN_FAILURES = ("failed", "oom", "invalid")
 
 
 def _failed_ranks(launcher_text: str) -> dict[int, int]:
-    """Exit code of each failed rank (negative: killed by that signal), from torchrun's failure summary
-    or srun's `task <rank>: Exited with exit code <n>` / `task <rank>: Killed` lines."""
-    entries = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_text)
-    found = {int(rank): int(code) for rank, code in entries}
+    """Exit code of each failed rank (negative: killed by that signal) from srun's
+    `task <rank>: Exited with exit code <n>` / `task <rank>: Killed` lines."""
+    found: dict[int, int] = {}
     for rank, code, killed in re.findall(r"task (\d+): (?:Exited with exit code (\d+)|(Killed))", launcher_text):
         found.setdefault(int(rank), -9 if killed else int(code))
     return found
@@ -29,8 +28,8 @@ def _failed_ranks(launcher_text: str) -> dict[int, int]:
 def _first_exception_line(launcher_text: str) -> str | None:
     """The first `SomeError: message` a worker printed before any error report could be written."""
     for line in launcher_text.splitlines():
-        line = line.split("]: ", 1)[-1].strip()  # torchrun prefixes worker output with [rank<i>]:
-        if re.match(r"^[\w.]+(Error|Exception)\b", line) and "ChildFailedError" not in line:
+        line = line.split("]: ", 1)[-1].strip()  # the local launcher prefixes worker output with [rank<i>]:
+        if re.match(r"^[\w.]+(Error|Exception)\b", line):
             return line
     return None
 
@@ -51,7 +50,7 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) ->
         return "finished", None
     text = out.launcher_log.read_text(errors="replace") if out.launcher_log.exists() else ""
     errors = out.errors()  # earliest first: the first is the root cause, the others its consequences
-    failed = _failed_ranks(text)
+    failed = result.failed_ranks or _failed_ranks(text)
     reported = {e["rank"] for e in errors}
     # A rank killed by a signal cannot report; the errors of the others are then consequences of its death.
     # SIGTERM is how launchers stop the surviving ranks, so it is never the cause.

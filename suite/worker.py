@@ -1,4 +1,4 @@
-"""One rank of a point: `python -m suite.worker <point dir>`, started by a launcher (torchrun, srun, jsrun,
+"""One rank of a point: `python -m suite.worker <point dir>`, started by a launcher (the local one, srun, jsrun,
 mpiexec).
 
 It reads the resolved config from the point directory, finds its place in the job from the launcher's

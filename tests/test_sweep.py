@@ -1,4 +1,4 @@
-"""A sweep through the real driver, torchrun and MLflow store: the contract's names, resume, the report."""
+"""A sweep through the real driver, local launcher and MLflow store: the contract's names, resume, the report."""
 
 import json
 
