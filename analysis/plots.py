@@ -22,7 +22,7 @@ def plot_speedup(rows: list[Row], path: Path) -> Path:
         for row in rows:
             base = baseline_for(row, rows)
             if row.workload == workload and row.status == "finished" and base and row.throughput:
-                lines[row.strategy].append((row.workers, row.throughput / base.throughput))
+                lines[row.label].append((row.workers, row.throughput / base.throughput))
         top = max((w for pts in lines.values() for w, _ in pts), default=1)
         ax.plot([1, top], [1, top], "k:", label="linear")
         for strategy, points in sorted(lines.items()):
@@ -49,7 +49,7 @@ def plot_convergence(rows: list[Row], client, path: Path) -> Path:
             values = sorted((m.step, m.value) for m in client.get_metric_history(row.run_id, row.val_metric))
             points = [(times[step], v) for step, v in values if step in times]
             if points:
-                ax.plot(*zip(*points), "o-", label=f"{row.strategy}/w{row.workers}")
+                ax.plot(*zip(*points), "o-", label=f"{row.label}/w{row.workers}")
             ax.set(ylabel=row.val_metric, yscale="log" if row.val_metric == "val_perplexity" else "linear")
         ax.set(title="/".join(workload), xlabel="training time (s)")
         ax.legend()

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from suite.memory import MEMORY_SPLIT
+
+# Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).
+SPLIT_METRICS = (*MEMORY_SPLIT, "comm_mb_per_step")
+# Settings besides the strategy's own knobs that tell two runs of one strategy apart in a report.
+VARIANT_PARAMS = ("precision", "optimizer.name", "activation_checkpointing")
 
 
 @dataclass(frozen=True)
@@ -19,6 +27,9 @@ class Row:
     val_metric: str | None
     val_value: float | None
     start_time: int
+    settings: dict[str, str] = field(default_factory=dict)  # the strategy's knobs and VARIANT_PARAMS
+    split: dict[str, float] = field(default_factory=dict)  # the SPLIT_METRICS the run has
+    label: str = ""  # the strategy plus the settings that differ between its rows (see `label_variants`)
 
     @property
     def workload(self) -> tuple[str, str]:
@@ -28,13 +39,31 @@ class Row:
 def row_from_run(run) -> Row:
     p, m, t = run.data.params, run.data.metrics, run.data.tags
     metric = "val_accuracy" if "val_accuracy" in m else "val_perplexity" if "val_perplexity" in m else None
+    settings = {k.removeprefix("strategy."): v for k, v in p.items()
+                if (k.startswith("strategy.") and k not in ("strategy._target_", "strategy.name")) or k in VARIANT_PARAMS}
     return Row(
         run_id=run.info.run_id, dataset=p.get("dataset", "?"), network=p.get("network", "?"),
         strategy=p.get("strategy", "?"), workers=int(p.get("workers", 0)), status=t.get("suite.status", "?"),
         epoch_time_s=m.get("epoch_time_s_mean"), throughput=m.get("throughput_samples_s_mean"),
         peak_memory_mb=m.get("peak_memory_mb"), val_metric=metric, val_value=m.get(metric) if metric else None,
-        start_time=run.info.start_time,
+        start_time=run.info.start_time, settings=settings, split={k: m[k] for k in SPLIT_METRICS if k in m},
+        label=p.get("strategy", "?"),
     )
+
+
+def label_variants(rows: list[Row]) -> list[Row]:
+    """Name each row by its strategy and the settings in which that strategy's rows of the same workload
+    differ, e.g. `zero zero_stage=3`, so that the points of one strategy stay apart in tables and plots."""
+    groups: dict[tuple, list[Row]] = defaultdict(list)
+    for row in rows:
+        groups[row.workload, row.strategy].append(row)
+    labelled = []
+    for row in rows:
+        same = groups[row.workload, row.strategy]
+        differ = [k for k in row.settings if len({r.settings.get(k) for r in same}) > 1]
+        label = " ".join([row.strategy, *(f"{k}={row.settings[k]}" for k in differ)])
+        labelled.append(replace(row, label=label))
+    return labelled
 
 
 def latest_per_point(runs) -> list[Row]:
@@ -45,4 +74,5 @@ def latest_per_point(runs) -> list[Row]:
         row = row_from_run(run)
         if key not in best or row.status == "finished" or best[key].status != "finished":
             best[key] = row
-    return sorted(best.values(), key=lambda r: (r.dataset, r.network, r.strategy != "single", r.strategy, r.workers))
+    rows = label_variants(list(best.values()))
+    return sorted(rows, key=lambda r: (r.dataset, r.network, r.strategy != "single", r.label, r.workers))

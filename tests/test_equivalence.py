@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from analysis.report import write_report
 from suite.driver import run_sweep
 from suite.plan import plan
 from suite.point_dir import PointDir
@@ -140,7 +141,7 @@ def memory_split(store, strategy: list[str]) -> dict[str, float]:
     return point.summary()
 
 
-def test_sharded_memory_split(store):
+def test_sharded_memory_split(store, tmp_path):
     """With 2 workers, ZeRO and FSDP hold about half of DDP's optimizer states per rank (Adam's two moments);
     ZeRO-3 and FSDP about half of its parameters. Reuses the ZeRO and FSDP runs of the equivalence tests above."""
     ddp = memory_split(store, ["strategy=ddp"])
@@ -155,3 +156,13 @@ def test_sharded_memory_split(store):
         assert split["mem_params_mb"] / ddp["mem_params_mb"] == pytest.approx(params_share, rel=0.1), name
     fsdp = memory_split(store, sharded["fsdp"])
     assert fsdp["mem_grads_mb"] / ddp["mem_grads_mb"] == pytest.approx(0.5, rel=0.1)
+
+    # The report keeps the ZeRO stages apart and shows the split beside the times.
+    table, _ = write_report(store, "equivalence", out_dir=tmp_path)
+    header, *lines = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| dataset")
+                      or line.startswith("| tokens")]
+    optim = [c.strip() for c in header].index("optim MB")
+    rows = {(cells[2].strip(), cells[3].strip()): cells for cells in lines}
+    zero3 = memory_split(store, sharded["zero3"])
+    assert float(rows["zero zero_stage=3", "2"][optim]) == pytest.approx(zero3["mem_optim_mb"], abs=1e-3)
+    assert float(rows["ddp", "2"][optim]) == pytest.approx(ddp["mem_optim_mb"], abs=1e-3)
