@@ -10,7 +10,7 @@ from __future__ import annotations
 from analysis.runs import SPLIT_METRICS, Row
 
 SPLIT_HEADERS = {"mem_params_mb": "params MB", "mem_grads_mb": "grads MB", "mem_optim_mb": "optim MB",
-                 "comm_mb_per_step": "comm MB/step"}
+                 "mem_master_mb": "master MB", "comm_mb_per_step": "comm MB/step"}
 
 
 def baseline_for(row: Row, rows: list[Row]) -> Row | None:

@@ -143,7 +143,7 @@ def memory_split(store, strategy: list[str]) -> dict[str, float]:
 
 def test_sharded_memory_split(store, tmp_path):
     """With 2 workers, ZeRO and FSDP hold about half of DDP's optimizer states per rank (Adam's two moments);
-    ZeRO-3 and FSDP about half of its parameters. Reuses the ZeRO and FSDP runs of the equivalence tests above."""
+    ZeRO-3 and FSDP about half of its parameters; ZeRO adds half the parameters again as fp32 masters. Reuses the ZeRO and FSDP runs of the equivalence tests above."""
     ddp = memory_split(store, ["strategy=ddp"])
     assert ddp["mem_optim_mb"] == pytest.approx(2 * ddp["mem_params_mb"], rel=0.01)
     assert ddp["mem_grads_mb"] == pytest.approx(ddp["mem_params_mb"], rel=0.01)
@@ -154,6 +154,8 @@ def test_sharded_memory_split(store, tmp_path):
         assert split["mem_optim_mb"] / ddp["mem_optim_mb"] == pytest.approx(0.5, rel=0.1), name
         params_share = 1.0 if name == "zero1" else 0.5
         assert split["mem_params_mb"] / ddp["mem_params_mb"] == pytest.approx(params_share, rel=0.1), name
+        if name.startswith("zero"):  # its fp32 master partition: half the parameters, a copy DDP does not keep
+            assert split["mem_master_mb"] / ddp["mem_params_mb"] == pytest.approx(0.5, rel=0.1), name
     fsdp = memory_split(store, sharded["fsdp"])
     assert fsdp["mem_grads_mb"] / ddp["mem_grads_mb"] == pytest.approx(0.5, rel=0.1)
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from suite.dist import DistEnv
 from suite.errors import ConfigError
+from suite.memory import tensor_mb
 from suite.precision import Precision
 from suite.strategies.base import LossFn, Strategy
 from suite.timing import PhaseTimer
@@ -116,6 +117,13 @@ class Zero(Strategy):
 
     def held_optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         return super().held_optimizer_state(optimizer.optimizer)  # the torch optimizer inside ZeRO's wrapper
+
+    def memory_split(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """Adds this rank's partition of ZeRO's fp32 master parameters, which its optimizer steps and copies
+        back into the model's parameters (a copy even when those are fp32)."""
+        masters = (getattr(optimizer, "single_partition_of_fp32_groups", None)  # stages 1 and 2
+                   or getattr(optimizer, "fp32_partitioned_groups_flat"))  # stage 3
+        return {**super().memory_split(model, optimizer), "mem_master_mb": tensor_mb(list(masters))}
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Stage 3 gathers each partitioned parameter on every rank while the state dict is copied."""
