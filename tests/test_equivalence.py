@@ -136,6 +136,16 @@ def test_megatron_equivalence(store, tp):
     assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
 
 
+def test_megatron_vocab_and_sequence_parallel_equivalence(store):
+    """tp=2 with the embedding and tied head split by vocabulary and the residual stream by sequence."""
+    candidate = ["strategy=megatron", "strategy.tp=2", "strategy.vocab_parallel=true",
+                 "strategy.sequence_parallel=true", "workers=2", f"batch_size={GLOBAL_BATCH // 2}"]
+    reference, megatron = train_pipeline_pair(store, WORKLOADS["gpt2"], candidate)
+    assert_same_training(reference, megatron)
+    single_params = reference.summary()["mem_params_mb"]
+    assert megatron.summary()["mem_params_mb"] < 0.6 * single_params  # the embedding is split too
+
+
 def memory_split(store, strategy: list[str]) -> dict[str, float]:
     _, point = train_pair(store, WORKLOADS["gpt2"], strategy, workers=2, global_batch=8, common=ADAM)
     return point.summary()

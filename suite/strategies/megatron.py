@@ -2,7 +2,11 @@
 
 `tp` consecutive ranks split every block: attention qkv and the MLP up-projection by columns, the
 attention output and MLP down-projection by rows, so each block does one all-reduce in forward and
-one in backward per sub-layer. Embeddings, LayerNorms and the tied head stay whole on every rank.
+one in backward per sub-layer. With `vocab_parallel` the token embedding and the LM head tied to it
+are split by vocabulary rows too (the logits are gathered for the loss); otherwise they stay whole on
+every rank. With `sequence_parallel` the LayerNorms and residual stream between the split layers are
+split along the sequence (Megatron-LM's sequence parallelism): each all-reduce becomes a
+reduce-scatter plus an all-gather, and activations there take 1/tp of the memory.
 `dp = workers / tp` such groups are data-parallel replicas on the other axis of a 2-D device mesh;
 each reads its own data shard and they average gradients after backward. Study N's Megatron-intra
 is dp=1, Megatron-data is tp=1.
@@ -15,16 +19,54 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
 from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.memory import local_tensor
 from suite.strategies.base import Strategy
 
-BLOCK_PLAN = {"attn.qkv": ColwiseParallel, "attn.proj": RowwiseParallel,
-              "mlp.fc": ColwiseParallel, "mlp.proj": RowwiseParallel}
+
+
+def block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """How one GPT-2 block is split. Under sequence parallelism the block's input and output are this
+    rank's slice of the sequence: the LayerNorms run on it, the attention and MLP inputs are gathered
+    whole, and their row-parallel outputs are reduce-scattered back into slices."""
+    plan: dict[str, ParallelStyle] = {"attn.qkv": ColwiseParallel(), "mlp.fc": ColwiseParallel()}
+    if not sequence_parallel:
+        return plan | {"attn.proj": RowwiseParallel(), "mlp.proj": RowwiseParallel()}
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+    return plan | {"ln_1": SequenceParallel(), "ln_2": SequenceParallel(), "attn": gather, "mlp": gather,
+                   "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+                   "mlp.proj": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def ends_plan(vocab_parallel: bool, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """The embedding before the blocks and the final LayerNorm and head after them."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, ParallelStyle] = {}
+    if vocab_parallel:
+        plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
+        plan["head"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    elif sequence_parallel:
+        plan["head"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                          use_local_output=True)
+    if sequence_parallel:  # the blocks' input: this rank's slice of the embedded sequence
+        plan["blocks.0"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
+                                              use_local_output=True)
+        plan["ln_f"] = SequenceParallel()
+    return plan
+
+
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bool, sequence_parallel: bool) -> None:
+    for block in model.blocks:
+        parallelize_module(block, mesh, block_plan(sequence_parallel))
+    parallelize_module(model, mesh, ends_plan(vocab_parallel, sequence_parallel))
+    if vocab_parallel:  # splitting gave the head its own Parameter around the embedding's shard: tie them again
+        model.head.weight = model.tok_emb.weight
 
 
 @dataclass
@@ -32,6 +74,8 @@ class Megatron(Strategy):
     name: str = "megatron"
     tp: int = 2
     batch_grows_with_tp: bool = True
+    vocab_parallel: bool = False
+    sequence_parallel: bool = False
 
     def check(self, cfg) -> None:
         net = cfg.network
@@ -42,6 +86,12 @@ class Megatron(Strategy):
             raise ConfigError(f"strategy megatron: tp={self.tp} does not divide workers={cfg.workers}")
         if net.n_head % self.tp:
             raise ConfigError(f"strategy megatron: tp={self.tp} does not divide n_head={net.n_head} of {net.name}")
+        if self.vocab_parallel and cfg.dataset.vocab_size % self.tp:
+            raise ConfigError(f"strategy megatron: vocab_parallel needs tp={self.tp} to divide "
+                              f"dataset.vocab_size={cfg.dataset.vocab_size}")
+        if self.sequence_parallel and cfg.dataset.seq_len % self.tp:
+            raise ConfigError(f"strategy megatron: sequence_parallel needs tp={self.tp} to divide "
+                              f"dataset.seq_len={cfg.dataset.seq_len}")
 
     def dp(self, cfg) -> int:
         return cfg.workers // self.tp
@@ -64,8 +114,7 @@ class Megatron(Strategy):
         mesh = init_device_mesh(env.device.type, (env.world_size // self.tp, self.tp), mesh_dim_names=("dp", "tp"))
         self.dp_group, self.dp_size = mesh["dp"].get_group(), mesh["dp"].size()
         model = model.to(env.device)
-        for block in model.blocks:
-            parallelize_module(block, mesh["tp"], {name: style() for name, style in BLOCK_PLAN.items()})
+        apply_tensor_parallel(model, mesh["tp"], self.vocab_parallel, self.sequence_parallel)
         return model
 
     def reduce_gradients(self, model: nn.Module) -> None:
