@@ -1,4 +1,4 @@
-"""Start one point on this machine: `torchrun --standalone` with one process per worker."""
+"""Start one point on this machine: `torchrun --standalone` with one process per worker (horovodrun for `horovod`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launchers.horovod import horovodrun_command, horovodrun_env
 from suite.signals import Stopped
 
 
@@ -72,5 +73,9 @@ def run_streamed(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str
     return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, stopped_by)
 
 
-def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str]) -> LaunchResult:
+def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str],
+                 rank_launcher: str | None = None) -> LaunchResult:
+    if rank_launcher == "horovodrun":
+        return run_streamed(horovodrun_command(point_dir, workers), point_dir / "launcher.log", timeout_s,
+                            horovodrun_env(env))
     return run_streamed(torchrun_command(point_dir, workers), point_dir / "launcher.log", timeout_s, env)

@@ -155,3 +155,18 @@ def test_sharded_memory_split(store):
         assert split["mem_params_mb"] / ddp["mem_params_mb"] == pytest.approx(params_share, rel=0.1), name
     fsdp = memory_split(store, sharded["fsdp"])
     assert fsdp["mem_grads_mb"] / ddp["mem_grads_mb"] == pytest.approx(0.5, rel=0.1)
+
+
+@pytest.mark.parametrize("workload, common", [("cnn", []), ("gpt2", ADAM)], ids=["cnn_sgd", "gpt2_adam"])
+def test_horovod_equivalence(store, workload, common):
+    """Started by horovodrun --gloo; fusion buffers of 0.5 MiB split GPT-2's gradients into several all-reduces.
+    With SGD's momentum and weight decay, and Adam, the first update is `single`'s: no zero-gradient step
+    initialises the optimizer's state."""
+    strategy = ["strategy=horovod", "strategy.fusion_threshold_mb=0.5", "strategy.cycle_time_ms=2"]
+    reference, horovod = train_pair(store, WORKLOADS[workload], strategy, workers=2, global_batch=8, common=common)
+    assert_same_training(reference, horovod)
+    assert "rank 1 of 2 (local 1 of 2) from horovodrun" in horovod.rank_log(1).read_text()
+    split = horovod.summary()  # each rank holds all of it, as under DDP
+    assert split["mem_grads_mb"] == pytest.approx(split["mem_params_mb"], rel=0.01)
+    if common == ADAM:
+        assert split["mem_optim_mb"] == pytest.approx(2 * split["mem_params_mb"], rel=0.01)

@@ -68,7 +68,7 @@ class Megatron(Strategy):
             parallelize_module(block, mesh["tp"], {name: style() for name, style in BLOCK_PLAN.items()})
         return model
 
-    def reduce_gradients(self, model: nn.Module) -> None:
+    def reduce_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Average this rank's gradient shards over the replicas that hold the same shards (one all-reduce)."""
         if self.dp_size == 1:
             return
