@@ -1,4 +1,4 @@
-"""Build horovod 0.28.1 against this environment's torch, once per machine, and install it.
+"""Build Horovod (the version constraints.txt pins) against this environment's torch, once per machine; install it.
 
 Horovod's last release does not build against torch 2.14 as shipped: torch's headers need C++20, and
 gloo must be built at the same standard (else `kDefaultTimeout` is defined twice at link time). So the
@@ -80,10 +80,8 @@ def build_env(toolkit: Path | None) -> dict[str, str]:
     env = dict(os.environ,
                HOROVOD_WITH_PYTORCH="1", HOROVOD_WITH_GLOO="1", HOROVOD_WITHOUT_MPI="1",
                HOROVOD_WITHOUT_TENSORFLOW="1", HOROVOD_WITHOUT_MXNET="1", HOROVOD_CPU_OPERATIONS="gloo")
-    # Parallel jobs: horovod's setup.py defaults to -j8 unless MAKEFLAGS is set.
+    # One compile per core: horovod's setup.py runs 8 at once unless MAKEFLAGS is set.
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 1}")
-    # The venv's cmake/ninja and the interpreter's scripts must be found by the build.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     if toolkit:
         env["CUDA_HOME"] = env["HOROVOD_CUDA_HOME"] = str(toolkit)
     return env
