@@ -12,7 +12,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.tracking import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup test sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
+.PHONY: setup horovod test sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
 
 setup: $(STAMP)
 
@@ -20,7 +20,13 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(MAKE) --no-print-directory horovod
 	rm -f $(VENV)/.installed-* && touch $@
+
+# Horovod built against the venv's torch (suite/build_horovod.py): about 10 minutes on 2 cores the first time
+# on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
+horovod:
+	$(PY) -m suite.build_horovod
 
 test: setup
 	$(PY) -m pytest

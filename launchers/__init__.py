@@ -18,8 +18,9 @@ BATCH_SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (Slurm(), Lsf(), Pb
 SCHEDULERS = ("local", *BATCH_SCHEDULERS)
 
 
-def launch(scheduler: str, point_dir: Path, workers: int, timeout_s: float, env: dict[str, str]) -> LaunchResult:
+def launch(scheduler: str, point_dir: Path, workers: int, timeout_s: float, env: dict[str, str],
+           rank_launcher: str | None = None) -> LaunchResult:
     """Run one point to completion (or its timeout) and return how its launcher ended."""
     if scheduler == "local":
-        return launch_local(point_dir, workers, timeout_s, env)
+        return launch_local(point_dir, workers, timeout_s, env, rank_launcher)
     raise ValueError(f"no launcher for scheduler {scheduler!r}")

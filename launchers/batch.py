@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launchers.horovod import batch_launch_command
+
 QUEUED, RUNNING, ENDED = "queued", "running", "ended"
 STOP_WARNING_S = 120  # SIGTERM this long before the time limit, so the ranks can save what they have
 
@@ -38,6 +40,7 @@ class Step:
     ranks: int
     nodes: int
     threads: int  # OMP_NUM_THREADS of each rank
+    rank_launcher: str | None = None  # the strategy's own (Strategy.rank_launcher), else the scheduler's
 
     @property
     def ranks_per_node(self) -> int:
@@ -126,6 +129,8 @@ class Scheduler(ABC):
         """The state of each job the scheduler still knows (jobs it has forgotten are left out)."""
 
     def launch_command(self, job: Job, step: Step) -> str:
+        if step.rank_launcher == "horovodrun":
+            return batch_launch_command(job.python, step.ranks, step.nodes, step.ranks_per_node)
         template = job.cluster.job.launcher or self.rank_launcher
         return template.format(ranks=step.ranks, nodes=step.nodes, ranks_per_node=step.ranks_per_node,
                                cores=job.cores_per_rank, gpus=job.gpus_per_rank)

@@ -3,6 +3,8 @@
 The ranks get what torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT) without torchrun's agent, which costs seconds per point. As with torchrun,
 the first rank to fail ends the point: the others are stopped, and each rank's exit code is kept.
+A strategy whose ranks horovodrun must start (`Strategy.rank_launcher`) gets one horovodrun process
+instead, which reports its ranks' exits in its output.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from launchers.horovod import horovodrun_command
 from suite.signals import Stopped
 
 
@@ -37,30 +40,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_env(env: dict[str, str], rank: int, workers: int, port: int) -> dict[str, str]:
-    return {**env, "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(workers), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+def rank_env(rank: int, workers: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(workers)}
+
+
+@dataclass(frozen=True)
+class Process:
+    cmd: list[str]
+    env: dict[str, str]
+    prefix: str  # before each line of its output
 
 
 class Ranks:
-    """The ranks of one point, in one process group of their own (Ctrl-C at the terminal reaches the
+    """The processes of one point, in one process group of their own (Ctrl-C at the terminal reaches the
     driver only, which then stops them), their output copied to the console and to the launcher log."""
 
-    def __init__(self, cmd: list[str], workers: int, env: dict[str, str], log: IO[str]):
-        port, self._lock, self._log = free_port(), threading.Lock(), log
+    def __init__(self, processes: list[Process], log: IO[str]):
+        self._lock, self._log = threading.Lock(), log
         self.procs: list[subprocess.Popen] = []
-        for rank in range(workers):
+        for process in processes:
             group = self.procs[0].pid if self.procs else 0
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                               env=rank_env(env, rank, workers, port), process_group=group))
-        self._pumps = [threading.Thread(target=self._pump, args=(rank, p.stdout), daemon=True)
-                       for rank, p in enumerate(self.procs)]
+            self.procs.append(subprocess.Popen(process.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                               text=True, env=process.env, process_group=group))
+        self._pumps = [threading.Thread(target=self._pump, args=(process.prefix, proc.stdout), daemon=True)
+                       for process, proc in zip(processes, self.procs)]
         for pump in self._pumps:
             pump.start()
 
-    def _pump(self, rank: int, stream: IO[str]) -> None:
+    def _pump(self, prefix: str, stream: IO[str]) -> None:
         for line in stream:
-            line = f"[rank{rank}]: {line}"
+            line = prefix + line
             with self._lock:
                 sys.stdout.write(line)
                 sys.stdout.flush()
@@ -101,11 +110,19 @@ class Ranks:
             pump.join(5)
 
 
-def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str]) -> LaunchResult:
+def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str],
+                 rank_launcher: str | None = None) -> LaunchResult:
     """Run `python -m suite.worker <point_dir>` as `workers` ranks until they end or `timeout_s` passes."""
     start = time.monotonic()
+    address = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if rank_launcher == "horovodrun":
+        processes = [Process(horovodrun_command(point_dir, workers), {**env, **address}, prefix="")]
+    else:
+        worker = [sys.executable, "-m", "suite.worker", str(point_dir)]
+        processes = [Process(worker, {**env, **address, **rank_env(rank, workers)}, prefix=f"[rank{rank}]: ")
+                     for rank in range(workers)]
     with (point_dir / "launcher.log").open("w") as log:
-        ranks = Ranks([sys.executable, "-m", "suite.worker", str(point_dir)], workers, env, log)
+        ranks = Ranks(processes, log)
         timed_out, stopped_by = False, None
         try:
             if not ranks.wait(timeout_s):
@@ -119,6 +136,8 @@ def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str,
         failed = {rank: code for rank, code in ranks.exit_codes().items() if code != 0}
         for rank, code in sorted(failed.items()):
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            log.write(f"launcher: rank {rank} {how}\n")
+            log.write(f"launcher: {'horovodrun' if rank_launcher else f'rank {rank}'} {how}\n")
     returncode = next(iter(failed.values()), 0) if not timed_out else None
-    return LaunchResult(returncode, timed_out, time.monotonic() - start, stopped_by, failed)
+    # horovodrun's own exit code is not a rank's: the verdict reads its ranks' exits from its output.
+    return LaunchResult(returncode, timed_out, time.monotonic() - start, stopped_by,
+                        {} if rank_launcher else failed)

@@ -38,7 +38,7 @@ def run_point(point: Point, store: Store, position: str) -> Outcome:
     start = time.time()
     try:
         result = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
-                        worker_env(point, position))
+                        worker_env(point, position), point.rank_launcher)
         status, error = judge(out, result, point.cfg.timeout_s, point.cfg.epochs)
     except Exception as exc:  # the launcher itself broke: still one recorded run, and the sweep goes on
         result = LaunchResult(None, False, time.time() - start)

@@ -121,7 +121,8 @@ def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
     cfg = points[0][0].cfg
     jobs_dir = results_dir() / "jobs" / cfg.tracking.experiment
     threads = cfg.cluster.threads_per_worker or cores_per_rank(cfg.cluster)
-    steps = tuple(Step(out.path, point.label, point.processes, point.cfg.nodes, threads) for point, out in points)
+    steps = tuple(Step(out.path, point.label, point.processes, point.cfg.nodes, threads, point.rank_launcher)
+                  for point, out in points)
     env = {"PYTHONUNBUFFERED": "1", "SUITE_RESULTS_DIR": str(results_dir()), "MLFLOW_TRACKING_URI": store_uri(cfg),
            # a job that cannot reach a tracking server gives up soon: `make collect` records its points later
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}

@@ -44,6 +44,7 @@ class Point:
     processes: int  # started by the launcher; fewer than workers when one process drives several devices
     derived_params: dict
     config_files: dict  # generated library configs, see Strategy.config_files
+    rank_launcher: str | None  # see Strategy.rank_launcher
 
     @property
     def label(self) -> str:
@@ -202,7 +203,7 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
     strategy = validate(cfg)
     return Point(tuple(overrides), cfg, strategy.global_batch_size(cfg), strategy.processes(cfg),
-                 strategy.derived_params(cfg), strategy.config_files(cfg))
+                 strategy.derived_params(cfg), strategy.config_files(cfg), strategy.rank_launcher)
 
 
 def plan(jobs: list[list[str]], experiment: str | None = None) -> list[Point]:

@@ -1,4 +1,5 @@
-"""Where a rank sits in its job, read from whatever started it: the local launcher or torchrun, srun, jsrun or mpiexec.
+"""Where a rank sits in its job, read from whatever started it: the local launcher, torchrun, horovodrun,
+srun, jsrun or mpiexec.
 
 Each launcher describes a rank in its own variables; the scheduler's allocation (Slurm's node list,
 LSF's host list, PBS's node file) says which host runs rank 0 and so serves the rendezvous. The
@@ -16,7 +17,10 @@ from typing import Mapping
 # (source, rank, world size, local rank, local world size), in order of precedence: the launcher that
 # started this very process first; Slurm's variables last, as an allocation also exports them to
 # processes that mpirun or torchrun started inside it. None: the launcher does not export that number.
+# horovodrun comes first: it passes its whole environment on to every rank, a job script's
+# SLURM_PROCID=0 or OMPI_* included, even to ranks on other hosts.
 LAUNCHERS = (
+    ("horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
     ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
     ("jsrun/Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -43,17 +47,23 @@ class Rendezvous:
                 f"from {self.source}; rendezvous at {self.master_addr}:{self.master_port}")
 
 
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a Slurm host list such as `gpu[07-09,12],login1`."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not match:
+def slurm_hosts(nodelist: str) -> list[str]:
+    """The hosts of a Slurm host list such as `gpu[07-09,12],login1`, in order."""
+    hosts = []
+    for prefix, ranges in re.findall(r"([^,\[\]]+)(?:\[([^\]]+)\])?", nodelist.strip()):
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            hosts += [prefix + str(n).zfill(len(low)) for n in range(int(low), int(high or low) + 1)]
+    if not hosts:
         raise ValueError(f"cannot read the Slurm node list {nodelist!r}")
-    prefix, ranges = match.groups()
-    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+    return hosts
 
 
-def first_lsf_host(mcpu_hosts: str) -> str:
-    """The first compute host of LSF's `host slots host slots ...` list.
+def lsf_hosts(mcpu_hosts: str) -> list[str]:
+    """The compute hosts of LSF's `host slots host slots ...` list.
 
     On Lassen-style (CSM) allocations the list starts with the launch node, holding one slot, where
     the job script runs but no rank does; it is skipped when compute hosts follow.
@@ -62,7 +72,7 @@ def first_lsf_host(mcpu_hosts: str) -> str:
     hosts = list(zip(fields[::2], map(int, fields[1::2])))
     if len(hosts) > 1 and hosts[0][1] == 1 and any(slots > 1 for _, slots in hosts[1:]):
         hosts = hosts[1:]
-    return hosts[0][0]
+    return [host for host, _ in hosts]
 
 
 def _slurm_local_size(env: Mapping[str, str]) -> int:
@@ -75,20 +85,25 @@ def _slurm_local_size(env: Mapping[str, str]) -> int:
     return counts[min(node, len(counts) - 1)]
 
 
+def allocation_hosts(env: Mapping[str, str]) -> list[str]:
+    """The hosts of the scheduler's allocation this process runs in, rank 0's first; [] outside one."""
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if nodelist:
+        return slurm_hosts(nodelist)
+    if env.get("LSB_MCPU_HOSTS"):
+        return lsf_hosts(env["LSB_MCPU_HOSTS"])
+    if env.get("LSB_HOSTS"):  # one entry per slot: `launch host host host ...`
+        hosts = env["LSB_HOSTS"].split()
+        return lsf_hosts(" ".join(f"{h} {hosts.count(h)}" for h in dict.fromkeys(hosts)))
+    if env.get("PBS_NODEFILE"):  # one line per slot
+        return list(dict.fromkeys(Path(env["PBS_NODEFILE"]).read_text().split()))
+    return []
+
+
 def master_addr(env: Mapping[str, str]) -> str:
     if "MASTER_ADDR" in env:
         return env["MASTER_ADDR"]
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    if nodelist:
-        return first_slurm_host(nodelist)
-    if env.get("LSB_MCPU_HOSTS"):
-        return first_lsf_host(env["LSB_MCPU_HOSTS"])
-    if env.get("LSB_HOSTS"):  # one entry per slot: `launch host host host ...`
-        hosts = env["LSB_HOSTS"].split()
-        return first_lsf_host(" ".join(f"{h} {hosts.count(h)}" for h in dict.fromkeys(hosts)))
-    if env.get("PBS_NODEFILE"):
-        return Path(env["PBS_NODEFILE"]).read_text().split()[0]
-    return "127.0.0.1"
+    return next(iter(allocation_hosts(env)), "127.0.0.1")
 
 
 def scheduler_job_id(env: Mapping[str, str]) -> str | None:

@@ -14,21 +14,40 @@ from suite.point_dir import PointDir
 
 # Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.
 OWN_FAILURES = ("failed", "oom", "invalid")
+SIGTERM = -15  # how launchers stop the ranks that survive a failure: never the cause
+HOROVODRUN_EXIT = re.compile(r"^Process (\d+) exit with status code (\d+)\.$")
+HOROVODRUN_STOPS_THE_OTHERS = "Terminating remaining workers after failure of Process"
+
+
+def _horovodrun_failed_ranks(launcher_text: str) -> dict[int, int]:
+    """horovodrun's `Process <rank> exit with status code <n>` lines (a shell's code: 128 + n is signal n).
+    It stops the other ranks after the first failure, with SIGKILL once they are frozen; so a rank that
+    ends after that announcement counts as stopped by SIGTERM."""
+    found: dict[int, int] = {}
+    stopping = False
+    for line in launcher_text.splitlines():
+        ended = HOROVODRUN_EXIT.match(line)
+        if ended:
+            code = int(ended.group(2))
+            found.setdefault(int(ended.group(1)), SIGTERM if stopping else (128 - code if code > 128 else code))
+        stopping = stopping or line.startswith(HOROVODRUN_STOPS_THE_OTHERS)
+    return found
 
 
 def _failed_ranks(launcher_text: str) -> dict[int, int]:
     """Exit code of each failed rank (negative: killed by that signal) from srun's
-    `task <rank>: Exited with exit code <n>` / `task <rank>: Killed` lines."""
+    `task <rank>: Exited with exit code <n>` / `task <rank>: Killed` lines or horovodrun's."""
     found: dict[int, int] = {}
     for rank, code, killed in re.findall(r"task (\d+): (?:Exited with exit code (\d+)|(Killed))", launcher_text):
         found.setdefault(int(rank), -9 if killed else int(code))
-    return found
+    return {**_horovodrun_failed_ranks(launcher_text), **found}
 
 
 def _first_exception_line(launcher_text: str) -> str | None:
     """The first `SomeError: message` a worker printed before any error report could be written."""
     for line in launcher_text.splitlines():
         line = line.split("]: ", 1)[-1].strip()  # the local launcher prefixes worker output with [rank<i>]:
+        line = re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line)  # horovodrun with [<rank>]<stderr>:
         if re.match(r"^[\w.]+(Error|Exception)\b", line):
             return line
     return None
@@ -54,7 +73,7 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) ->
     reported = {e["rank"] for e in errors}
     # A rank killed by a signal cannot report; the errors of the others are then consequences of its death.
     # SIGTERM is how launchers stop the surviving ranks, so it is never the cause.
-    killed = [rank for rank, code in failed.items() if code < 0 and code != -15 and rank not in reported]
+    killed = [rank for rank, code in failed.items() if code < 0 and code != SIGTERM and rank not in reported]
     killed.sort(key=lambda rank: (failed[rank] != -9, rank))
     if errors and not killed:
         first = errors[0]

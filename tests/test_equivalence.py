@@ -180,3 +180,21 @@ def test_sharded_memory_split(store, tmp_path):
     # ddp's label names the optimizer when the module's other ddp runs used SGD (as in a full test run).
     ddp_row = rows.get(("ddp", "2")) or rows["ddp optimizer.name=adam", "2"]
     assert float(ddp_row[optim]) == pytest.approx(ddp["mem_optim_mb"], abs=1e-3)
+
+
+@pytest.mark.parametrize("workload, common", [("cnn", []), ("gpt2", ADAM)], ids=["cnn_sgd", "gpt2_adam"])
+def test_horovod_equivalence(store, workload, common):
+    """Started by horovodrun --gloo; fusion buffers of 0.1 MiB split the gradients (about 0.5 MiB) into several
+    all-reduces.
+    With SGD's momentum and weight decay, and Adam, the first update is `single`'s: no zero-gradient step
+    initialises the optimizer's state."""
+    strategy = ["strategy=horovod", "strategy.fusion_threshold_mb=0.1", "strategy.cycle_time_ms=2"]
+    reference, horovod = train_pair(store, WORKLOADS[workload], strategy, workers=2, global_batch=8, common=common)
+    assert_same_training(reference, horovod)
+    assert "rank 1 of 2 (local 1 of 2) from horovodrun" in horovod.rank_log(1).read_text()
+    params = horovod.point()["params"]
+    assert (params["fusion_threshold_mb"], params["cycle_time_ms"]) == (0.1, 2)
+    split = horovod.summary()  # each rank holds all of it, as under DDP
+    assert split["mem_grads_mb"] == pytest.approx(split["mem_params_mb"], rel=0.01)
+    if common == ADAM:
+        assert split["mem_optim_mb"] == pytest.approx(2 * split["mem_params_mb"], rel=0.01)

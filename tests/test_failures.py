@@ -85,3 +85,17 @@ def test_stopping_the_driver_stops_the_ranks_and_records_the_point_as_timeout(st
     assert leftover == ""  # no orphaned ranks keep the cores busy
     resumed = run_suite(*cmd[3:], "--dry-run")  # the same sweep again runs the point it was stopped in
     assert "would run here" in resumed.stdout, resumed.stdout
+
+
+def test_horovod_point_killed_or_hung_is_recorded_and_leaves_no_ranks(store, results):
+    # horovodrun reports `Process 1 exit with status code 137`, then freezes and SIGKILLs the other ranks:
+    # the rank that died first is the cause. Its ranks run in sessions of their own; the timeout stops them too.
+    result = run_suite("-m", *FAST, "strategy=horovod", "workers=2", "fault.rank=1", "fault.kind=kill,hang",
+                       "timeout_s=20")
+    assert result.returncode == 1, result.stderr[-3000:]
+    killed, hung = sorted(store.runs("adhoc"), key=lambda r: r.info.start_time)
+    assert killed.data.tags["suite.status"] == "oom"
+    assert killed.data.tags["suite.error"].startswith("rank 1 was killed by SIGKILL")
+    assert hung.data.tags["suite.status"] == "timeout"
+    leftover = subprocess.run(["pgrep", "-f", str(results / "points")], capture_output=True, text=True).stdout
+    assert leftover == ""

@@ -127,3 +127,30 @@ def test_no_submission_without_the_schedulers_command(results):
     assert result.stderr.splitlines() == ["error: bsub not found: submit from a login node of the lsf cluster "
                                           "(DRY_RUN=1 / --dry-run writes the job scripts without submitting)"]
     assert not (results / "points").exists() and not (results / "jobs").exists()
+
+
+def test_horovod_points_start_horovodrun_on_the_first_node_over_the_allocations_hosts(results):
+    """horovodrun replaces srun, jsrun and mpiexec (even a cluster's own `job.launcher`): -H lists the
+    allocation's first `nodes` hosts, rank 0's first, computed on the node when the step starts."""
+    point = [o for o in POINT if o != "strategy=ddp"]
+    scripts = dry_run(*point, "strategy=horovod", "cluster=slurm,lassen,thetagpu", "workers=8",
+                      "cluster.job.account=acct")
+    hosts_commands = {}
+    for cluster, per_node in (("slurm", 4), ("lassen", 4), ("thetagpu", 8)):
+        (step,) = re.findall(r"^run_point .*$", scripts[cluster, 8], re.MULTILINE)
+        launch = re.search(rf'\S+/horovodrun -np 8 -H "\$\((\S+/python -m launchers\.horovod {per_node} {8 // per_node})\)" '
+                           r"--gloo \S+/python -m suite\.worker ", step)
+        assert launch and not re.search(r"\b(srun|jsrun|mpiexec)\b", step), step
+        hosts_commands[cluster] = launch.group(1)
+    nodefile = results.parent / "nodefile"
+    nodefile.write_text("x3001\n" * 8 + "x3002\n" * 8)
+    allocations = {  # what each scheduler tells the job script, and the -H that follows from it
+        "slurm": ({"SLURM_JOB_NODELIST": "gpu[07-09]"}, "gpu07:4,gpu08:4"),
+        "lassen": ({"LSB_MCPU_HOSTS": "batch3 1 lassen12 40 lassen13 40"}, "lassen12:4,lassen13:4"),
+        "thetagpu": ({"PBS_NODEFILE": str(nodefile)}, "x3001:8"),
+    }
+    outside = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LSB_", "PBS_"))}
+    for cluster, (env, expected) in allocations.items():
+        substituted = subprocess.run(["bash", "-c", f'echo "$({hosts_commands[cluster]})"'], env={**outside, **env},
+                                     capture_output=True, text=True)
+        assert substituted.stdout.strip() == expected, substituted.stderr

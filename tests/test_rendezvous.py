@@ -11,7 +11,7 @@ from conftest import DIGITS
 from suite.paths import REPO_ROOT
 from suite.plan import plan
 from suite.points import new_point_dir
-from suite.rendezvous import discover, first_lsf_host, first_slurm_host
+from suite.rendezvous import allocation_hosts, discover, lsf_hosts, slurm_hosts
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PALS_", "LSB_", "PBS_", "MPI_")
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -33,15 +33,16 @@ def test_slurm_variables():
     assert r.master_port == discover({**env, "SLURM_PROCID": "0"}).master_port  # same job, same port
 
 
-@pytest.mark.parametrize("nodelist, first", [("vm", "vm"), ("gpu[07-09,12],login1", "gpu07"),
-                                             ("a1,b[2-3]", "a1"), ("node[003]", "node003")])
-def test_first_slurm_host(nodelist, first):
-    assert first_slurm_host(nodelist) == first
+@pytest.mark.parametrize("nodelist, hosts", [
+    ("vm", ["vm"]), ("gpu[07-09,12],login1", ["gpu07", "gpu08", "gpu09", "gpu12", "login1"]),
+    ("a1,b[2-3]", ["a1", "b2", "b3"]), ("node[003]", ["node003"]), ("n[98-101]", ["n98", "n99", "n100", "n101"])])
+def test_slurm_hosts(nodelist, hosts):
+    assert slurm_hosts(nodelist) == hosts
 
 
 def test_lsf_skips_lassens_launch_node():
-    assert first_lsf_host("batch3 1 lassen12 40 lassen13 40") == "lassen12"
-    assert first_lsf_host("hostA 2 hostB 1") == "hostA"
+    assert lsf_hosts("batch3 1 lassen12 40 lassen13 40") == ["lassen12", "lassen13"]
+    assert lsf_hosts("hostA 2 hostB 1") == ["hostA", "hostB"]
     env = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
            "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "LSB_HOSTS": "batch3 lassen12 lassen12 lassen13 lassen13"}
     r = discover(env)
@@ -49,10 +50,21 @@ def test_lsf_skips_lassens_launch_node():
 
 
 def test_pals_without_a_world_size_takes_the_points(tmp_path):
-    (tmp_path / "nodes").write_text("x3001\nx3002\n")
+    (tmp_path / "nodes").write_text("x3001\nx3001\nx3002\nx3002\n")
     env = {"PALS_RANKID": "6", "PALS_LOCAL_RANKID": "2", "PALS_LOCAL_SIZE": "4", "PBS_NODEFILE": str(tmp_path / "nodes")}
     r = discover(env, expected_world_size=8)
     assert (r.rank, r.world_size, r.local_rank, r.local_world_size, r.master_addr) == (6, 8, 2, 4, "x3001")
+    assert allocation_hosts(env) == ["x3001", "x3002"]
+
+
+def test_horovodrun_variables_win_over_the_job_scripts():
+    """horovodrun in a Slurm job script passes the script's own SLURM_PROCID=0 on to every rank it starts."""
+    env = {"HOROVOD_RANK": "5", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "4",
+           "HOROVOD_HOSTNAME": "gpu08", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "gpu[07-08]",
+           "SLURM_JOB_ID": "77"}
+    r = discover(env)
+    assert (r.rank, r.world_size, r.local_rank, r.local_world_size, r.master_addr) == (5, 8, 1, 4, "gpu07")
+    assert r.source == "horovodrun" and r.master_port == discover({"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"}).master_port
 
 
 def launcher_env(style: str, rank: int, tmp_path) -> dict[str, str]:

@@ -139,3 +139,12 @@ def test_a_job_slurm_refuses_is_recorded_as_failed(slurm, results, store):
     assert run.data.tags["suite.status"] == "failed"
     assert run.data.tags["suite.error"].startswith("submission: SchedulerError: sbatch --parsable failed: "
                                                    "sbatch: error: invalid partition")
+
+
+def test_horovod_point_runs_as_a_slurm_job_under_horovodrun(slurm, results, store):
+    """The job script starts horovodrun on the job's node with -H from SLURM_JOB_NODELIST (no srun)."""
+    job_id, out = submit(results, "strategy=horovod", "workers=2")
+    wait_until(lambda: jobs_ended([job_id]), f"Slurm job {job_id}")
+    (run,) = store.runs("adhoc")
+    assert run.data.tags["suite.status"] == "finished", run.data.tags.get("suite.error")
+    assert "rank 1 of 2 (local 1 of 2) from horovodrun" in out.rank_log(1).read_text()

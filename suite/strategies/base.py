@@ -10,7 +10,7 @@ or split across ranks, and how one training step runs on the wrapped model. The 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,10 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 @dataclass
 class Strategy:
     name: str
+
+    # What starts the point's ranks: None for the cluster's own launcher (torchrun here, srun, jsrun or
+    # mpiexec on a batch cluster), "horovodrun" for strategies whose library brings its own.
+    rank_launcher: ClassVar[str | None] = None
 
     def knobs(self) -> dict[str, Any]:
         """The strategy's own settings, recorded as run params."""
@@ -86,15 +90,19 @@ class Strategy:
             loss = loss_fn(model(inputs), targets)
         with timer.phase("backward"):
             precision.backward(loss)
-            self.reduce_gradients(model)
+            self.reduce_gradients(model, optimizer)
         self.note_gradients(model)
         with timer.phase("optimizer"):
-            precision.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
+            self.optimizer_step(optimizer, precision)
         return loss.detach()
 
-    def reduce_gradients(self, model: nn.Module) -> None:
+    def reduce_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Gradient communication the wrapped model does not do itself (after backward, before the step)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
+        """Update the weights from the reduced gradients and free the gradients."""
+        precision.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
 
     def held_parameters(self, model: nn.Module) -> list[torch.Tensor]:
         """The parameter storage this rank holds (its shards, where parameters are sharded)."""

@@ -117,7 +117,7 @@ class Megatron(Strategy):
         apply_tensor_parallel(model, mesh["tp"], self.vocab_parallel, self.sequence_parallel)
         return model
 
-    def reduce_gradients(self, model: nn.Module) -> None:
+    def reduce_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Average this rank's gradient shards over the replicas that hold the same shards (one all-reduce)."""
         if self.dp_size == 1:
             return
