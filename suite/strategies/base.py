@@ -10,7 +10,7 @@ or split across ranks, and how one training step runs on the wrapped model. The 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -19,8 +19,8 @@ from torch.distributed.tensor import DTensor
 
 from suite.dist import DistEnv
 from suite.memory import local_tensor, tensor_mb
-from suite.optim import build_optimizer
-from suite.precision import Precision
+from suite.optim import OPTIMIZERS, build_optimizer
+from suite.precision import PRECISIONS, Precision
 from suite.timing import PhaseTimer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -29,6 +29,15 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 @dataclass
 class Strategy:
     name: str
+
+    # Which values of the cross-strategy knobs this strategy applies (the rest is rejected before launch).
+    precisions: ClassVar[tuple[str, ...]] = PRECISIONS
+    optimizers: ClassVar[tuple[str, ...]] = OPTIMIZERS
+    checkpoints_activations: ClassVar[bool] = True  # activation_checkpointing, applied to the plain model
+    grad_compressions: ClassVar[tuple[str, ...]] = ("none",)
+    # Whether all its communication goes through torch.distributed process groups, so that `comm_mb_per_step`
+    # (suite.comm) is the whole of it.
+    counts_communication: ClassVar[bool] = True
 
     def knobs(self) -> dict[str, Any]:
         """The strategy's own settings, recorded as run params."""
@@ -67,6 +76,11 @@ class Strategy:
     def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
         """Wrap or split the host-built model; move what this rank holds to its device."""
         return model.to(env.device)
+
+    def checkpoint_fn(self, cfg) -> Callable | None:
+        """The function that runs a checkpointed block (None: torch.utils.checkpoint; see
+        suite.activation_checkpointing)."""
+        return None
 
     def build_optimizer(self, model: nn.Module, cfg) -> torch.optim.Optimizer:
         return build_optimizer(model.parameters(), cfg)

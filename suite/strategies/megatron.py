@@ -11,6 +11,7 @@ is dp=1, Megatron-data is tp=1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.memory import local_tensor
+from suite.optim import ELEMENTWISE_OPTIMIZERS
 from suite.strategies.base import Strategy
 
 BLOCK_PLAN = {"attn.qkv": ColwiseParallel, "attn.proj": RowwiseParallel,
@@ -30,6 +32,8 @@ BLOCK_PLAN = {"attn.qkv": ColwiseParallel, "attn.proj": RowwiseParallel,
 @dataclass
 class Megatron(Strategy):
     name: str = "megatron"
+    optimizers: ClassVar[tuple[str, ...]] = ELEMENTWISE_OPTIMIZERS  # parameters are sharded
+    checkpoints_activations: ClassVar[bool] = False  # the tensor-parallel plan addresses the plain blocks
     tp: int = 2
     batch_grows_with_tp: bool = True
 

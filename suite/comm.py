@@ -1,0 +1,60 @@
+"""Communication volume of training steps (`comm_mb_per_step`): the bytes this rank sends in collectives.
+
+Every process group calls a pre-hook for each collective, whoever issues it (DDP's reducer and its
+communication hooks, FSDP2, DTensor, DeepSpeed), with the tensors it is handed; the hook counts them
+while a training step runs. A collective of N bytes (the whole buffer: for an all-gather its output, for
+a reduce-scatter its input) among p ranks counts what each rank sends with bandwidth-optimal (ring)
+algorithms, the factors of NCCL's bus bandwidth: all-reduce 2N(p-1)/p, all-gather, reduce-scatter and
+all-to-all N(p-1)/p, broadcast, reduce and send N. Receives and barriers send nothing; a group of one
+rank sends nothing. With two ranks, an all-reduce of the gradients counts their size once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from torch._C._distributed_c10d import HookOpName, PreHookArgs
+from torch.distributed.distributed_c10d import _world
+
+HOOK_ID = 0x5C0C  # one pre-hook of ours per process group
+SHARE_SENT = {
+    HookOpName.ALLREDUCE: lambda p: 2 * (p - 1) / p,
+    HookOpName.ALLGATHER: lambda p: (p - 1) / p,
+    HookOpName.REDUCE_SCATTER: lambda p: (p - 1) / p,
+    HookOpName.ALLTOALL: lambda p: (p - 1) / p,
+    HookOpName.BROADCAST: lambda p: 1.0,
+    HookOpName.REDUCE: lambda p: 1.0,
+    HookOpName.SEND: lambda p: 1.0,
+}
+
+
+def buffer_bytes(args: PreHookArgs) -> int:
+    return max(sum(t.numel() * t.element_size() for t in tensors)
+               for tensors in (args.input_tensors, args.output_tensors))
+
+
+class CommVolume:
+    """Bytes sent in the collectives of every process group that exists when it is created."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.sent_bytes = 0.0
+        for group in list(_world.pg_map):
+            if group.size() > 1:
+                group.register_pre_hook(HOOK_ID, self._hook(group.size()))
+
+    def _hook(self, ranks: int):
+        def count(args: PreHookArgs) -> None:
+            if self.counting and args.name in SHARE_SENT:
+                self.sent_bytes += SHARE_SENT[args.name](ranks) * buffer_bytes(args)
+        return count
+
+    @contextlib.contextmanager
+    def counted(self, enabled: bool) -> Iterator[None]:
+        """Count the collectives issued inside the block when `enabled` (the timed training steps)."""
+        self.counting = enabled
+        try:
+            yield
+        finally:
+            self.counting = False
