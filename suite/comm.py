@@ -5,8 +5,10 @@ communication hooks, FSDP2, DTensor, DeepSpeed), with the tensors it is handed; 
 while a training step runs. A collective of N bytes (the whole buffer: for an all-gather its output, for
 a reduce-scatter its input) among p ranks counts what each rank sends with bandwidth-optimal (ring)
 algorithms, the factors of NCCL's bus bandwidth: all-reduce 2N(p-1)/p, all-gather, reduce-scatter and
-all-to-all N(p-1)/p, broadcast, reduce and send N. Receives and barriers send nothing; a group of one
-rank sends nothing. With two ranks, an all-reduce of the gradients counts their size once.
+all-to-all N(p-1)/p, broadcast and send N, reduce N except on its root (in a chain every rank but the
+root forwards a partial sum; reductions to different roots add up to a reduce-scatter). Receives and
+barriers send nothing; a group of one rank sends nothing. With two ranks, an all-reduce of the gradients
+counts their size once.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ from torch._C._distributed_c10d import HookOpName, PreHookArgs
 from torch.distributed.distributed_c10d import _world
 
 HOOK_ID = 0x5C0C  # one pre-hook of ours per process group
+# Share of the buffer one rank sends, given the group's size and whether this rank is the collective's root.
 SHARE_SENT = {
-    HookOpName.ALLREDUCE: lambda p: 2 * (p - 1) / p,
-    HookOpName.ALLGATHER: lambda p: (p - 1) / p,
-    HookOpName.REDUCE_SCATTER: lambda p: (p - 1) / p,
-    HookOpName.ALLTOALL: lambda p: (p - 1) / p,
-    HookOpName.BROADCAST: lambda p: 1.0,
-    HookOpName.REDUCE: lambda p: 1.0,
-    HookOpName.SEND: lambda p: 1.0,
+    HookOpName.ALLREDUCE: lambda p, root: 2 * (p - 1) / p,
+    HookOpName.ALLGATHER: lambda p, root: (p - 1) / p,
+    HookOpName.REDUCE_SCATTER: lambda p, root: (p - 1) / p,
+    HookOpName.ALLTOALL: lambda p, root: (p - 1) / p,
+    HookOpName.BROADCAST: lambda p, root: 1.0,
+    HookOpName.REDUCE: lambda p, root: 0.0 if root else 1.0,
+    HookOpName.SEND: lambda p, root: 1.0,
 }
 
 
@@ -42,12 +45,12 @@ class CommVolume:
         self.sent_bytes = 0.0
         for group in list(_world.pg_map):
             if group.size() > 1:
-                group.register_pre_hook(HOOK_ID, self._hook(group.size()))
+                group.register_pre_hook(HOOK_ID, self._hook(group.size(), group.rank()))
 
-    def _hook(self, ranks: int):
+    def _hook(self, ranks: int, rank: int):
         def count(args: PreHookArgs) -> None:
             if self.counting and args.name in SHARE_SENT:
-                self.sent_bytes += SHARE_SENT[args.name](ranks) * buffer_bytes(args)
+                self.sent_bytes += SHARE_SENT[args.name](ranks, args.root == rank) * buffer_bytes(args)
         return count
 
     @contextlib.contextmanager
