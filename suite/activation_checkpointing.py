@@ -28,16 +28,13 @@ def checkpoint_interval(value: str) -> int:
     raise ConfigError(f"activation_checkpointing={value} is not none, every or a block interval k >= 1")
 
 
-def apply_activation_checkpointing(model: nn.Module, interval: int,
-                                   checkpoint_fn: Callable[[], Callable | None]) -> int:
+def apply_activation_checkpointing(model: nn.Module, interval: int, checkpoint_fn: Callable | None) -> int:
     """Wrap every `interval`-th block of the plain model in place (0: none); return how many were wrapped.
-    `checkpoint_fn()` gives the function that runs a block with checkpointing (None: torch.utils.checkpoint,
-    non-reentrant). Parameter names in state dicts stay those of the plain model."""
+    `checkpoint_fn` runs a block with checkpointing (None: torch.utils.checkpoint, non-reentrant). Parameter
+    names in state dicts stay those of the plain model."""
     chosen = [layer for i, layer in enumerate(block_layers(model), 1) if interval and i % interval == 0]
-    if not chosen:
-        return 0
-    function = checkpoint_fn()
     for layer in chosen:
         parent, _, name = layer.prefix.removesuffix(".").rpartition(".")
-        model.get_submodule(parent).register_module(name, checkpoint_wrapper(layer.module, checkpoint_fn=function))
+        wrapped = checkpoint_wrapper(layer.module, checkpoint_fn=checkpoint_fn)
+        model.get_submodule(parent).register_module(name, wrapped)
     return len(chosen)

@@ -43,7 +43,7 @@ class CommVolume:
     def __init__(self) -> None:
         self.counting = False
         self.sent_bytes = 0.0
-        for group in list(_world.pg_map):
+        for group in list(_world.pg_map):  # torch lists its process groups only there
             if group.size() > 1:
                 group.register_pre_hook(HOOK_ID, self._hook(group.size(), group.rank()))
 

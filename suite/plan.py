@@ -29,8 +29,8 @@ from suite.models import check_network
 from suite.optim import OPTIMIZERS
 from suite.paths import CONF_DIR
 from suite.precision import PRECISIONS
-from suite.strategies.ddp import GRAD_COMPRESSIONS
 from suite.strategies import Strategy, build_strategy
+from suite.strategies.ddp import GRAD_COMPRESSIONS
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
@@ -100,8 +100,8 @@ def _compose(overrides: list[str]) -> DictConfig:
 
 def _check_ranges(cfg: DictConfig) -> None:
     positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "epochs": cfg.epochs,
-                "grad_compression.rank": cfg.grad_compression.rank,
                 "timeout_s": cfg.timeout_s, "log_every": cfg.log_every, "optimizer.lr": cfg.optimizer.lr,
+                "grad_compression.rank": cfg.grad_compression.rank,
                 "cluster.workers_per_node": cfg.cluster.workers_per_node}
     job = cfg.cluster.job
     positive.update({"cluster.job.time_limit_min": job.time_limit_min, "cluster.job.points_per_job": job.points_per_job})

@@ -85,7 +85,7 @@ class Trainer:
         # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
         model = build_model(cfg.network, cfg.dataset)
         apply_activation_checkpointing(model, checkpoint_interval(cfg.activation_checkpointing),
-                                       lambda: strategy.checkpoint_fn(cfg))
+                                       strategy.checkpoint_fn())
         self.model = strategy.parallelize(model, env, cfg)
         self.comm = CommVolume() if strategy.counts_communication else None
         self.optimizer = strategy.build_optimizer(self.model, cfg.optimizer)

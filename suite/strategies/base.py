@@ -77,7 +77,7 @@ class Strategy:
         """Wrap or split the host-built model; move what this rank holds to its device."""
         return model.to(env.device)
 
-    def checkpoint_fn(self, cfg) -> Callable | None:
+    def checkpoint_fn(self) -> Callable | None:
         """The function that runs a checkpointed block (None: torch.utils.checkpoint; see
         suite.activation_checkpointing)."""
         return None

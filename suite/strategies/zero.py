@@ -96,7 +96,7 @@ class Zero(Strategy):
             deepspeed.checkpointing.configure(None, deepspeed_config=config)
         return engine
 
-    def checkpoint_fn(self, cfg) -> Callable:
+    def checkpoint_fn(self) -> Callable:
         """DeepSpeed's activation checkpointing (configured in `parallelize`)."""
         import deepspeed
 
