@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from suite.activation_checkpointing import apply_activation_checkpointing
 from suite.models.gpt2 import GPT2
+from suite.models.layers import block_layers
+from suite.models.vision import vgg
 
 
 def train_step(model: GPT2, tokens: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
@@ -45,3 +47,12 @@ def test_checkpointed_blocks_recompute_and_keep_less():
         torch.testing.assert_close(grads, grads_plain, rtol=0, atol=0)
     assert kept["every"] < kept["k=2"] < kept_plain
     assert kept["every"] < kept_plain / 2
+
+
+def test_the_layer_that_reads_the_data_is_not_checkpointed():
+    """VGG's first convolution keeps its input (the images) either way; checkpointing it would, under DeepSpeed's
+    reentrant checkpoint, leave every convolution before the loss without a gradient."""
+    model = vgg("vgg11", channels=3, classes=10, image_size=16, width=0.125, dropout=0.0)
+    convolutions = block_layers(model)
+    assert apply_activation_checkpointing(model, 1, None) == len(convolutions) - 1
+    assert model.features[0] is convolutions[0].module
