@@ -38,12 +38,14 @@ def buffer_bytes(args: PreHookArgs) -> int:
 
 
 class CommVolume:
-    """Bytes sent in the collectives of every process group that exists when it is created."""
+    """Bytes sent in the collectives of every process group that exists when it is created; nothing is
+    counted when not `enabled` (a strategy that also communicates outside torch.distributed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
         self.counting = False
         self.sent_bytes = 0.0
-        for group in list(_world.pg_map):  # torch lists its process groups only there
+        for group in list(_world.pg_map) if enabled else []:  # torch lists its process groups only there
             if group.size() > 1:
                 group.register_pre_hook(HOOK_ID, self._hook(group.size(), group.rank()))
 
@@ -54,9 +56,9 @@ class CommVolume:
         return count
 
     @contextlib.contextmanager
-    def counted(self, enabled: bool) -> Iterator[None]:
-        """Count the collectives issued inside the block when `enabled` (the timed training steps)."""
-        self.counting = enabled
+    def counted(self, timed: bool) -> Iterator[None]:
+        """Count the collectives issued inside the block if it is part of a timed step."""
+        self.counting = timed
         try:
             yield
         finally:

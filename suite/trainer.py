@@ -9,7 +9,6 @@ Time-to-target counts training time only (warm-up and epochs, slowest rank), not
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -87,7 +86,7 @@ class Trainer:
         apply_activation_checkpointing(model, checkpoint_interval(cfg.activation_checkpointing),
                                        strategy.checkpoint_fn())
         self.model = strategy.parallelize(model, env, cfg)
-        self.comm = CommVolume() if strategy.counts_communication else None
+        self.comm = CommVolume(strategy.counts_communication)
         self.optimizer = strategy.build_optimizer(self.model, cfg.optimizer)
         self.precision: Precision = make_precision(cfg.precision, env.device)
         self.loaders = make_loaders(cfg, self.data, strategy, env)
@@ -118,7 +117,7 @@ class Trainer:
         fault = self.cfg.fault
         if fault.kind and fault.step == self.global_step and fault.rank == self.env.rank:
             inject_fault(fault.kind, self.global_step)
-        with self.comm.counted(self.timer.enabled) if self.comm else contextlib.nullcontext():
+        with self.comm.counted(self.timer.enabled):
             return self.strategy.train_step(self.model, self.optimizer, inputs, targets, loss_fn,
                                             self.precision, self.timer)
 
@@ -160,7 +159,8 @@ class Trainer:
                 if self.env.is_main:
                     log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
                              self.cfg.epochs, step, self.steps_per_epoch, loss, rate)
-        self.strategy.finish_epoch(self.model, self.optimizer)
+        with self.comm.counted(True):
+            self.strategy.finish_epoch(self.model, self.optimizer)
         synchronize(self.env.device)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
@@ -223,7 +223,7 @@ class Trainer:
 
     def _comm_metrics(self) -> dict[str, float]:
         """MiB sent in collectives per timed step, by the rank that sends the most (see suite.comm)."""
-        if not self.comm:
+        if not self.comm.enabled:
             return {}
         (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
         return {"comm_mb_per_step": mb}

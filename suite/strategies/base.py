@@ -35,9 +35,9 @@ class Strategy:
     optimizers: ClassVar[tuple[str, ...]] = OPTIMIZERS
     checkpoints_activations: ClassVar[bool] = True  # activation_checkpointing, applied to the plain model
     grad_compressions: ClassVar[tuple[str, ...]] = ("none",)
-    # Whether all its communication goes through torch.distributed process groups, so that `comm_mb_per_step`
-    # (suite.comm) is the whole of it.
-    counts_communication: ClassVar[bool] = True
+    # True where all its communication goes through torch.distributed process groups, so that suite.comm's
+    # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
+    counts_communication: ClassVar[bool] = False
 
     def knobs(self) -> dict[str, Any]:
         """The strategy's own settings, recorded as run params."""

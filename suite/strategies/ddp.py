@@ -32,6 +32,7 @@ def apply_grad_compression(model: DistributedDataParallel, compression) -> None:
 @dataclass
 class DDP(Strategy):
     name: str = "ddp"
+    counts_communication: ClassVar[bool] = True
     grad_compressions: ClassVar[tuple[str, ...]] = GRAD_COMPRESSIONS
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False

@@ -25,6 +25,7 @@ from suite.strategies.base import Strategy, broadcast_buffers
 @dataclass
 class FSDP(Strategy):
     name: str = "fsdp"
+    counts_communication: ClassVar[bool] = True
     optimizers: ClassVar[tuple[str, ...]] = ELEMENTWISE_OPTIMIZERS  # parameters are sharded
     reshard_after_forward: bool = True
 

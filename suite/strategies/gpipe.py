@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -31,7 +30,6 @@ CHECKPOINT_MODES = ("always", "except_last", "never")
 @dataclass
 class GPipe(Pipeline):
     name: str = "gpipe"
-    counts_communication: ClassVar[bool] = False  # one process: its stages exchange tensors by device copies
     devices: list[str] | None = None  # None: cuda:0..workers-1 on GPUs, else `workers` x "cpu"
     checkpoint: str = "except_last"  # torchgpipe's activation recomputation: always | except_last | never
 

@@ -32,6 +32,7 @@ BLOCK_PLAN = {"attn.qkv": ColwiseParallel, "attn.proj": RowwiseParallel,
 @dataclass
 class Megatron(Strategy):
     name: str = "megatron"
+    counts_communication: ClassVar[bool] = True
     optimizers: ClassVar[tuple[str, ...]] = ELEMENTWISE_OPTIMIZERS  # parameters are sharded
     checkpoints_activations: ClassVar[bool] = False  # the tensor-parallel plan addresses the plain blocks
     tp: int = 2

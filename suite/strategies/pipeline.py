@@ -143,6 +143,7 @@ class DistributedPipeline(Pipeline):
     """One stage (or `virtual_stages` chunks) per rank; `pp` ranks per pipeline, `workers / pp` replicas."""
 
     name: str = "distributed_pipeline"
+    counts_communication: ClassVar[bool] = True  # stage-to-stage sends and gradient reductions
     pp: int | None = None  # stages per pipeline; None = every worker (one pipeline, no replicas)
 
     def stages(self, cfg) -> int:

@@ -38,6 +38,7 @@ def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class Zero(Strategy):
     name: str = "zero"
+    counts_communication: ClassVar[bool] = True
     # Those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
     optimizers: ClassVar[tuple[str, ...]] = tuple(DS_OPTIMIZERS)
     zero_stage: int = 1
