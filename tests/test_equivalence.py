@@ -5,7 +5,7 @@ import torch
 from omegaconf import OmegaConf
 
 from suite.driver import run_sweep
-from suite.plan import plan
+from suite.plan import Point, plan
 from suite.point_dir import PointDir
 from suite.tracking import Store
 
@@ -27,17 +27,18 @@ def store(tmp_path_factory):
         yield Store()
 
 
-def run_points(store, *lines: list[str]) -> list[PointDir]:
+def finished(store, points: list[Point]) -> list[PointDir]:
     """Train (or reuse) each point; return their point directories."""
-    outcomes = run_sweep(plan(list(lines), experiment="equivalence"), store)
-    assert [o.status for o in outcomes] == ["finished"] * len(lines), [o.error for o in outcomes]
+    outcomes = run_sweep(points, store)
+    assert [o.status for o in outcomes] == ["finished"] * len(points), [o.error for o in outcomes]
     return [PointDir(store.client.get_run(o.run_id).data.tags["suite.point_dir"]) for o in outcomes]
 
 
 def run_against_single(store, reference: list[str], candidate: list[str]) -> tuple[PointDir, PointDir]:
     """Train (or reuse) the reference and train the candidate; return both point directories."""
-    assert len({p.global_batch_size for p in plan([reference, candidate], experiment="equivalence")}) == 1
-    return tuple(run_points(store, reference, candidate))
+    points = plan([reference, candidate], experiment="equivalence")
+    assert points[0].global_batch_size == points[1].global_batch_size
+    return tuple(finished(store, points))
 
 
 def train_pair(store, workload: list[str], strategy: list[str], workers: int, global_batch: int,
@@ -216,7 +217,7 @@ POWERSGD = [*WORKLOADS["gpt2"], *STEPS, "warmup_steps=2", "steps_per_epoch=3", "
 
 def test_ddp_powersgd_trains(store):
     """Lossy by design, so not compared with single: PowerSGD (rank 1) trains, the loss falls."""
-    (point,) = run_points(store, POWERSGD)
+    (point,) = finished(store, plan([POWERSGD], experiment="equivalence"))
     losses = point.summary()["step_losses"]
     assert len(losses) == 5 and losses[-1] < losses[0]
 
@@ -234,7 +235,7 @@ def test_comm_volume_against_parameter_bytes(store):
     assert comm_mb(ddp) == pytest.approx(params, rel=1e-3)  # all-reduce of the gradients
     _, bf16 = train_pair(store, WORKLOADS["gpt2"], BF16_COMPRESSION, workers=2, global_batch=8)
     assert comm_mb(bf16) == pytest.approx(params / 2, rel=1e-3)
-    (powersgd,) = run_points(store, POWERSGD)
+    (powersgd,) = finished(store, plan([POWERSGD], experiment="equivalence"))
     assert comm_mb(powersgd) < 0.1 * params  # rank-1 factors of the matrices; vectors all-reduced whole
     zero = {stage: train_pair(store, WORKLOADS["gpt2"], ZERO[stage], workers=2, global_batch=8, common=ADAM)[1]
             for stage in ZERO}
@@ -248,7 +249,7 @@ def test_comm_volume_against_parameter_bytes(store):
     fsdp = {mode: train_pair(store, WORKLOADS["gpt2"], FSDP[mode], workers=2, global_batch=8, common=ADAM)[1]
             for mode in FSDP}
     assert comm_mb(fsdp["reshard"]) == pytest.approx(1.5 * params, rel=1e-3)  # gathered for forward and backward
-    assert comm_mb(fsdp["no_reshard_checkpoint2"]) == pytest.approx(params, rel=1e-3)  # gathered once, recompute too
+    assert comm_mb(fsdp["no_reshard_checkpoint2"]) == pytest.approx(params, rel=1e-3)  # gathered once: recomputing finds them whole
     _, megatron = train_pipeline_pair(store, WORKLOADS["gpt2"], megatron_point(2))
     _, pipeline = train_pipeline_pair(store, WORKLOADS["gpt2"], pipeline_point("gpipe_dist"))
     net, data = (cfg := OmegaConf.load(megatron.config)).network, cfg.dataset
