@@ -43,11 +43,20 @@ class NetworkConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "sgd"  # sgd | adam | adamw
+    name: str = "sgd"  # sgd | adam | adamw | lamb
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 1e-4
-    eps: float = 1e-8  # adam, adamw: added to the root of the second moment
+    eps: float = 1e-8  # adam, adamw, lamb: added to the root of the second moment
+
+
+@dataclass
+class GradCompressionConfig:
+    """Gradients compressed before they are all-reduced (ddp: DDP communication hooks)."""
+
+    name: str = "none"  # none | fp16 | bf16 | powersgd
+    rank: int = 1  # powersgd: rank of the low-rank approximation (PowerSGD's matrix_approximation_rank)
+    start_iter: int = 2  # powersgd: plain all-reduce before this step (torch needs >= 2 for its error feedback)
 
 
 @dataclass
@@ -128,6 +137,7 @@ class PointConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    grad_compression: GradCompressionConfig = field(default_factory=GradCompressionConfig)
 
     workers: int = 1  # ranks (one per GPU, or CPU processes)
     nodes: Optional[int] = None  # None = ceil(workers / cluster.workers_per_node)
@@ -137,6 +147,7 @@ class PointConfig:
     warmup_steps: int = 2  # untimed training steps before the first epoch
     eval_batches: Optional[int] = None  # None = the whole validation set
     precision: str = "fp32"  # fp32 | bf16 | fp16
+    activation_checkpointing: str = "none"  # none | every (each block) | k (every k-th block: the k-th, 2k-th, ...)
     seed: int = 0
     timeout_s: int = 1800  # the driver kills a point that runs longer and records `timeout`
     log_every: int = 10  # progress line every N steps

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
+# Updates that are right on any shard of a parameter: LAMB's trust ratio needs the norm of the whole parameter
+# (pytorch-optimizer's LAMB does not take it across DTensor shards).
+ELEMENTWISE_OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def build_optimizer(params, cfg) -> torch.optim.Optimizer:
@@ -14,4 +17,8 @@ def build_optimizer(params, cfg) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.name == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.name == "lamb":  # weight decay inside the update that the layer's trust ratio scales, as in the paper
+        from pytorch_optimizer import Lamb  # imported by the ranks that use it only (a second or so)
+
+        return Lamb(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, weight_decouple=False)
     raise ValueError(f"unknown optimizer {cfg.name!r}")

@@ -18,6 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from suite.activation_checkpointing import checkpoint_interval
 from suite.config import register_schema
 from launchers import SCHEDULERS
 from suite.data import check_dataset, train_samples
@@ -29,11 +30,13 @@ from suite.optim import OPTIMIZERS
 from suite.paths import CONF_DIR
 from suite.precision import PRECISIONS
 from suite.strategies import Strategy, build_strategy
+from suite.strategies.ddp import GRAD_COMPRESSIONS
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
                 "cluster.tracking_uri")
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
+NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's V100)
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def _compose(overrides: list[str]) -> DictConfig:
 def _check_ranges(cfg: DictConfig) -> None:
     positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "epochs": cfg.epochs,
                 "timeout_s": cfg.timeout_s, "log_every": cfg.log_every, "optimizer.lr": cfg.optimizer.lr,
+                "grad_compression.rank": cfg.grad_compression.rank,
                 "cluster.workers_per_node": cfg.cluster.workers_per_node}
     job = cfg.cluster.job
     positive.update({"cluster.job.time_limit_min": job.time_limit_min, "cluster.job.points_per_job": job.points_per_job})
@@ -110,10 +114,13 @@ def _check_ranges(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if cfg.warmup_steps < 0:
         raise ConfigError(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
+        raise ConfigError(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
 
 
 def _check_choices(cfg: DictConfig) -> None:
     choices = {"precision": (cfg.precision, PRECISIONS), "optimizer.name": (cfg.optimizer.name, OPTIMIZERS),
+               "grad_compression.name": (cfg.grad_compression.name, GRAD_COMPRESSIONS),
                "cluster.device": (cfg.cluster.device, ("auto", "cpu", "cuda")),
                "cluster.scheduler": (cfg.cluster.scheduler, SCHEDULERS)}
     if cfg.fault.kind is not None:
@@ -128,8 +135,17 @@ def _check_choices(cfg: DictConfig) -> None:
     if target is not None and not (0 < target <= 1 if metric == "val_accuracy" else target >= 1):
         raise ConfigError(f"target.value={target} is not a reachable {metric} "
                           + ("(a fraction in (0, 1])" if metric == "val_accuracy" else "(a perplexity >= 1)"))
+    checkpoint_interval(cfg.activation_checkpointing)
     if not 0 <= cfg.fault.rank < cfg.workers:
         raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
+
+
+def _gpu_without_bf16(cluster: DictConfig) -> str | None:
+    """The cluster's GPU if it is known to lack bfloat16: this machine's, or one named in its hardware."""
+    if cluster.scheduler == "local" and torch.cuda.is_available():
+        return None if torch.cuda.is_bf16_supported(including_emulation=False) else torch.cuda.get_device_name()
+    gpu = cluster.hardware.gpu or ""
+    return gpu if any(name in gpu for name in NO_BF16_GPUS) else None
 
 
 def _check_device(cfg: DictConfig) -> None:
@@ -137,6 +153,10 @@ def _check_device(cfg: DictConfig) -> None:
     uses_cuda = will_use_cuda(cfg.cluster)
     if cfg.precision == "fp16" and not uses_cuda:
         raise ConfigError("precision=fp16 needs a GPU (loss scaling); use bf16 on CPU")
+    old_gpu = _gpu_without_bf16(cfg.cluster) if cfg.precision == "bf16" and uses_cuda else None
+    if old_gpu:
+        raise ConfigError(f"precision=bf16 needs a GPU with bfloat16 (compute capability 8.0+), not {old_gpu}; "
+                          "use fp16")
     if cfg.cluster.scheduler != "local":
         return
     if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
@@ -169,10 +189,29 @@ def validate(cfg: DictConfig) -> Strategy:
     check_network(cfg.network, cfg.dataset)
     strategy = build_strategy(cfg)
     strategy.check(cfg)
+    _check_knobs(cfg, strategy)
     global_batch = strategy.global_batch_size(cfg)
     _check_batches(cfg, global_batch, strategy.data_shards(cfg))
     _check_placement(cfg)
     return strategy
+
+
+def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
+    """The cross-strategy knobs (precision, optimizer, activation checkpointing, gradient compression) fit the
+    strategy."""
+    if cfg.precision not in strategy.precisions:
+        raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
+                          f"(use {', '.join(strategy.precisions)})")
+    if cfg.optimizer.name not in strategy.optimizers:
+        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} "
+                          f"(use {', '.join(strategy.optimizers)})")
+    if checkpoint_interval(cfg.activation_checkpointing) and not strategy.checkpoints_activations:
+        raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
+                          f"{cfg.activation_checkpointing}; leave it none")
+    compression = cfg.grad_compression.name
+    if compression not in strategy.grad_compressions:
+        raise ConfigError(f"strategy {strategy.name} does not compress gradients (grad_compression.name="
+                          f"{compression}); ddp does, through its communication hooks")
 
 
 def _check_placement(cfg: DictConfig) -> None:

@@ -18,7 +18,8 @@ EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss
                  "val_perplexity", "train_time_s")
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "steps_per_epoch", "mem_params_mb", "mem_grads_mb", "mem_optim_mb")
+                   "samples_per_epoch", "steps_per_epoch", "mem_params_mb", "mem_grads_mb", "mem_optim_mb",
+                   "comm_mb_per_step")
 
 
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:

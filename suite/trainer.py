@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from suite.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
+from suite.comm import CommVolume
 from suite.data import Datasets, build_datasets
 from suite.dist import DistEnv
 from suite.errors import ConfigError
@@ -80,7 +82,11 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.data = build_datasets(cfg.dataset, cfg.seed)
         # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
-        self.model = strategy.parallelize(build_model(cfg.network, cfg.dataset), env, cfg)
+        model = build_model(cfg.network, cfg.dataset)
+        apply_activation_checkpointing(model, checkpoint_interval(cfg.activation_checkpointing),
+                                       strategy.checkpoint_fn())
+        self.model = strategy.parallelize(model, env, cfg)
+        self.comm = CommVolume(strategy.counts_communication)
         self.optimizer = strategy.build_optimizer(self.model, cfg.optimizer)
         self.precision: Precision = make_precision(cfg.precision, env.device)
         self.loaders = make_loaders(cfg, self.data, strategy, env)
@@ -111,8 +117,9 @@ class Trainer:
         fault = self.cfg.fault
         if fault.kind and fault.step == self.global_step and fault.rank == self.env.rank:
             inject_fault(fault.kind, self.global_step)
-        return self.strategy.train_step(self.model, self.optimizer, inputs, targets, loss_fn,
-                                        self.precision, self.timer)
+        with self.comm.counted(self.timer.enabled):
+            return self.strategy.train_step(self.model, self.optimizer, inputs, targets, loss_fn,
+                                            self.precision, self.timer)
 
     def _reduce_losses(self, losses: list[torch.Tensor]) -> list[float]:
         if not losses:
@@ -152,7 +159,8 @@ class Trainer:
                 if self.env.is_main:
                     log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
                              self.cfg.epochs, step, self.steps_per_epoch, loss, rate)
-        self.strategy.finish_epoch(self.model, self.optimizer)
+        with self.comm.counted(True):
+            self.strategy.finish_epoch(self.model, self.optimizer)
         synchronize(self.env.device)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
@@ -213,6 +221,13 @@ class Trainer:
                 to_target = {"time_to_target_s": train_clock, "epochs_to_target": epoch}
         return self._summary(epochs, to_target)
 
+    def _comm_metrics(self) -> dict[str, float]:
+        """MiB sent in collectives per timed step, by the rank that sends the most (see suite.comm)."""
+        if not self.comm.enabled:
+            return {}
+        (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
+        return {"comm_mb_per_step": mb}
+
     def _summary(self, epochs: list[dict[str, float]], to_target: dict[str, float]) -> dict[str, Any]:
         phases = self.timer.means()
         phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
@@ -228,6 +243,7 @@ class Trainer:
             "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),
             **{key: max(m[key] for m in memory) for key in MEMORY_SPLIT if key in memory[0]},
             **{f"time_{p}_s": t for p, t in phase_max.items()},
+            **self._comm_metrics(),
             **to_target,
             "memory_by_rank": memory,
             "strategy_metrics": self.strategy.summary_metrics(self.timer, memory, self.env),

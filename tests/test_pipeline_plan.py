@@ -35,8 +35,10 @@ REJECTED = {
                                            "batch_size=6", "strategy.micro_batches=3"], "divisible by the 2"),
     "pipedream with micro-batches": (["strategy=pipedream", "workers=2", "+strategy.micro_batches=4"],
                                      "pipedream has no micro_batches"),
-    "fp16 in a pipeline": (["strategy=gpipe_dist", "workers=2", "precision=fp16", "cluster.device=cpu"],
-                           "fp16"),
+    "fp16 in a pipeline": (["strategy=gpipe_dist", "workers=2", "precision=fp16", "cluster=thetagpu",
+                            "cluster.job.account=x"], "strategy gpipe_dist does not train in precision=fp16"),
+    "activation checkpointing in a pipeline": (["strategy=1f1b", "workers=2", "activation_checkpointing=2"],
+                                               "strategy 1f1b does not apply activation_checkpointing=2"),
 }
 
 

@@ -1,11 +1,16 @@
 """Strategy knobs reach the library that implements them."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
 
+from suite.config import GradCompressionConfig
 from suite.dist import DistEnv, resolve_device
-from suite.strategies.ddp import DDP
+from suite.strategies.ddp import DDP, apply_grad_compression
 
 
 @pytest.fixture
@@ -17,8 +22,22 @@ def one_rank_group():
 
 def test_ddp_knobs_configure_distributed_data_parallel(one_rank_group):
     strategy = DDP(bucket_cap_mb=3.0, gradient_as_bucket_view=True, static_graph=True, find_unused_parameters=True)
-    model = strategy.parallelize(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), one_rank_group, None)
+    cfg = SimpleNamespace(grad_compression=GradCompressionConfig())
+    model = strategy.parallelize(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), one_rank_group, cfg)
     assert model.bucket_bytes_cap == 3 * 2**20
     assert model.gradient_as_bucket_view and model.static_graph and model.find_unused_parameters
     assert strategy.knobs()["bucket_cap_mb"] == 3.0 and "name" not in strategy.knobs()
     assert isinstance(strategy.unwrap(model), nn.Sequential)
+    assert not model._comm_hooks  # grad_compression none: DDP's own all-reduce
+
+
+@pytest.mark.parametrize("name, hook", [("fp16", default_hooks.fp16_compress_hook),
+                                        ("bf16", default_hooks.bf16_compress_hook),
+                                        ("powersgd", powerSGD_hook.powerSGD_hook)])
+def test_grad_compression_registers_its_ddp_hook(one_rank_group, name, hook):
+    model = DistributedDataParallel(nn.Linear(8, 2))
+    apply_grad_compression(model, GradCompressionConfig(name=name, rank=2, start_iter=5))
+    ((registered, state),) = model._comm_hooks
+    assert registered is hook
+    if name == "powersgd":
+        assert (state.matrix_approximation_rank, state.start_powerSGD_iter) == (2, 5)

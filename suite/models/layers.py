@@ -100,6 +100,12 @@ def flatten_layers(model: nn.Module) -> list[Layer]:
     raise TypeError(f"no layer list for {type(model).__name__}")
 
 
+def block_layers(model: nn.Module) -> list[Layer]:
+    """The layers that are the network's own submodules and hold parameters (a GPT-2 block, a ResNet block,
+    a VGG convolution; not the wrappers that `flatten_layers` builds around a network's ends)."""
+    return [layer for layer in flatten_layers(model) if layer.prefix and any(True for _ in layer.module.parameters())]
+
+
 def tied_parameters(layers: list[Layer]) -> list[list[tuple[int, str]]]:
     """Groups of (layer index, name) that hold one shared parameter in different layers (GPT-2's
     embedding and LM head)."""

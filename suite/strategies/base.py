@@ -19,8 +19,8 @@ from torch.distributed.tensor import DTensor
 
 from suite.dist import DistEnv
 from suite.memory import local_tensor, tensor_mb
-from suite.optim import build_optimizer
-from suite.precision import Precision
+from suite.optim import OPTIMIZERS, build_optimizer
+from suite.precision import PRECISIONS, Precision
 from suite.timing import PhaseTimer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -30,9 +30,17 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class Strategy:
     name: str
 
-    # What starts the point's ranks: None for the cluster's own launcher (torchrun here, srun, jsrun or
+    # What starts the point's ranks: None for the cluster's own launcher (the local one here, srun, jsrun or
     # mpiexec on a batch cluster), "horovodrun" for strategies whose library brings its own.
     rank_launcher: ClassVar[str | None] = None
+    # Which values of the cross-strategy knobs this strategy applies (the rest is rejected before launch).
+    precisions: ClassVar[tuple[str, ...]] = PRECISIONS
+    optimizers: ClassVar[tuple[str, ...]] = OPTIMIZERS
+    checkpoints_activations: ClassVar[bool] = True  # activation_checkpointing, applied to the plain model
+    grad_compressions: ClassVar[tuple[str, ...]] = ("none",)
+    # True where all its communication goes through torch.distributed process groups, so that suite.comm's
+    # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
+    counts_communication: ClassVar[bool] = False
 
     def knobs(self) -> dict[str, Any]:
         """The strategy's own settings, recorded as run params."""
@@ -71,6 +79,11 @@ class Strategy:
     def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
         """Wrap or split the host-built model; move what this rank holds to its device."""
         return model.to(env.device)
+
+    def checkpoint_fn(self) -> Callable | None:
+        """The function that runs a checkpointed block (None: torch.utils.checkpoint; see
+        suite.activation_checkpointing)."""
+        return None
 
     def build_optimizer(self, model: nn.Module, cfg) -> torch.optim.Optimizer:
         return build_optimizer(model.parameters(), cfg)

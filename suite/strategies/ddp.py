@@ -1,20 +1,39 @@
-"""Data parallelism with torch DistributedDataParallel (bucketed all-reduce overlapped with backward)."""
+"""Data parallelism with torch DistributedDataParallel (bucketed all-reduce overlapped with backward),
+optionally compressing each gradient bucket before its all-reduce (`grad_compression`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.dist import DistEnv, will_use_cuda
 from suite.errors import ConfigError
 from suite.strategies.base import Strategy, broadcast_buffers
 
+CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+GRAD_COMPRESSIONS = ("none", *CAST_HOOKS, "powersgd")
+
+
+def apply_grad_compression(model: DistributedDataParallel, compression) -> None:
+    """Register the DDP communication hook of `compression` (a GradCompressionConfig): buckets cast to fp16 or
+    bf16 for the all-reduce, or PowerSGD's rank-r approximation of each gradient matrix (with error feedback)."""
+    if compression.name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=compression.rank,
+                                            start_powerSGD_iter=compression.start_iter)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif compression.name != "none":
+        model.register_comm_hook(None, CAST_HOOKS[compression.name])
+
 
 @dataclass
 class DDP(Strategy):
     name: str = "ddp"
+    counts_communication: ClassVar[bool] = True
+    grad_compressions: ClassVar[tuple[str, ...]] = GRAD_COMPRESSIONS
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
@@ -32,7 +51,7 @@ class DDP(Strategy):
         model = model.to(env.device)
         if self.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        return DistributedDataParallel(
+        model = DistributedDataParallel(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
             bucket_cap_mb=self.bucket_cap_mb,
@@ -41,6 +60,8 @@ class DDP(Strategy):
             find_unused_parameters=self.find_unused_parameters,
             forward_sync_buffers=self.forward_sync_buffers,
         )
+        apply_grad_compression(model, cfg.grad_compression)
+        return model
 
     def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
         broadcast_buffers(model.module)

@@ -10,33 +10,30 @@ step (ZeRO-2-like: optimizer states and gradients sharded, parameters whole duri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from suite.dist import DistEnv
-from suite.models.layers import flatten_layers
+from suite.models.layers import block_layers
+from suite.optim import ELEMENTWISE_OPTIMIZERS
 from suite.strategies.base import Strategy, broadcast_buffers
-
-
-def layer_modules(model: nn.Module) -> list[nn.Module]:
-    """The network's own submodules that are pipeline layers and hold parameters (not the wrappers that
-    `flatten_layers` builds around a network's ends)."""
-    return [layer.module for layer in flatten_layers(model)
-            if layer.prefix and any(True for _ in layer.module.parameters())]
 
 
 @dataclass
 class FSDP(Strategy):
     name: str = "fsdp"
+    counts_communication: ClassVar[bool] = True
+    optimizers: ClassVar[tuple[str, ...]] = ELEMENTWISE_OPTIMIZERS  # parameters are sharded
     reshard_after_forward: bool = True
 
     def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
         model = model.to(env.device)
         mesh = init_device_mesh(env.device.type, (env.world_size,))
-        for module in layer_modules(model):
-            fully_shard(module, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        for layer in block_layers(model):
+            fully_shard(layer.module, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         return fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
 
     def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:

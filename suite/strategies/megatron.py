@@ -15,6 +15,7 @@ is dp=1, Megatron-data is tp=1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
 from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.memory import local_tensor
+from suite.optim import ELEMENTWISE_OPTIMIZERS
 from suite.strategies.base import Strategy
 
 
@@ -72,6 +74,9 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bo
 @dataclass
 class Megatron(Strategy):
     name: str = "megatron"
+    counts_communication: ClassVar[bool] = True
+    optimizers: ClassVar[tuple[str, ...]] = ELEMENTWISE_OPTIMIZERS  # parameters are sharded
+    checkpoints_activations: ClassVar[bool] = False  # the tensor-parallel plan addresses the plain blocks
     tp: int = 2
     batch_grows_with_tp: bool = True
     vocab_parallel: bool = False

@@ -9,7 +9,7 @@ device over the step time), the analytic bound T_seq(mb) x (p + m - 1) / p, and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,8 @@ def profile_sample(cfg, batch: int) -> torch.Tensor:
 @dataclass
 class Pipeline(Strategy):
     name: str = "pipeline"
+    precisions: ClassVar[tuple[str, ...]] = ("fp32", "bf16")  # the schedules have no loss scaling for fp16
+    checkpoints_activations: ClassVar[bool] = False  # gpipe recomputes through torchgpipe's own `checkpoint`
     micro_batches: int | None = None
     micro_batch_size: int | None = None
     preset: str | None = None  # study_n | study_j
@@ -69,9 +71,6 @@ class Pipeline(Strategy):
             raise ConfigError(f"strategy {self.name}: workers={cfg.workers} do not form pipelines of {stages} stages")
         self.batching(cfg)
         check_balance(self.balance, layer_count(cfg), stages * self.chunks_per_device())
-        if cfg.precision == "fp16":
-            raise ConfigError(f"strategy {self.name}: fp16 loss scaling is not supported by pipeline schedules; "
-                              "use bf16")
 
     def global_batch_size(self, cfg) -> int:
         return self.replicas(cfg) * self.batching(cfg).mini_batch
@@ -144,6 +143,7 @@ class DistributedPipeline(Pipeline):
     """One stage (or `virtual_stages` chunks) per rank; `pp` ranks per pipeline, `workers / pp` replicas."""
 
     name: str = "distributed_pipeline"
+    counts_communication: ClassVar[bool] = True  # stage-to-stage sends and gradient reductions
     pp: int | None = None  # stages per pipeline; None = every worker (one pipeline, no replicas)
 
     def stages(self, cfg) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from suite.errors import ConfigError
 from suite.strategies.base import Strategy
@@ -11,6 +12,7 @@ from suite.strategies.base import Strategy
 @dataclass
 class Single(Strategy):
     name: str = "single"
+    counts_communication: ClassVar[bool] = True
 
     def check(self, cfg) -> None:
         if cfg.workers != 1:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
 
+from suite.activation_checkpointing import checkpoint_interval
 from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.memory import tensor_mb
@@ -38,6 +39,9 @@ def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class Zero(Strategy):
     name: str = "zero"
+    counts_communication: ClassVar[bool] = True
+    # Those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
+    optimizers: ClassVar[tuple[str, ...]] = tuple(DS_OPTIMIZERS)
     zero_stage: int = 1
     offload: str = "none"
     ds_config: dict[str, Any] = field(default_factory=dict)
@@ -50,9 +54,6 @@ class Zero(Strategy):
         if self.offload == "params" and self.zero_stage != 3:
             raise ConfigError(f"strategy zero: offload=params needs zero_stage=3 (got {self.zero_stage}); "
                               "stages 1 and 2 keep parameters on every rank")
-        if cfg.optimizer.name not in DS_OPTIMIZERS:
-            raise ConfigError(f"strategy zero: optimizer.name={cfg.optimizer.name} has no DeepSpeed equivalent "
-                              f"here (use {' or '.join(DS_OPTIMIZERS)})")
 
     def generated_config(self, cfg) -> dict[str, Any]:
         """DeepSpeed's JSON config for this point (before launch, and again in each rank)."""
@@ -89,9 +90,19 @@ class Zero(Strategy):
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (over a minute, once per machine)
             # that only its inference all-reduce uses; training communicates through the gloo process group.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        config = self.generated_config(cfg)
         engine, _, _, _ = deepspeed.initialize(model=model.to(env.device), model_parameters=model.parameters(),
-                                               config=self.generated_config(cfg), dist_init_required=False)
+                                               config=config, dist_init_required=False)
+        if checkpoint_interval(cfg.activation_checkpointing):
+            # Options such as cpu_checkpointing come from the ds_config's activation_checkpointing section.
+            deepspeed.checkpointing.configure(None, deepspeed_config=config)
         return engine
+
+    def checkpoint_fn(self) -> Callable:
+        """DeepSpeed's activation checkpointing (configured in `parallelize`)."""
+        import deepspeed
+
+        return deepspeed.checkpointing.checkpoint
 
     def build_optimizer(self, model: nn.Module, cfg) -> torch.optim.Optimizer:
         return model.optimizer  # built by deepspeed.initialize from the generated config
