@@ -60,7 +60,8 @@ def label_variants(rows: list[Row]) -> list[Row]:
     labelled = []
     for row in rows:
         same = groups[row.workload, row.strategy]
-        differ = [k for k in row.settings if len({r.settings.get(k) for r in same}) > 1]
+        differ = sorted((k for k in row.settings if len({r.settings.get(k) for r in same}) > 1),
+                        key=lambda k: (k in VARIANT_PARAMS, k))  # the strategy's own knobs first
         label = " ".join([row.strategy, *(f"{k}={row.settings[k]}" for k in differ)])
         labelled.append(replace(row, label=label))
     return labelled
