@@ -12,14 +12,14 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from suite.memory import MEMORY_SPLIT
 from suite.paths import results_dir
 
 EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss", "val_accuracy",
                  "val_perplexity", "train_time_s")
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "steps_per_epoch", "mem_params_mb", "mem_grads_mb", "mem_optim_mb",
-                   "comm_mb_per_step")
+                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step")
 
 
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:
@@ -108,7 +108,7 @@ class Store:
         metrics += [Metric("step_loss", float(v), now, i) for i, v in enumerate(summary.get("step_losses", []))]
         for rank, memory in enumerate(summary.get("memory_by_rank", [])):
             metrics += [Metric(f"{key}_rank{rank}", float(memory[key]), now, 0)
-                        for key in ("peak_memory_mb", "mem_params_mb", "mem_grads_mb", "mem_optim_mb") if key in memory]
+                        for key in ("peak_memory_mb", *MEMORY_SPLIT) if key in memory]
         self.client.log_batch(run.info.run_id, metrics=metrics,
                               params=[Param(k, str(v)) for k, v in params.items()])
         for path in artifacts:

@@ -3,7 +3,7 @@
 `tp` consecutive ranks split every block: attention qkv and the MLP up-projection by columns, the
 attention output and MLP down-projection by rows, so each block does one all-reduce in forward and
 one in backward per sub-layer. With `vocab_parallel` the token embedding and the LM head tied to it
-are split by vocabulary rows too (the logits are gathered for the loss); otherwise they stay whole on
+are split by vocabulary rows too (unevenly where tp does not divide the vocabulary, as GPT-2's 50257) (the logits are gathered for the loss); otherwise they stay whole on
 every rank. With `sequence_parallel` the LayerNorms and residual stream between the split layers are
 split along the sequence (Megatron-LM's sequence parallelism): each all-reduce becomes a
 reduce-scatter plus an all-gather, and activations there take 1/tp of the memory.
@@ -91,9 +91,6 @@ class Megatron(Strategy):
             raise ConfigError(f"strategy megatron: tp={self.tp} does not divide workers={cfg.workers}")
         if net.n_head % self.tp:
             raise ConfigError(f"strategy megatron: tp={self.tp} does not divide n_head={net.n_head} of {net.name}")
-        if self.vocab_parallel and cfg.dataset.vocab_size % self.tp:
-            raise ConfigError(f"strategy megatron: vocab_parallel needs tp={self.tp} to divide "
-                              f"dataset.vocab_size={cfg.dataset.vocab_size}")
         if self.sequence_parallel and cfg.dataset.seq_len % self.tp:
             raise ConfigError(f"strategy megatron: sequence_parallel needs tp={self.tp} to divide "
                               f"dataset.seq_len={cfg.dataset.seq_len}")
