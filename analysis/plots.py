@@ -10,13 +10,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.get_cmap("tab20").colors)  # more variants than 10 colors
+
 from analysis.runs import Row  # noqa: E402
 from analysis.speedup import baseline_for  # noqa: E402
 
 
+def _legend(ax) -> None:
+    """Below the axes, so that many strategy variants do not hide the lines."""
+    ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
+
+
 def plot_speedup(rows: list[Row], path: Path) -> Path:
     workloads = sorted({r.workload for r in rows})
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 6), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
         lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for row in rows:
@@ -30,7 +37,7 @@ def plot_speedup(rows: list[Row], path: Path) -> Path:
             ax.plot([w for w, _ in points], [s for _, s in points], "o-", label=strategy)
         ax.set(title="/".join(workload), xlabel="workers", ylabel="speedup vs baseline")
         ax.set_xticks(sorted({w for pts in lines.values() for w, _ in pts} | {1}))
-        ax.legend()
+        _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -40,7 +47,7 @@ def plot_speedup(rows: list[Row], path: Path) -> Path:
 def plot_convergence(rows: list[Row], client, path: Path) -> Path:
     """Validation metric against cumulative training time, the view Study N argues for."""
     workloads = sorted({r.workload for r in rows})
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 6), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
         for row in rows:
             if row.workload != workload or row.val_metric is None:
@@ -52,7 +59,7 @@ def plot_convergence(rows: list[Row], client, path: Path) -> Path:
                 ax.plot(*zip(*points), "o-", label=f"{row.label}/w{row.workers}")
             ax.set(ylabel=row.val_metric, yscale="log" if row.val_metric == "val_perplexity" else "linear")
         ax.set(title="/".join(workload), xlabel="training time (s)")
-        ax.legend()
+        _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
