@@ -74,3 +74,13 @@ def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous) -
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def all_reduce_flat(tensors: list[torch.Tensor], group=None, average_over: int = 1) -> None:
+    """One flattened all-reduce of `tensors` (summed, or averaged over `average_over`), written back in place."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    if average_over > 1:
+        flat /= average_over
+    for tensor, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
+        tensor.copy_(chunk.view_as(tensor))

@@ -13,18 +13,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from suite.dist import all_reduce_flat
+
 
 def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -> None:
     """One flattened all-reduce of the gradients of `params` (missing gradients count as zero)."""
     if not params:
         return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    if average_over > 1:
-        flat /= average_over
-    for param, chunk in zip(params, flat.split([g.numel() for g in grads])):
-        param.grad = chunk.view_as(param).clone()
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    all_reduce_flat([p.grad for p in params], group, average_over)
 
 
 @dataclass

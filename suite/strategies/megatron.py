@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from suite.dist import DistEnv
+from suite.dist import DistEnv, all_reduce_flat
 from suite.errors import ConfigError
 from suite.memory import local_tensor
 from suite.optim import ELEMENTWISE_OPTIMIZERS
@@ -123,9 +122,5 @@ class Megatron(Strategy):
         """Average this rank's gradient shards over the replicas that hold the same shards (one all-reduce)."""
         if self.dp_size == 1:
             return
-        grads = [local_tensor(p.grad) for p in model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.dp_size
-        for grad, chunk in zip(grads, flat.split([g.numel() for g in grads])):
-            grad.copy_(chunk.view_as(grad))
+        all_reduce_flat([local_tensor(p.grad) for p in model.parameters() if p.grad is not None], self.dp_group,
+                        self.dp_size)
