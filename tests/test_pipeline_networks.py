@@ -3,8 +3,8 @@ timeout instead of a deadlock: the cells the studies lost to crashes are recorde
 
 import pytest
 
-from suite.driver import run_sweep
-from suite.plan import plan
+from suite.sweep.driver import run_sweep
+from suite.sweep.plan import plan
 
 NETWORKS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenet_v2"]
 # gpipe_dist differs from 1f1b only in its torch.distributed.pipelining schedule class (same stages, same

@@ -7,7 +7,7 @@ from suite.errors import ConfigError
 from suite.models.layers import Layer
 from suite.pipeline.microbatch import MicroBatching, micro_batching
 from suite.pipeline.partition import stage_sizes
-from suite.plan import plan
+from suite.sweep.plan import plan
 
 TOKENS = ["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=16", "dataset.samples=512"]
 

@@ -24,10 +24,10 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from suite.dist import all_reduce_flat
+from suite.runtime.dist import all_reduce_flat
 from suite.errors import ConfigError
-from suite.memory import local_tensor
-from suite.optim import ELEMENTWISE_OPTIMIZERS, build_optimizer
+from suite.runtime.memory import local_tensor
+from suite.runtime.optim import ELEMENTWISE_OPTIMIZERS, build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.strategies.layout import Layout
 

@@ -20,14 +20,14 @@ from torch import nn
 from suite.errors import ConfigError
 from suite.models import build_model
 from suite.models.layers import Layer, flatten_layers, tied_parameters
-from suite.optim import build_optimizer
+from suite.runtime.optim import build_optimizer
 from suite.pipeline import p2p
 from suite.pipeline.microbatch import MicroBatching, micro_batching
 from suite.pipeline.partition import StageModule, check_balance, cut, stage_sizes
 from suite.pipeline.topology import Topology
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
 from suite.strategies.layout import Layout
-from suite.timing import PhaseTimer
+from suite.runtime.timing import PhaseTimer
 
 
 def layer_count(cfg) -> int:

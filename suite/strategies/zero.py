@@ -15,9 +15,9 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import nn
 
-from suite.activation_checkpointing import checkpoint_interval
+from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.errors import ConfigError
-from suite.memory import tensor_mb
+from suite.runtime.memory import tensor_mb
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports, optimizer_state
 from suite.strategies.layout import Layout
 

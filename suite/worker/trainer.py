@@ -20,19 +20,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from suite.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
-from suite.comm import CommVolume
+from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
+from suite.runtime.comm import CommVolume
 from suite.data import Datasets, build_datasets
-from suite.dist import DistEnv
+from suite.runtime.dist import DistEnv
 from suite.errors import ConfigError
-from suite.faults import inject_fault
-from suite.memory import MEMORY_SPLIT, peak_memory, reset_peak
+from suite.runtime.faults import inject_fault
+from suite.runtime.memory import MEMORY_SPLIT, peak_memory, reset_peak
 from suite.models import build_model
-from suite.point_dir import PointDir
-from suite.precision import make_precision
+from suite.records.point_dir import PointDir
+from suite.runtime.precision import make_precision
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
-from suite.timing import PHASES, PhaseTimer, synchronize
+from suite.runtime.timing import PHASES, PhaseTimer, synchronize
 
 log = logging.getLogger("suite")
 
@@ -217,7 +217,7 @@ class Trainer:
         return self._summary(epochs, to_target)
 
     def _comm_metrics(self) -> dict[str, float]:
-        """MiB sent in collectives per timed step, by the rank that sends the most (see suite.comm)."""
+        """MiB sent in collectives per timed step, by the rank that sends the most (see suite.runtime.comm)."""
         if not self.comm.enabled:
             return {}
         (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])

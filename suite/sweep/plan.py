@@ -18,17 +18,17 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from suite.activation_checkpointing import checkpoint_interval
+from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.config import register_schema
 from launchers import SCHEDULERS
 from suite.data import check_dataset, train_samples
-from suite.dist import will_use_cuda
+from suite.placement import will_use_cuda
 from suite.errors import ConfigError
-from suite.faults import FAULT_KINDS
+from suite.runtime.faults import FAULT_KINDS
 from suite.models import check_network
-from suite.optim import OPTIMIZERS
+from suite.runtime.optim import OPTIMIZERS
 from suite.paths import CONF_DIR
-from suite.precision import PRECISIONS
+from suite.runtime.precision import PRECISIONS
 from suite.strategies import Strategy, build_strategy
 from suite.strategies.layout import Layout
 from suite.strategies.ddp import GRAD_COMPRESSIONS
