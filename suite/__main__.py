@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from suite.errors import ConfigError
+from suite.vocabulary import Status
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -93,7 +94,7 @@ def main(argv: list[str]) -> int:
         print(f"\n## {experiment}\n\n{table}\n")
         for path in files:
             print(f"wrote {path}")
-    failed = [o for o in outcomes if o.status not in ("finished", "submitted")]
+    failed = [o for o in outcomes if o.status not in (Status.finished, "submitted")]
     if failed:
         print(f"{len(failed)} of {len(outcomes)} point(s) did not finish: "
               + ", ".join(f"{o.point.label} ({o.status})" for o in failed), file=sys.stderr)

@@ -24,14 +24,11 @@ from launchers import SCHEDULERS
 from suite.data import check_dataset, train_samples
 from suite.placement import will_use_cuda
 from suite.errors import ConfigError
-from suite.runtime.faults import FAULT_KINDS
 from suite.models import check_network
-from suite.runtime.optim import OPTIMIZERS
 from suite.paths import CONF_DIR
-from suite.runtime.precision import PRECISIONS
 from suite.strategies import Strategy, build_strategy
 from suite.strategies.layout import Layout
-from suite.strategies.ddp import GRAD_COMPRESSIONS
+from suite.vocabulary import Device, FaultKind, GradCompression, OptimizerName, PrecisionName
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
@@ -135,12 +132,13 @@ def _check_ranges(cfg: DictConfig) -> None:
 
 
 def _check_choices(cfg: DictConfig) -> None:
-    choices = {"precision": (cfg.precision, PRECISIONS), "optimizer.name": (cfg.optimizer.name, OPTIMIZERS),
-               "grad_compression.name": (cfg.grad_compression.name, GRAD_COMPRESSIONS),
-               "cluster.device": (cfg.cluster.device, ("auto", "cpu", "cuda")),
+    choices = {"precision": (cfg.precision, tuple(PrecisionName)),
+               "optimizer.name": (cfg.optimizer.name, tuple(OptimizerName)),
+               "grad_compression.name": (cfg.grad_compression.name, tuple(GradCompression)),
+               "cluster.device": (cfg.cluster.device, tuple(Device)),
                "cluster.scheduler": (cfg.cluster.scheduler, SCHEDULERS)}
     if cfg.fault.kind is not None:
-        choices["fault.kind"] = (cfg.fault.kind, FAULT_KINDS)
+        choices["fault.kind"] = (cfg.fault.kind, tuple(FaultKind))
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"{key}={value} is not one of {', '.join(allowed)}")
