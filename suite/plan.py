@@ -245,19 +245,30 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
                  strategy.derived_params(cfg), strategy.config_files(cfg), strategy.rank_launcher)
 
 
+def problem_line(message: str, where: list[str], total: int) -> str:
+    """One line per distinct problem: a problem of one point names it, one shared by several counts them."""
+    if total == 1:
+        return message
+    if len(where) == 1:
+        return f"{where[0]}: {message}"
+    if len(where) == total:
+        return f"{message} (all {total} points)"
+    return f"{message} ({len(where)} of {total} points, e.g. {where[0]})"
+
+
 def plan(jobs: list[list[str]], experiment: str | None = None) -> list[Point]:
     """Compose and validate every job; raise ConfigError listing all bad ones."""
     register_schema()
     GlobalHydra.instance().clear()
-    points, problems = [], []
+    points = []
+    problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for overrides in jobs:
             try:
                 points.append(make_point(overrides, experiment))
             except ConfigError as e:
-                where = " ".join(overrides) or "(defaults)"
-                problems.append(f"{where}: {e}" if len(jobs) > 1 else str(e))
+                problems.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
     if problems:
-        raise ConfigError("\n".join(problems))
+        raise ConfigError("\n".join(problem_line(message, where, len(jobs)) for message, where in problems.items()))
     unique = {p.config_hash: p for p in points}
     return list(unique.values())

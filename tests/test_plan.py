@@ -96,3 +96,19 @@ def test_zero_point_carries_its_deepspeed_config():
     assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}
     assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                        "offload_param": {"device": "cpu"}, "overlap_comm": True}
+
+
+def test_a_problem_of_several_points_is_one_line_with_their_count():
+    with pytest.raises(ConfigError) as info:
+        plan(expand(["strategy=single,ddp", "precision=fp32,fp16", "workers=2"], multirun=True))
+    assert str(info.value).splitlines() == [
+        "strategy=single precision=fp32 workers=2: strategy single runs one process, but workers=2",
+        "precision=fp16 needs a GPU (loss scaling); use bf16 on CPU (2 of 4 points, e.g. strategy=single "
+        "precision=fp16 workers=2)",
+    ]
+
+
+def test_a_problem_of_every_point_says_so():
+    with pytest.raises(ConfigError) as info:
+        plan(expand(["strategy=single,ddp", "workers=1,2", "precision=fp8"], multirun=True))
+    assert str(info.value) == "precision=fp8 is not one of fp32, bf16, fp16 (all 4 points)"
