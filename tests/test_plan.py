@@ -5,6 +5,7 @@ import pytest
 from conftest import run_suite
 from suite.errors import ConfigError
 from suite.plan import expand, plan
+from suite.strategies import build_strategy
 
 MALFORMED = {
     "unknown strategy": (["strategy=dpp"], "strategy/dpp"),
@@ -16,6 +17,18 @@ MALFORMED = {
     "real data without a path": (["dataset=wikitext103", "network=gpt2_tiny"], "path"),
     "unknown strategy knob": (["strategy=ddp", "+strategy.bucket_cap=5"], "bucket_cap"),
     "bad strategy knob": (["strategy=ddp", "strategy.bucket_cap_mb=0"], "bucket_cap_mb > 0"),
+    "word for a number knob": (["strategy=ddp", "strategy.bucket_cap_mb=abc"], "strategy ddp: bucket_cap_mb=abc is not a number"),
+    "word for a boolean knob": (["strategy=ddp", "strategy.static_graph=maybe"],
+                                "strategy ddp: static_graph=maybe is not true or false"),
+    "fraction for an integer knob": (["strategy=zero", "optimizer.name=adam", "strategy.zero_stage=1.5"],
+                                     "strategy zero: zero_stage=1.5 is not an integer"),
+    "word for an optional integer knob": (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=2",
+                                           "strategy.micro_batches=many"],
+                                          "strategy 1f1b: micro_batches=many is not an integer or null"),
+    "numbers for a list of strings": (["strategy=gpipe", "workers=2", "strategy.devices=[0,1]"],
+                                      "strategy gpipe: devices=[0, 1] is not a list of strings or null"),
+    "word for a mapping knob": (["strategy=zero", "optimizer.name=adam", "strategy.ds_config=abc"],
+                                "strategy zero: ds_config=abc is not a mapping"),
     "fewer samples than a batch": (["strategy=ddp", "workers=2", "dataset.samples=10"], "fewer than one global"),
     "more steps than the data holds": (["dataset=digits", "batch_size=64", "steps_per_epoch=30"],
                                        "steps_per_epoch=30 but 1437 samples give 22 batches"),
@@ -112,3 +125,16 @@ def test_a_problem_of_every_point_says_so():
     with pytest.raises(ConfigError) as info:
         plan(expand(["strategy=single,ddp", "workers=1,2", "precision=fp8"], multirun=True))
     assert str(info.value) == "precision=fp8 is not one of fp32, bf16, fp16 (all 4 points)"
+
+
+@pytest.mark.parametrize("overrides, knob, value", [
+    (["strategy=ddp", "strategy.bucket_cap_mb=5"], "bucket_cap_mb", 5),  # an integer is a number
+    (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=2", "strategy.pp=null"], "pp", None),
+    (["strategy=gpipe", "workers=2", "strategy.devices=[cpu,cpu]"], "devices", ["cpu", "cpu"]),
+    (["strategy=gpipe", "workers=2", "strategy.balance=[5,5]"], "balance", [5, 5]),  # Any
+    (["strategy=zero", "optimizer.name=adam", "+strategy.ds_config.zero_optimization.overlap_comm=true"],
+     "ds_config", {"zero_optimization": {"overlap_comm": True}}),
+], ids=["int_for_float", "optional_int", "list_of_strings", "any", "mapping"])
+def test_knobs_of_their_type_are_taken(overrides, knob, value):
+    (point,) = plan([overrides])
+    assert getattr(build_strategy(point.cfg), knob) == value
