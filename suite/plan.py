@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from suite.activation_checkpointing import checkpoint_interval
-from suite.config import register_schema
+from suite.config import OptimizerConfig, register_schema
 from launchers import SCHEDULERS
 from suite.data import check_dataset, train_samples
 from suite.dist import will_use_cuda
@@ -203,8 +203,10 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
         raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
                           f"(use {', '.join(strategy.precisions)})")
     if cfg.optimizer.name not in strategy.optimizers:
-        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} "
-                          f"(use {', '.join(strategy.optimizers)})")
+        use = f"use {', '.join(strategy.optimizers)}"
+        if cfg.optimizer.name == OptimizerConfig.name:  # perhaps not chosen at all: say how to choose
+            use = f"the default; set optimizer.name={' or '.join(strategy.optimizers)} and an optimizer.lr for it"
+        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} ({use})")
     if checkpoint_interval(cfg.activation_checkpointing) and not strategy.checkpoints_activations:
         raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
                           f"{cfg.activation_checkpointing}; leave it none")

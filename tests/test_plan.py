@@ -43,6 +43,8 @@ MALFORMED = {
                                           "fusion_threshold_mb >= 0"),
     "horovod zero cycle time": (["strategy=horovod", "strategy.cycle_time_ms=0"], "cycle_time_ms > 0"),
     "zero with sgd": (["strategy=zero", "optimizer.name=sgd"], "strategy zero does not train with optimizer.name=sgd"),
+    "zero with the default optimizer": (["strategy=zero"], "strategy zero does not train with optimizer.name=sgd (the "
+                                        "default; set optimizer.name=adam or adamw and an optimizer.lr for it)"),
     "zero with lamb": (["strategy=zero", "optimizer.name=lamb"],
                        "strategy zero does not train with optimizer.name=lamb"),
     "lamb on sharded parameters": (["strategy=fsdp", "workers=2", "optimizer.name=lamb"],
@@ -50,7 +52,7 @@ MALFORMED = {
     "bf16 on V100s": (["cluster=lassen", "cluster.job.account=x", "precision=bf16"], "not NVIDIA V100; use fp16"),
     "unknown gradient compression": (["strategy=ddp", "grad_compression.name=int8"],
                                      "grad_compression.name=int8 is not one of none, fp16, bf16, powersgd"),
-    "gradient compression beyond ddp": (["strategy=zero", "grad_compression.name=fp16"],
+    "gradient compression beyond ddp": (["strategy=zero", "optimizer.name=adam", "grad_compression.name=fp16"],
                                         "strategy zero does not compress gradients"),
     "powersgd of rank 0": (["strategy=ddp", "grad_compression.name=powersgd", "grad_compression.rank=0"],
                            "grad_compression.rank must be positive"),
@@ -100,7 +102,8 @@ def test_multirun_expands_the_cartesian_product():
 
 def test_zero_point_carries_its_deepspeed_config():
     """The generated ds_config follows the point (batches, precision, Study N's Adam) and takes extra keys."""
-    (point,) = plan([["strategy=zero", "workers=2", "batch_size=4", "strategy.zero_stage=3", "strategy.offload=params",
+    (point,) = plan([["strategy=zero", "optimizer.name=adam", "optimizer.lr=0.001", "optimizer.weight_decay=0.01",
+                      "workers=2", "batch_size=4", "strategy.zero_stage=3", "strategy.offload=params",
                       "precision=bf16", "+strategy.ds_config.zero_optimization.overlap_comm=true"]])
     ds = point.config_files["ds_config.json"]
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
@@ -125,6 +128,12 @@ def test_a_problem_of_every_point_says_so():
     with pytest.raises(ConfigError) as info:
         plan(expand(["strategy=single,ddp", "workers=1,2", "precision=fp8"], multirun=True))
     assert str(info.value) == "precision=fp8 is not one of fp32, bf16, fp16 (all 4 points)"
+
+
+def test_strategies_compared_in_one_sweep_train_with_the_points_optimizer():
+    """No strategy changes the optimizer behind the point's back: `-m strategy=ddp,zero` compares like with like."""
+    ddp, zero = plan(expand(["strategy=ddp,zero", "workers=2", "optimizer.name=adam"], multirun=True))
+    assert ddp.cfg.optimizer == zero.cfg.optimizer
 
 
 @pytest.mark.parametrize("overrides, knob, value", [
