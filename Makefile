@@ -1,4 +1,5 @@
 # Two commands on a fresh machine: `make sweep` and `make test`. Both create .venv on first use.
+# VENV=<path> runs them in another environment (the tests run make in their own).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -16,8 +17,10 @@ STORE_URI = "$$($(PY) -c 'from suite.tracking import tracking_uri; print(trackin
 
 setup: $(STAMP)
 
-# The environment is pinned by constraints.txt (the lock); changing it or pyproject.toml reinstalls.
-$(STAMP): pyproject.toml constraints.txt
+# The environment is pinned by constraints.txt (the lock); the stamp is named by a checksum of it and
+# pyproject.toml, so changing either reinstalls, and an environment elsewhere (VENV=<path>) that has its
+# stamp is used as it is.
+$(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	$(MAKE) --no-print-directory horovod
@@ -32,8 +35,8 @@ test: setup
 	$(PY) -m pytest
 
 sweep: setup
-	$(PY) -m suite --sweep $(SWEEP) cluster=$(CLUSTER) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) \
-		$(if $(DRY_RUN),--dry-run) $(JOB_ARGS) $(ARGS)
+	$(PY) -m suite --sweep $(SWEEP) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) $(if $(DRY_RUN),--dry-run) \
+		cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
 
 status: setup
 	$(PY) -m suite --status --sweep $(SWEEP) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)

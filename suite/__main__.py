@@ -29,7 +29,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="record every batch job that ended without recording its points, and exit")
     parser.add_argument("--cfg", action="store_true", help="print the composed config of each point and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. strategy=ddp workers=2")
-    return parser.parse_args(argv)
+    # Options may come between overrides (`strategy=ddp --dry-run workers=2`), as make's variables place them.
+    return parser.parse_intermixed_args(argv)
 
 
 def main(argv: list[str]) -> int:
