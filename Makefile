@@ -63,8 +63,9 @@ slurm-local: setup
 report: setup
 	$(PY) -m analysis.report $(SWEEP)
 
+# ARGS: the benchmark's options and overrides, e.g. ARGS='--rounds 1 steps_per_epoch=2' (its smoke test).
 bench-overhead: setup
-	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.benchmarks.overhead
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.benchmarks.overhead $(ARGS)
 
 bench-pipeline: setup
-	$(PY) -m suite.benchmarks.pipeline
+	$(PY) -m suite.benchmarks.pipeline $(ARGS)
