@@ -23,15 +23,15 @@ setup: $(STAMP)
 $(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
-	$(MAKE) --no-print-directory horovod
 	rm -f $(VENV)/.installed-* && touch $@
 
 # Horovod built against the venv's torch (suite/build_horovod.py): about 10 minutes on 2 cores the first time
 # on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
-horovod:
+# The tests need it; a sweep builds it (the driver) only when one of its points uses strategy=horovod.
+horovod: setup
 	$(PY) -m suite.build_horovod
 
-test: setup
+test: setup horovod
 	$(PY) -m pytest
 
 sweep: setup

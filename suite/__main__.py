@@ -42,6 +42,7 @@ def main(argv: list[str]) -> int:
     from mlflow.exceptions import MlflowException
 
     from launchers.batch import SchedulerError
+    from suite.build_horovod import ensure_for as ensure_horovod
     from suite.driver import run_sweep
     from suite.jobs import check_submittable, collect
     from suite.plan import expand, plan, sweep_lines
@@ -69,6 +70,8 @@ def main(argv: list[str]) -> int:
                 print(f"# {point.label} ({point.config_hash})\n{OmegaConf.to_yaml(point.cfg)}")
             return 0
         print(f"{len(points)} point(s); results in {store.uri}", flush=True)
+        if not args.dry_run:
+            ensure_horovod(points)
         raise_on_sigterm()  # a scheduler's SIGTERM stops the sweep like Ctrl-C, and the point as `timeout`
         outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run)
     except (ConfigError, SchedulerError) as e:

@@ -3,8 +3,9 @@
 import pytest
 
 from conftest import run_suite
+from suite.build_horovod import needs_horovod
 from suite.errors import ConfigError
-from suite.plan import expand, plan
+from suite.plan import expand, plan, sweep_lines
 from suite.strategies import build_strategy
 
 MALFORMED = {
@@ -147,3 +148,10 @@ def test_strategies_compared_in_one_sweep_train_with_the_points_optimizer():
 def test_knobs_of_their_type_are_taken(overrides, knob, value):
     (point,) = plan([overrides])
     assert getattr(build_strategy(point.cfg), knob) == value
+
+
+def test_only_a_sweep_with_a_horovod_point_builds_horovod():
+    """The default sweep never waits for Horovod's build; a sweep with a horovod point has the driver build it."""
+    smoke = plan([job for line in sweep_lines("smoke") for job in expand(line, multirun=True)])
+    assert not needs_horovod(smoke)
+    assert needs_horovod([*smoke, *plan([["strategy=horovod", "workers=2"]])])
