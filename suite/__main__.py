@@ -42,8 +42,7 @@ def main(argv: list[str]) -> int:
     from mlflow.exceptions import MlflowException
 
     from launchers.batch import SchedulerError
-    from suite.build_horovod import ensure_for as ensure_horovod
-    from suite.driver import run_sweep
+    from suite.driver import ensure_horovod, run_sweep
     from suite.jobs import check_submittable, collect
     from suite.plan import expand, plan, sweep_lines
     from suite.point_dir import error_line

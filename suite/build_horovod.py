@@ -8,8 +8,8 @@ torch and the CUDA toolkit (or cpu) it was built with: a later build on the same
 
     python -m suite.build_horovod     # what `make horovod` runs; skips when horovod.torch imports
 
-`make test` runs it first; the driver runs it before a sweep that runs or submits a Horovod point (its
-jobs use this same environment), so a sweep without one never waits for the build.
+`make test` runs it first; the driver runs it before a sweep that runs or submits a Horovod point
+(`suite.driver.ensure_horovod`), so a sweep without one never waits for the build.
 """
 
 import os
@@ -20,8 +20,6 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-
-from suite.errors import ConfigError
 
 CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
 CXX_STANDARD = "20"
@@ -146,25 +144,6 @@ def main() -> int:
         return 1
     print(f"horovod {HOROVOD_VERSION}: ready ({time.monotonic() - start:.0f} s)")
     return 0
-
-
-def needs_horovod(points) -> bool:
-    """Whether a planned point starts its ranks with horovodrun, and so needs horovod.torch."""
-    return any(point.rank_launcher == "horovodrun" for point in points)
-
-
-def ensure_for(points) -> None:
-    """Build Horovod before a sweep that needs it runs or submits anything, if it does not import yet."""
-    if not needs_horovod(points) or horovod_torch_imports():
-        return
-    print(f"horovod {HOROVOD_VERSION}: a point uses strategy=horovod, which this environment lacks; "
-          "building it first (`make horovod`)", flush=True)
-    try:
-        failed = main()
-    except subprocess.CalledProcessError as e:
-        failed = e.returncode
-    if failed:
-        raise ConfigError(f"horovod {HOROVOD_VERSION} did not build (its output is above); `make horovod` builds it alone")
 
 
 if __name__ == "__main__":

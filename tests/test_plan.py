@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import run_suite
-from suite.build_horovod import needs_horovod
+from suite.driver import needs_horovod
 from suite.errors import ConfigError
 from suite.plan import expand, plan, sweep_lines
 from suite.strategies import build_strategy
