@@ -10,11 +10,14 @@ still queued or running is left to it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 from launchers import LaunchResult, launch
 from suite.sweep import jobs
 from suite.placement import threads_per_worker
+from suite.errors import ConfigError
 from suite.records.manifest import git_sha
 from suite.paths import REPO_ROOT
 from suite.sweep.plan import Point
@@ -66,6 +69,21 @@ def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str
         return None
     return (f"its last run {previous.info.run_id} ended {tags.get('suite.status', '?')}: {tags.get('suite.error', '')} "
             "(--retry-failed / RETRY_FAILED=1 runs it again)")
+
+
+def needs_horovod(points: list[Point]) -> bool:
+    """Whether a planned point starts its ranks with horovodrun, and so needs horovod.torch."""
+    return any(point.rank_launcher == "horovodrun" for point in points)
+
+
+def ensure_horovod(points: list[Point]) -> None:
+    """Before a sweep with a Horovod point runs or submits anything (its jobs use this environment too):
+    build Horovod if it does not import yet (`make horovod`; nothing to do when it does)."""
+    if not needs_horovod(points):
+        return
+    if subprocess.run([sys.executable, "-m", "suite.tools.build_horovod"], cwd=REPO_ROOT).returncode:
+        raise ConfigError("Horovod, which strategy=horovod needs, did not build (its output is above); "
+                          "`make horovod` builds it alone")
 
 
 def run_sweep(points: list[Point], store: Store, force: bool = False, retry_failed: bool = False,

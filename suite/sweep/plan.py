@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from suite.runtime.activation_checkpointing import checkpoint_interval
-from suite.config import register_schema
+from suite.config import OptimizerConfig, register_schema
 from launchers import SCHEDULERS
 from suite.data import check_dataset, train_samples
 from suite.placement import will_use_cuda
@@ -217,8 +217,10 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
         raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
                           f"(use {', '.join(supports.precisions)})")
     if cfg.optimizer.name not in supports.optimizers:
-        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} "
-                          f"(use {', '.join(supports.optimizers)})")
+        use = f"use {', '.join(supports.optimizers)}"
+        if cfg.optimizer.name == OptimizerConfig.name:  # perhaps not chosen at all: say how to choose
+            use = f"the default; set optimizer.name={' or '.join(supports.optimizers)} and an optimizer.lr for it"
+        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} ({use})")
     if checkpoint_interval(cfg.activation_checkpointing) and not supports.activation_checkpointing:
         raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
                           f"{cfg.activation_checkpointing}; leave it none")
@@ -258,19 +260,30 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
     return Point(tuple(overrides), cfg, strategy, layout)
 
 
+def problem_line(message: str, where: list[str], total: int) -> str:
+    """One line per distinct problem: a problem of one point names it, one shared by several counts them."""
+    if total == 1:
+        return message
+    if len(where) == 1:
+        return f"{where[0]}: {message}"
+    if len(where) == total:
+        return f"{message} (all {total} points)"
+    return f"{message} ({len(where)} of {total} points, e.g. {where[0]})"
+
+
 def plan(jobs: list[list[str]], experiment: str | None = None) -> list[Point]:
     """Compose and validate every job; raise ConfigError listing all bad ones."""
     register_schema()
     GlobalHydra.instance().clear()
-    points, problems = [], []
+    points = []
+    problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for overrides in jobs:
             try:
                 points.append(make_point(overrides, experiment))
             except ConfigError as e:
-                where = " ".join(overrides) or "(defaults)"
-                problems.append(f"{where}: {e}" if len(jobs) > 1 else str(e))
+                problems.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
     if problems:
-        raise ConfigError("\n".join(problems))
+        raise ConfigError("\n".join(problem_line(message, where, len(jobs)) for message, where in problems.items()))
     unique = {p.config_hash: p for p in points}
     return list(unique.values())
