@@ -10,6 +10,8 @@ from suite.plan import Point, plan
 from suite.point_dir import PointDir
 from suite.tracking import Store
 
+pytestmark = pytest.mark.slow  # every point is launched: gloo ranks through the local launcher
+
 STEPS = ["epochs=1", "steps_per_epoch=5", "warmup_steps=0", "save_final_weights=true", "eval_batches=1",
          "dataset.samples=64", "dataset.val_samples=16", "optimizer.lr=0.05"]
 WORKLOADS = {

@@ -24,6 +24,8 @@ from suite.plan import plan
 from suite.precision import Precision
 from suite.timing import PhaseTimer
 
+pytestmark = pytest.mark.slow  # gloo ranks: spawned stages and a launched point
+
 STAGES, MINIBATCHES, BATCH, WIDTH, CLASSES = 3, 8, 4, 6, 3
 SIZES = [2, 2, 2]
 LR, MOMENTUM = 0.2, 0.9

@@ -71,6 +71,7 @@ def test_sweep_without_multirun_is_rejected():
         expand(["strategy=single,ddp"], multirun=False)
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_sweep_before_launching_anything(results):
     result = run_suite("-m", "strategy=single,ddp", "workers=2")
     assert result.returncode == 2

@@ -82,6 +82,7 @@ def launcher_env(style: str, rank: int, tmp_path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style, source", [("jsrun", "jsrun/Open MPI"), ("pbs", "mpiexec/PMI")])
 def test_two_ranks_find_each_other_from_the_launchers_variables(store, tmp_path, style, source):
     (point,) = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2", "strategy=ddp", "workers=2"]])

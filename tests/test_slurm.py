@@ -14,6 +14,8 @@ from suite.paths import REPO_ROOT
 from suite.point_dir import PointDir
 from suite.tracking import Store
 
+pytestmark = pytest.mark.slow  # Slurm jobs, `make` and the driver
+
 QUICK = [*DIGITS, "epochs=1", "steps_per_epoch=2", "cluster=slurm-local", "strategy=single"]
 
 

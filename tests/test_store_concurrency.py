@@ -16,6 +16,8 @@ from suite.point_dir import PointDir
 from suite.points import new_point_dir
 from suite.tracking import Store
 
+pytestmark = pytest.mark.slow  # a real rank, eight recorders and `make mlflow-server`
+
 POINTS = 8
 OUTPUTS = ("epochs.jsonl", "summary.json", "manifest.json", "logs")
 
