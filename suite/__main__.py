@@ -35,11 +35,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `--help` and argument errors answer at once.
+    from mlflow.exceptions import MlflowException
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
-    from mlflow.exceptions import MlflowException
-
     from launchers.batch import SchedulerError
     from suite.driver import run_sweep
     from suite.jobs import check_submittable, collect

@@ -24,8 +24,8 @@ TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM:
 def artifacts(out: PointDir) -> list[Path]:
     job = out.job() or {}
     script = [Path(job["script"])] if job.get("script") else []
-    return [out.config, out.point_file, out.job_file, *script, out.config_files, out.manifest_file, out.logs, out.launcher_log,
-            out.summary_file, out.epochs_file, *sorted(out.path.glob("error.rank*.json"))]
+    return [out.config, out.point_file, out.job_file, *script, out.config_files, out.manifest_file, out.logs,
+            out.launcher_log, out.summary_file, out.epochs_file, *sorted(out.path.glob("error.rank*.json"))]
 
 
 def record_point(out: PointDir, store: Store, status: str, error: str | None, start: float, end: float,

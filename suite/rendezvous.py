@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 # (source, rank, world size, local rank, local world size), in order of precedence: the launcher that
 # started this very process first; Slurm's variables last, as an allocation also exports them to

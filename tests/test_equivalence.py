@@ -183,7 +183,8 @@ def memory_split(store, strategy: list[str]) -> dict[str, float]:
 
 def test_sharded_memory_split(store, tmp_path):
     """With 2 workers, ZeRO and FSDP hold about half of DDP's optimizer states per rank (Adam's two moments);
-    ZeRO-3 and FSDP about half of its parameters; ZeRO adds half the parameters again as fp32 masters. Reuses the ZeRO and FSDP runs of the equivalence tests above."""
+    ZeRO-3 and FSDP about half of its parameters; ZeRO adds half the parameters again as fp32 masters.
+    Reuses the ZeRO and FSDP runs of the equivalence tests above."""
     ddp = memory_split(store, ["strategy=ddp"])
     assert ddp["mem_optim_mb"] == pytest.approx(2 * ddp["mem_params_mb"], rel=0.01)
     assert ddp["mem_grads_mb"] == pytest.approx(ddp["mem_params_mb"], rel=0.01)
@@ -297,7 +298,8 @@ def test_comm_volume_against_parameter_bytes(store):
     fsdp = {mode: train_pair(store, WORKLOADS["gpt2"], FSDP[mode], workers=2, global_batch=8, common=ADAM)[1]
             for mode in FSDP}
     assert comm_mb(fsdp["reshard"]) == pytest.approx(1.5 * params, rel=1e-3)  # gathered for forward and backward
-    assert comm_mb(fsdp["no_reshard_checkpoint2"]) == pytest.approx(params, rel=1e-3)  # gathered once: recomputing finds them whole
+    # gathered once: recomputing finds them whole
+    assert comm_mb(fsdp["no_reshard_checkpoint2"]) == pytest.approx(params, rel=1e-3)
     _, megatron = train_pipeline_pair(store, WORKLOADS["gpt2"], megatron_point(2))
     _, pipeline = train_pipeline_pair(store, WORKLOADS["gpt2"], pipeline_point("gpipe_dist"))
     net, data = (cfg := OmegaConf.load(megatron.config)).network, cfg.dataset

@@ -143,8 +143,8 @@ def test_horovod_points_start_horovodrun_on_the_first_node_over_the_allocations_
     hosts_commands = {}
     for cluster, per_node in (("slurm", 4), ("lassen", 4), ("thetagpu", 8)):
         (step,) = re.findall(r"^run_point .*$", scripts[cluster, 8], re.MULTILINE)
-        launch = re.search(rf'\S+/horovodrun -np 8 -H "\$\((\S+/python -m launchers\.horovod {per_node} {8 // per_node})\)" '
-                           r"--gloo \S+/python -m suite\.worker ", step)
+        hosts = rf"\S+/python -m launchers\.horovod {per_node} {8 // per_node}"
+        launch = re.search(rf'\S+/horovodrun -np 8 -H "\$\(({hosts})\)" --gloo \S+/python -m suite\.worker ', step)
         assert launch and not re.search(r"\b(srun|jsrun|mpiexec)\b", step), step
         hosts_commands[cluster] = launch.group(1)
     nodefile = results.parent / "nodefile"

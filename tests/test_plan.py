@@ -47,7 +47,8 @@ MALFORMED = {
                                      "strategy megatron does not apply activation_checkpointing=every"),
     "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits GPT-2's attention"),
     "sequence parallel not dividing the sequence": (["dataset=tokens", "dataset.seq_len=33", "network=gpt2_tiny",
-                                                     "strategy=megatron", "workers=2", "strategy.sequence_parallel=true"],
+                                                     "strategy=megatron", "workers=2",
+                                                     "strategy.sequence_parallel=true"],
                                                     "sequence_parallel needs tp=2 to divide dataset.seq_len=33"),
     "megatron tp not dividing workers": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=3"],
                                          "tp=2 does not divide workers=3"),
@@ -91,7 +92,8 @@ def test_zero_point_carries_its_deepspeed_config():
     (point,) = plan([["strategy=zero", "workers=2", "batch_size=4", "strategy.zero_stage=3", "strategy.offload=params",
                       "precision=bf16", "+strategy.ds_config.zero_optimization.overlap_comm=true"]])
     ds = point.config_files["ds_config.json"]
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
+    batches = (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
+    assert batches == (8, 4, 1)
     assert ds["optimizer"]["type"] == "Adam"
     assert {k: ds["optimizer"]["params"][k] for k in ("lr", "weight_decay")} == {"lr": 0.001, "weight_decay": 0.01}
     assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}

@@ -51,7 +51,8 @@ def test_lsf_skips_lassens_launch_node():
 
 def test_pals_without_a_world_size_takes_the_points(tmp_path):
     (tmp_path / "nodes").write_text("x3001\nx3001\nx3002\nx3002\n")
-    env = {"PALS_RANKID": "6", "PALS_LOCAL_RANKID": "2", "PALS_LOCAL_SIZE": "4", "PBS_NODEFILE": str(tmp_path / "nodes")}
+    env = {"PALS_RANKID": "6", "PALS_LOCAL_RANKID": "2", "PALS_LOCAL_SIZE": "4",
+           "PBS_NODEFILE": str(tmp_path / "nodes")}
     r = discover(env, expected_world_size=8)
     assert (r.rank, r.world_size, r.local_rank, r.local_world_size, r.master_addr) == (6, 8, 2, 4, "x3001")
     assert allocation_hosts(env) == ["x3001", "x3002"]
@@ -64,7 +65,8 @@ def test_horovodrun_variables_win_over_the_job_scripts():
            "SLURM_JOB_ID": "77"}
     r = discover(env)
     assert (r.rank, r.world_size, r.local_rank, r.local_world_size, r.master_addr) == (5, 8, 1, 4, "gpu07")
-    assert r.source == "horovodrun" and r.master_port == discover({"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"}).master_port
+    assert r.source == "horovodrun"
+    assert r.master_port == discover({"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"}).master_port
 
 
 def launcher_env(style: str, rank: int, tmp_path) -> dict[str, str]:

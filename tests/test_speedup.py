@@ -28,7 +28,8 @@ def test_the_single_run_is_the_baseline_of_every_strategy_of_its_workload():
 def test_without_a_single_run_the_fewest_workers_of_the_same_variant():
     ddp4, ddp2, ddp8 = row(CIFAR, "ddp", 4), row(CIFAR, "ddp", 2), row(CIFAR, "ddp", 8)
     stage1 = row(CIFAR, "zero", 4, label="zero zero_stage=1")
-    stage3_8, stage3_4 = row(CIFAR, "zero", 8, label="zero zero_stage=3"), row(CIFAR, "zero", 4, label="zero zero_stage=3")
+    stage3_8 = row(CIFAR, "zero", 8, label="zero zero_stage=3")
+    stage3_4 = row(CIFAR, "zero", 4, label="zero zero_stage=3")
     rows = [ddp4, ddp2, ddp8, stage1, stage3_8, stage3_4]
     assert baseline_for(ddp8, rows) == ddp2 and baseline_for(ddp2, rows) == ddp2
     assert baseline_for(stage3_8, rows) == stage3_4 and baseline_for(stage1, rows) == stage1

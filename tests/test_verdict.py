@@ -19,7 +19,7 @@ LOCAL_LOG = """\
 [rank1]:   File "/repo/suite/worker.py", line 80, in main
 [rank1]:     raise ModuleNotFoundError("No module named 'apex'")
 [rank1]: ModuleNotFoundError: No module named 'apex'
-[rank0]: torch.distributed.DistBackendError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer
+[rank0]: torch.distributed.DistBackendError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer
 launcher: rank 0 exited with code 1
 launcher: rank 1 exited with code 1
 """
