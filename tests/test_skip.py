@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from suite.driver import skip_reason
 from suite.tracking import Store
 
@@ -10,9 +12,18 @@ OTHER_SHA = "fedcba9876543210fedcba9876543210fedcba98"
 HASH = "c0ffee00c0ffee00"
 
 
-def recorded(store: Store, status: str, git_sha: str = SHA, **tags: str):
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One store for the module: creating one takes seconds, and each test reads only its own runs."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SUITE_RESULTS_DIR", str(tmp_path_factory.mktemp("results")))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield Store()
+
+
+def recorded(store: Store, status: str, git_sha: str = SHA, config_hash: str = HASH, **tags: str):
     """A run of the point as the driver records it, read back from the store."""
-    tags = {"suite.status": status, "suite.config_hash": HASH, "suite.git_sha": git_sha, **tags}
+    tags = {"suite.status": status, "suite.config_hash": config_hash, "suite.git_sha": git_sha, **tags}
     now = time.time()
     run_id = store.record("adhoc", "digits/resnet18/ddp/w2", {"workers": 2}, tags, [], {}, [], now, now)
     return store.client.get_run(run_id)
@@ -54,8 +65,8 @@ def test_a_run_cut_short_by_stopping_the_sweep_runs_again(store):
 
 
 def test_a_finished_run_speaks_for_the_point_over_a_newer_failed_one(store):
-    finished = recorded(store, "finished")
-    failed = recorded(store, "failed", **{"suite.error": "rank 0 exited with code 3"})
-    assert store.finished_run("adhoc", HASH).info.run_id == finished.info.run_id
-    assert store.latest_run("adhoc", HASH).info.run_id == failed.info.run_id
+    finished = recorded(store, "finished", config_hash="5ca1ab1e5ca1ab1e")
+    failed = recorded(store, "failed", config_hash="5ca1ab1e5ca1ab1e", **{"suite.error": "rank 0 exited with code 3"})
+    assert store.finished_run("adhoc", "5ca1ab1e5ca1ab1e").info.run_id == finished.info.run_id
+    assert store.latest_run("adhoc", "5ca1ab1e5ca1ab1e").info.run_id == failed.info.run_id
     assert store.finished_run("adhoc", "another0hash0000") is None
