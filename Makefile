@@ -31,7 +31,7 @@ horovod:
 test: setup
 	$(PY) -m pytest
 
-# The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make), in about a minute.
+# The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
