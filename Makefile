@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 # (partition), the time limit of each job in minutes.
 JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluster.job.queue=$(QUEUE)) \
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
-STORE_URI = "$$($(PY) -c 'from suite.tracking import tracking_uri; print(tracking_uri())')"
+STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
 .PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
 
@@ -23,10 +23,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(MAKE) --no-print-directory horovod
 	rm -f $(VENV)/.installed-* && touch $@
 
-# Horovod built against the venv's torch (suite/build_horovod.py): about 10 minutes on 2 cores the first time
+# Horovod built against the venv's torch (suite/tools/build_horovod.py): about 10 minutes on 2 cores the first time
 # on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
 horovod:
-	$(PY) -m suite.build_horovod
+	$(PY) -m suite.tools.build_horovod
 
 test: setup
 	$(PY) -m pytest
@@ -63,13 +63,13 @@ mlflow-server: setup
 
 # A one-node Slurm on this machine (installs slurm-wlm and munge with apt when missing; root or sudo).
 slurm-local: setup
-	$(PY) -m launchers.slurm_local
+	$(PY) -m suite.tools.slurm_local
 
 report: setup
 	$(PY) -m analysis.report $(SWEEP)
 
 bench-overhead: setup
-	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.benchmarks.overhead
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.tools.benchmarks.overhead
 
 bench-pipeline: setup
-	$(PY) -m suite.benchmarks.pipeline
+	$(PY) -m suite.tools.benchmarks.pipeline

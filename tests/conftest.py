@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from suite.paths import REPO_ROOT
-from suite.tracking import Store
+from suite.records.store import Store
 
 # A small, fast point that learns: ResNet-18 on scikit-learn's real 8x8 digits.
 DIGITS = ["dataset=digits", "network=resnet18", "dataset.samples=256", "dataset.val_samples=64", "batch_size=16",

@@ -6,7 +6,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from suite.activation_checkpointing import apply_activation_checkpointing
+from suite.runtime.activation_checkpointing import apply_activation_checkpointing
 from suite.models.gpt2 import GPT2
 from suite.models.layers import block_layers
 from suite.models.vision import vgg

@@ -12,7 +12,7 @@ from launchers.lsf import job_state as lsf_state
 from launchers.pbs import job_state as pbs_state
 from launchers.slurm import job_state as slurm_state
 from suite.errors import ConfigError
-from suite.plan import plan
+from suite.sweep.plan import plan
 
 POINT = [*(o for o in DIGITS if not o.startswith("batch_size=")), "batch_size=1", "strategy=ddp"]
 

@@ -3,8 +3,8 @@ timeout instead of a deadlock: the cells the studies lost to crashes are recorde
 
 import pytest
 
-from suite.driver import run_sweep
-from suite.plan import plan
+from suite.sweep.driver import run_sweep
+from suite.sweep.plan import plan
 
 pytestmark = pytest.mark.slow  # every point is launched: gloo ranks through the local launcher
 

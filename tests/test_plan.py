@@ -4,7 +4,7 @@ import pytest
 
 from conftest import run_suite
 from suite.errors import ConfigError
-from suite.plan import expand, plan
+from suite.sweep.plan import expand, plan
 
 MALFORMED = {
     "unknown strategy": (["strategy=dpp"], "strategy/dpp"),

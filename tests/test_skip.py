@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from suite.driver import skip_reason
-from suite.tracking import Store
+from suite.records.store import Store
+from suite.sweep.driver import skip_reason
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER_SHA = "fedcba9876543210fedcba9876543210fedcba98"

@@ -5,9 +5,9 @@ import pytest
 from launchers import LaunchResult
 from launchers.slurm import job_state as slurm_state
 from suite.errors import ConfigError
-from suite.point_dir import PointDir
+from suite.records.point_dir import PointDir
+from suite.records.verdict import _failed_ranks, _first_exception_line, _horovodrun_failed_ranks, judge, judge_ended_job
 from suite.signals import Stopped
-from suite.verdict import _failed_ranks, _first_exception_line, _horovodrun_failed_ranks, judge, judge_ended_job
 
 TIMEOUT_S, EPOCHS = 30, 3
 EXITED = LaunchResult(returncode=1, timed_out=False, seconds=4.0)  # a batch step's exit code: no rank's own

@@ -25,8 +25,8 @@ from torch.func import functional_call
 
 from suite.pipeline import p2p
 from suite.pipeline.topology import Topology
-from suite.precision import Precision
-from suite.timing import PhaseTimer
+from suite.runtime.precision import Precision
+from suite.runtime.timing import PhaseTimer
 
 
 @dataclass

@@ -19,13 +19,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from suite.data import build_datasets
-from suite.dist import init_distributed, shutdown
+from suite.runtime.dist import init_distributed, shutdown
 from suite.models import build_model
-from suite.plan import plan
-from suite.point_dir import PointDir
+from suite.sweep.plan import plan
+from suite.records.point_dir import PointDir
 from suite.strategies import build_strategy
-from suite.timing import synchronize
-from suite.trainer import Trainer
+from suite.runtime.timing import synchronize
+from suite.worker.trainer import Trainer
 
 POINT = ["dataset=cifar10", "network=resnet18", "strategy=ddp", "workers=2", "batch_size=16",
          "dataset.samples=1024", "dataset.val_samples=32", "epochs=1", "steps_per_epoch=10", "warmup_steps=2",

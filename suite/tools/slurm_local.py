@@ -1,6 +1,6 @@
 """A one-node Slurm on this machine, for the tests and for trying `CLUSTER=slurm-local`.
 
-`python -m launchers.slurm_local` (or `make slurm-local`) installs Debian's slurm-wlm and munge when
+`python -m suite.tools.slurm_local` (or `make slurm-local`) installs Debian's slurm-wlm and munge when
 they are missing (needs root or passwordless sudo), writes /etc/slurm/slurm.conf for one node on
 loopback, starts munged, slurmctld and slurmd, and waits until the node takes jobs. It is idempotent:
 whatever already runs is left alone. The Slurm tests call `ensure_running` the same way.
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 CONF = Path("/etc/slurm/slurm.conf")
-MARK = "# one-node Slurm written by the suite (launchers/slurm_local.py)"
+MARK = "# one-node Slurm written by the suite (suite/tools/slurm_local.py)"
 STATE = Path("/var/spool/slurm-local")
 PACKAGES = ("slurm-wlm", "munge")
 COMMANDS = ("sbatch", "squeue", "scancel", "slurmctld", "slurmd", "munged")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from suite.manifest import git_sha
+from suite.records.manifest import git_sha
 from suite.paths import REPO_ROOT, results_dir
-from suite.plan import Point
-from suite.point_dir import PointDir
-from suite.tracking import run_params
+from suite.sweep.plan import Point
+from suite.records.point_dir import PointDir
+from suite.records.store import run_params
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def new_point_dir(point: Point) -> PointDir:
         out.write_point({"label": point.label, "config_hash": point.config_hash,
                          "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
                          "git_sha": git_sha(REPO_ROOT),
-                         "params": run_params(point.cfg, point.global_batch_size, point.derived_params)})
+                         "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params())})
         for name, content in point.config_files.items():
             out.write_config_file(name, content)
         return out

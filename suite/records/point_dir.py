@@ -24,7 +24,7 @@ STATUSES = ("finished", "oom", "timeout", "failed", "invalid")
 
 
 def failure_status(exc: BaseException) -> str:
-    import torch  # here, so that recording a point (`suite.record`, in every batch job) does not load torch
+    import torch  # here, so that recording a point (`suite.records.record`, in every batch job) does not load torch
 
     if isinstance(exc, ConfigError):
         return "invalid"

@@ -8,11 +8,11 @@ port is derived from the job id, so every rank of a job computes the same one wi
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+
+from launchers.hosts import allocation_hosts, scheduler_job_id
 
 # (source, rank, world size, local rank, local world size), in order of precedence: the launcher that
 # started this very process first; Slurm's variables last, as an allocation also exports them to
@@ -28,7 +28,6 @@ LAUNCHERS = (
     ("mpiexec/PALS", "PALS_RANKID", None, "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE"),
     ("srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
 )
-JOB_ID_VARIABLES = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID", "COBALT_JOBID")
 PORT_BASE, PORT_RANGE = 20000, 20000
 
 
@@ -47,34 +46,6 @@ class Rendezvous:
                 f"from {self.source}; rendezvous at {self.master_addr}:{self.master_port}")
 
 
-def slurm_hosts(nodelist: str) -> list[str]:
-    """The hosts of a Slurm host list such as `gpu[07-09,12],login1`, in order."""
-    hosts = []
-    for prefix, ranges in re.findall(r"([^,\[\]]+)(?:\[([^\]]+)\])?", nodelist.strip()):
-        if not ranges:
-            hosts.append(prefix)
-            continue
-        for part in ranges.split(","):
-            low, _, high = part.partition("-")
-            hosts += [prefix + str(n).zfill(len(low)) for n in range(int(low), int(high or low) + 1)]
-    if not hosts:
-        raise ValueError(f"cannot read the Slurm node list {nodelist!r}")
-    return hosts
-
-
-def lsf_hosts(mcpu_hosts: str) -> list[str]:
-    """The compute hosts of LSF's `host slots host slots ...` list.
-
-    On Lassen-style (CSM) allocations the list starts with the launch node, holding one slot, where
-    the job script runs but no rank does; it is skipped when compute hosts follow.
-    """
-    fields = mcpu_hosts.split()
-    hosts = list(zip(fields[::2], map(int, fields[1::2])))
-    if len(hosts) > 1 and hosts[0][1] == 1 and any(slots > 1 for _, slots in hosts[1:]):
-        hosts = hosts[1:]
-    return [host for host, _ in hosts]
-
-
 def _slurm_local_size(env: Mapping[str, str]) -> int:
     """This node's task count from SLURM_TASKS_PER_NODE, e.g. `4(x2),3` for node ids 0-1 (4) and 2 (3)."""
     node = int(env.get("SLURM_NODEID", 0))
@@ -85,29 +56,10 @@ def _slurm_local_size(env: Mapping[str, str]) -> int:
     return counts[min(node, len(counts) - 1)]
 
 
-def allocation_hosts(env: Mapping[str, str]) -> list[str]:
-    """The hosts of the scheduler's allocation this process runs in, rank 0's first; [] outside one."""
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    if nodelist:
-        return slurm_hosts(nodelist)
-    if env.get("LSB_MCPU_HOSTS"):
-        return lsf_hosts(env["LSB_MCPU_HOSTS"])
-    if env.get("LSB_HOSTS"):  # one entry per slot: `launch host host host ...`
-        hosts = env["LSB_HOSTS"].split()
-        return lsf_hosts(" ".join(f"{h} {hosts.count(h)}" for h in dict.fromkeys(hosts)))
-    if env.get("PBS_NODEFILE"):  # one line per slot
-        return list(dict.fromkeys(Path(env["PBS_NODEFILE"]).read_text().split()))
-    return []
-
-
 def master_addr(env: Mapping[str, str]) -> str:
     if "MASTER_ADDR" in env:
         return env["MASTER_ADDR"]
     return next(iter(allocation_hosts(env)), "127.0.0.1")
-
-
-def scheduler_job_id(env: Mapping[str, str]) -> str | None:
-    return next((env[v] for v in JOB_ID_VARIABLES if v in env), None)
 
 
 def master_port(env: Mapping[str, str]) -> int:

@@ -10,7 +10,7 @@ import re
 
 from launchers import LaunchResult
 from launchers.batch import JobState
-from suite.point_dir import PointDir
+from suite.records.point_dir import PointDir
 
 # Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.
 OWN_FAILURES = ("failed", "oom", "invalid")

@@ -2,7 +2,7 @@
 mpiexec).
 
 It reads the resolved config from the point directory, finds its place in the job from the launcher's
-environment (`suite.rendezvous`), trains, and leaves its results there (see `suite.point_dir`).
+environment (`suite.runtime.rendezvous`), trains, and leaves its results there (see `suite.records.point_dir`).
 Rank 0 prints progress; every rank logs to logs/rank<r>.log. SIGTERM stops it as `timeout`.
 """
 
@@ -13,8 +13,8 @@ import logging
 import os
 import sys
 
-from suite.point_dir import PointDir
-from suite.rendezvous import discover
+from suite.records.point_dir import PointDir
+from suite.runtime.rendezvous import discover
 from suite.signals import raise_on_sigterm
 
 log = logging.getLogger("suite")
@@ -35,15 +35,15 @@ def train_point(out: PointDir) -> None:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from suite.dist import init_distributed, shutdown
+    from suite.runtime.dist import init_distributed, shutdown
     from suite.errors import ConfigError
-    from suite.manifest import environment_manifest, rank_info
+    from suite.records.manifest import environment_manifest, rank_info
     from suite.strategies import build_strategy
-    from suite.trainer import Trainer
+    from suite.worker.trainer import Trainer
 
     cfg = OmegaConf.load(out.config)
     strategy = build_strategy(cfg)
-    processes = strategy.processes(cfg)
+    processes = strategy.layout(cfg).processes
     rendezvous = discover(os.environ, expected_world_size=processes)
     if rendezvous.world_size != processes:
         raise ConfigError(f"started as {rendezvous.world_size} ranks by {rendezvous.source}, "
@@ -76,11 +76,3 @@ def main(point_dir: str) -> int:
         out.write_error(rank, exc)
         return 1
 
-
-if __name__ == "__main__":
-    code = main(sys.argv[1])
-    # Everything is written; skip the interpreter's teardown (about a second of library finalizers per rank).
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

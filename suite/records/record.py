@@ -1,7 +1,7 @@
 """A point directory becomes one MLflow run, exactly once, whoever gets there first.
 
 The local driver records a point as soon as its ranks end; a batch job records each of its points
-in its last step (`python -m suite.record <point dir> --exit-code N --started T`); `make collect`
+in its last step (`python -m suite.records.record <point dir> --exit-code N --started T`); `make collect`
 records the points of jobs that ended without doing so. Each claims the directory first, checks that
 the store has no run for it yet, and leaves `recorded.json` behind.
 """
@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from suite.point_dir import PointDir, error_line
-from suite.rendezvous import scheduler_job_id
-from suite.tracking import Store
+from suite.records.point_dir import PointDir, error_line
+from launchers.hosts import scheduler_job_id
+from suite.records.store import Store
 
 TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM: start no further point
 
@@ -62,7 +62,7 @@ def record_point(out: PointDir, store: Store, status: str, error: str | None, st
 
 def main(argv: list[str]) -> int:
     """The last step of a batch job for one point: judge how its ranks ended and record it."""
-    parser = argparse.ArgumentParser(prog="python -m suite.record", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m suite.records.record", description=main.__doc__)
     parser.add_argument("point_dir")
     parser.add_argument("--exit-code", type=int, required=True, help="exit code of the command that ran the ranks")
     parser.add_argument("--started", type=float, required=True, help="when the ranks started (seconds since 1970)")
@@ -70,8 +70,8 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from launchers import LaunchResult
-    from suite.tracking import store_uri
-    from suite.verdict import judge
+    from suite.records.store import store_uri
+    from suite.records.verdict import judge
 
     out = PointDir(args.point_dir)
     cfg = OmegaConf.load(out.config)

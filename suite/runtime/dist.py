@@ -9,7 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from suite.rendezvous import Rendezvous
+from suite.placement import threads_per_worker
+from suite.runtime.rendezvous import Rendezvous
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,6 @@ class DistEnv:
         return self.rank == 0
 
 
-def will_use_cuda(cluster) -> bool:
-    """Whether a point's ranks will run on GPUs (`auto` on a remote cluster assumes they will)."""
-    if cluster.device != "auto":
-        return cluster.device == "cuda"
-    return cluster.scheduler != "local" or torch.cuda.is_available()
-
-
 def resolve_device(requested: str, local_rank: int) -> torch.device:
     """`auto` takes this rank's GPU when CUDA is available, else the CPU."""
     if requested == "auto":
@@ -42,13 +36,8 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
     return torch.device(requested)
 
 
-def threads_per_worker(configured: int | None, local_workers: int) -> int:
-    """CPU intra-op threads of one rank: as configured, else the cores shared out among this node's ranks."""
-    return configured or max(1, (os.cpu_count() or 1) // local_workers)
-
-
 def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous) -> DistEnv:
-    """Join the process group of the job that `rendezvous` describes (see `suite.rendezvous`).
+    """Join the process group of the job that `rendezvous` describes (see `suite.runtime.rendezvous`).
 
     Every strategy runs in a process group, `single` in one of size 1, so the reductions of the
     training loop are the same code for all of them.

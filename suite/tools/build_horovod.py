@@ -6,7 +6,7 @@ source distribution is patched to C++20 and built without build isolation (again
 torch). The wheel links against torch's C++ ABI, so it is cached under a key naming horovod, Python,
 torch and the CUDA toolkit (or cpu) it was built with: a later setup on the same machine only installs.
 
-    python -m suite.build_horovod     # what `make setup` runs; skips when horovod.torch imports
+    python -m suite.tools.build_horovod     # what `make setup` runs; skips when horovod.torch imports
 """
 
 import os
@@ -18,7 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
+from suite.paths import REPO_ROOT
+
+CONSTRAINTS = REPO_ROOT / "constraints.txt"
 CXX_STANDARD = "20"
 # CMakeLists.txt files of the sdist that set CMAKE_CXX_STANDARD (the top level one also builds gloo).
 CMAKE_FILES_SETTING_CXX_STANDARD = ("CMakeLists.txt", "horovod/torch/CMakeLists.txt")
