@@ -40,13 +40,13 @@ def main(argv: list[str]) -> int:
 
     from analysis.report import write_report
     from launchers.batch import SchedulerError
+    from suite.records.point_dir import error_line
+    from suite.records.store import Store, store_uri
+    from suite.signals import Stopped, raise_on_sigterm
     from suite.sweep.driver import run_sweep
     from suite.sweep.jobs import check_submittable, collect
     from suite.sweep.plan import expand, plan, sweep_lines
-    from suite.records.point_dir import error_line
-    from suite.signals import Stopped, raise_on_sigterm
     from suite.sweep.status import status_table
-    from suite.records.store import Store, store_uri
 
     try:
         if args.collect:

@@ -5,10 +5,10 @@ import torch
 from omegaconf import OmegaConf
 
 from analysis.report import write_report
-from suite.sweep.driver import run_sweep
-from suite.sweep.plan import Point, plan
 from suite.records.point_dir import PointDir
 from suite.records.store import Store
+from suite.sweep.driver import run_sweep
+from suite.sweep.plan import Point, plan
 
 pytestmark = pytest.mark.slow  # every point is launched: gloo ranks through the local launcher
 
@@ -276,8 +276,8 @@ def comm_mb(point: PointDir) -> float:
 
 
 def test_comm_volume_against_parameter_bytes(store):
-    """comm_mb_per_step (suite.runtime.comm) against GPT-2's parameter bytes P, with 2 ranks: an all-reduce of N bytes counts
-    N, an all-gather or reduce-scatter of N bytes N/2. Reuses the runs of the tests above."""
+    """comm_mb_per_step (suite.runtime.comm) against GPT-2's parameter bytes P, with 2 ranks: an all-reduce of
+    N bytes counts N, an all-gather or reduce-scatter of N bytes N/2. Reuses the runs of the tests above."""
     single, ddp = train_pair(store, WORKLOADS["gpt2"], ["strategy=ddp"], workers=2, global_batch=8)
     params = single.summary()["mem_params_mb"]  # the tied embedding and head once, as DDP's buckets hold it
     assert comm_mb(single) == 0

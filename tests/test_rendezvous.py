@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from conftest import DIGITS
+from launchers.hosts import allocation_hosts, lsf_hosts, slurm_hosts
 from suite.paths import REPO_ROOT
+from suite.runtime.rendezvous import discover
 from suite.sweep.plan import plan
 from suite.sweep.point import new_point_dir
-from launchers.hosts import allocation_hosts, lsf_hosts, slurm_hosts
-from suite.runtime.rendezvous import discover
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PALS_", "LSB_", "PBS_", "MPI_")
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -98,9 +98,9 @@ def test_two_ranks_find_each_other_from_the_launchers_variables(store, tmp_path,
     job_id = "4242" if style == "jsrun" else "4242.pbs01"
     assert out.manifest()["scheduler_job_id"] == job_id and len(out.manifest()["ranks"]) == 2
 
-    recorder = subprocess.run([sys.executable, "-m", "suite.records.record", str(out.path), "--exit-code", "0", "--started",
-                               "0"], cwd=REPO_ROOT, env=launcher_env(style, 0, tmp_path), capture_output=True,
-                              text=True)  # as the job's last step does
+    recorder = subprocess.run([sys.executable, "-m", "suite.records.record", str(out.path), "--exit-code", "0",
+                               "--started", "0"], cwd=REPO_ROOT, env=launcher_env(style, 0, tmp_path),
+                              capture_output=True, text=True)  # as the job's last step does
     assert recorder.returncode == 0, recorder.stdout + recorder.stderr
     (run,) = store.runs("adhoc")
     assert run.data.tags["suite.status"] == "finished" and run.data.tags["suite.job_id"] == job_id

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from conftest import DIGITS, free_port, run_suite, tracking_server
-from suite.tools.slurm_local import SlurmUnavailable, ensure_running
 from suite.paths import REPO_ROOT
 from suite.records.point_dir import PointDir
 from suite.records.store import Store
+from suite.tools.slurm_local import SlurmUnavailable, ensure_running
 
 pytestmark = pytest.mark.slow  # Slurm jobs, `make` and the driver
 

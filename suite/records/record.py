@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from suite.records.point_dir import PointDir, error_line
 from launchers.hosts import scheduler_job_id
+from suite.records.point_dir import PointDir, error_line
 from suite.records.store import Store
 
 TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM: start no further point

@@ -12,8 +12,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from suite.runtime.memory import MEMORY_SPLIT
 from suite.paths import results_dir
+from suite.runtime.memory import MEMORY_SPLIT
 
 EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss", "val_accuracy",
                  "val_perplexity", "train_time_s")

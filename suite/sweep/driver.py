@@ -13,16 +13,16 @@ import os
 import time
 
 from launchers import LaunchResult, launch
-from suite.sweep import jobs
+from suite.paths import REPO_ROOT
 from suite.placement import threads_per_worker
 from suite.records.manifest import git_sha
-from suite.paths import REPO_ROOT
-from suite.sweep.plan import Point
 from suite.records.point_dir import error_line
-from suite.sweep.point import Outcome, new_point_dir
 from suite.records.record import record_point
 from suite.records.store import Store
 from suite.records.verdict import judge
+from suite.sweep import jobs
+from suite.sweep.plan import Point
+from suite.sweep.point import Outcome, new_point_dir
 
 
 def worker_env(point: Point, position: str) -> dict[str, str]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from suite.records.point_dir import PointDir
+from suite.records.store import Store
 from suite.sweep import jobs
 from suite.sweep.driver import previous_run
 from suite.sweep.plan import Point
-from suite.records.point_dir import PointDir
-from suite.records.store import Store
 
 COLUMNS = ("point", "status", "epochs", "job", "run / error")
 
