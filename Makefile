@@ -13,7 +13,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup horovod test sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
+.PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
 
 setup: $(STAMP)
 
@@ -33,6 +33,14 @@ horovod: setup
 
 test: setup horovod
 	$(PY) -m pytest
+
+# The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 sweep: setup
 	$(PY) -m suite --sweep $(SWEEP) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) $(if $(DRY_RUN),--dry-run) \

@@ -5,8 +5,8 @@ needs the host list, and a run records its job id."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID", "COBALT_JOBID")
 

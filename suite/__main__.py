@@ -37,19 +37,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `--help` and argument errors answer at once.
+    from mlflow.exceptions import MlflowException
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
-    from mlflow.exceptions import MlflowException
-
     from launchers.batch import SchedulerError
+    from suite.records.point_dir import error_line
+    from suite.records.store import Store, store_uri
+    from suite.signals import Stopped, raise_on_sigterm
     from suite.sweep.driver import ensure_horovod, run_sweep
     from suite.sweep.jobs import check_submittable, collect
     from suite.sweep.plan import expand, plan, sweep_lines
-    from suite.records.point_dir import error_line
-    from suite.signals import Stopped, raise_on_sigterm
     from suite.sweep.status import status_table
-    from suite.records.store import Store, store_uri
 
     try:
         if args.collect:

@@ -6,6 +6,8 @@ import pytest
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
 
+pytestmark = pytest.mark.slow  # every point is launched: gloo ranks through the local launcher
+
 NETWORKS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenet_v2"]
 # gpipe_dist differs from 1f1b only in its torch.distributed.pipelining schedule class (same stages, same
 # partitioning), which its equivalence tests cover; leaving it out of this grid saves 6 launched points.

@@ -3,10 +3,10 @@
 import pytest
 
 from conftest import run_suite
-from suite.sweep.driver import needs_horovod
 from suite.errors import ConfigError
-from suite.sweep.plan import expand, plan, sweep_lines
 from suite.strategies import build_strategy
+from suite.sweep.driver import needs_horovod
+from suite.sweep.plan import expand, plan, sweep_lines
 
 MALFORMED = {
     "unknown strategy": (["strategy=dpp"], "strategy/dpp"),
@@ -18,7 +18,8 @@ MALFORMED = {
     "real data without a path": (["dataset=wikitext103", "network=gpt2_tiny"], "path"),
     "unknown strategy knob": (["strategy=ddp", "+strategy.bucket_cap=5"], "bucket_cap"),
     "bad strategy knob": (["strategy=ddp", "strategy.bucket_cap_mb=0"], "bucket_cap_mb > 0"),
-    "word for a number knob": (["strategy=ddp", "strategy.bucket_cap_mb=abc"], "strategy ddp: bucket_cap_mb=abc is not a number"),
+    "word for a number knob": (["strategy=ddp", "strategy.bucket_cap_mb=abc"],
+                               "strategy ddp: bucket_cap_mb=abc is not a number"),
     "word for a boolean knob": (["strategy=ddp", "strategy.static_graph=maybe"],
                                 "strategy ddp: static_graph=maybe is not true or false"),
     "fraction for an integer knob": (["strategy=zero", "optimizer.name=adam", "strategy.zero_stage=1.5"],
@@ -63,7 +64,8 @@ MALFORMED = {
                                      "strategy megatron does not apply activation_checkpointing=every"),
     "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits GPT-2's attention"),
     "sequence parallel not dividing the sequence": (["dataset=tokens", "dataset.seq_len=33", "network=gpt2_tiny",
-                                                     "strategy=megatron", "workers=2", "strategy.sequence_parallel=true"],
+                                                     "strategy=megatron", "workers=2",
+                                                     "strategy.sequence_parallel=true"],
                                                     "sequence_parallel needs tp=2 to divide dataset.seq_len=33"),
     "megatron tp not dividing workers": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=3"],
                                          "tp=2 does not divide workers=3"),
@@ -87,6 +89,7 @@ def test_sweep_without_multirun_is_rejected():
         expand(["strategy=single,ddp"], multirun=False)
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_sweep_before_launching_anything(results):
     result = run_suite("-m", "strategy=single,ddp", "workers=2")
     assert result.returncode == 2
@@ -107,7 +110,8 @@ def test_zero_point_carries_its_deepspeed_config():
                       "workers=2", "batch_size=4", "strategy.zero_stage=3", "strategy.offload=params",
                       "precision=bf16", "+strategy.ds_config.zero_optimization.overlap_comm=true"]])
     ds = point.config_files["ds_config.json"]
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
+    batches = (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
+    assert batches == (8, 4, 1)
     assert ds["optimizer"]["type"] == "Adam"
     assert {k: ds["optimizer"]["params"][k] for k in ("lr", "weight_decay")} == {"lr": 0.001, "weight_decay": 0.01}
     assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}

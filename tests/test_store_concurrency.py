@@ -11,10 +11,12 @@ import pytest
 
 from conftest import DIGITS, free_port, tracking_server
 from suite.paths import REPO_ROOT
-from suite.sweep.plan import plan
 from suite.records.point_dir import PointDir
-from suite.sweep.point import new_point_dir
 from suite.records.store import Store
+from suite.sweep.plan import plan
+from suite.sweep.point import new_point_dir
+
+pytestmark = pytest.mark.slow  # a real rank, eight recorders and `make mlflow-server`
 
 POINTS = 8
 OUTPUTS = ("epochs.jsonl", "summary.json", "manifest.json", "logs")

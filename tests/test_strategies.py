@@ -11,10 +11,10 @@ from torch.nn.parallel import DistributedDataParallel
 from suite.config import GradCompressionConfig, OptimizerConfig
 from suite.runtime.dist import DistEnv, resolve_device
 from suite.runtime.precision import make_precision
+from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
 from suite.strategies.ddp import DDP, apply_grad_compression
 from suite.strategies.layout import Layout
-from suite.runtime.timing import PhaseTimer
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from suite.signals import Stopped
 from suite.vocabulary import Status
 
 
-
 def failure_status(exc: BaseException) -> Status:
     import torch  # here, so that recording a point (`suite.records.record`, in every batch job) does not load torch
 

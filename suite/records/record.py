@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from suite.records.point_dir import PointDir, error_line
 from launchers.hosts import scheduler_job_id
+from suite.records.point_dir import PointDir, error_line
 from suite.records.store import Store
 from suite.records.verdict import Ending, verdict
 from suite.vocabulary import Status
@@ -27,8 +27,8 @@ TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM:
 def artifacts(out: PointDir) -> list[Path]:
     job = out.job() or {}
     script = [Path(job["script"])] if job.get("script") else []
-    return [out.config, out.point_file, out.job_file, *script, out.config_files, out.manifest_file, out.logs, out.launcher_log,
-            out.summary_file, out.epochs_file, *sorted(out.path.glob("error.rank*.json"))]
+    return [out.config, out.point_file, out.job_file, *script, out.config_files, out.manifest_file, out.logs,
+            out.launcher_log, out.summary_file, out.epochs_file, *sorted(out.path.glob("error.rank*.json"))]
 
 
 def record_point(out: PointDir, store: Store, status: str, error: str | None, start: float, end: float,

@@ -16,7 +16,6 @@ from suite.paths import results_dir
 from suite.vocabulary import EPOCH_METRICS, MEMORY_SPLIT, SUMMARY_DETAILS, SUMMARY_METRICS, Status
 
 
-
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:
     """`tracking.uri=`, else $MLFLOW_TRACKING_URI, else the cluster's tracking server, else the sqlite file."""
     return (configured or os.environ.get("MLFLOW_TRACKING_URI") or cluster_default

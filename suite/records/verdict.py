@@ -91,7 +91,8 @@ def epochs_done(out: PointDir, epochs: int) -> str:
 def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) -> tuple[str, str | None]:
     """Status and error line of a point from what its workers left behind and how the launcher ended."""
     if result.timed_out:
-        return Status.timeout, f"no result after timeout_s={timeout_s:g} s; the point was stopped {epochs_done(out, epochs)}"
+        return Status.timeout, (f"no result after timeout_s={timeout_s:g} s; "
+                                f"the point was stopped {epochs_done(out, epochs)}")
     if result.stopped_by == "SIGTERM":
         return Status.timeout, f"the sweep got SIGTERM (a time limit or a preemption) {epochs_done(out, epochs)}"
     if result.stopped_by:

@@ -14,7 +14,7 @@ counts their size once.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from torch._C._distributed_c10d import HookOpName, PreHookArgs
 from torch.distributed.distributed_c10d import _world

@@ -9,7 +9,6 @@ import time
 import torch
 
 
-
 def inject_fault(kind: str, step: int) -> None:
     if kind == "error":
         raise RuntimeError(f"injected fault at step {step}")

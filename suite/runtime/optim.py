@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 
-
 def build_optimizer(params, cfg) -> torch.optim.Optimizer:
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 
-
 @dataclass
 class Precision:
     name: str

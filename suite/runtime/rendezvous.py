@@ -9,8 +9,8 @@ port is derived from the job id, so every rank of a job computes the same one wi
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from launchers.hosts import allocation_hosts, scheduler_job_id
 

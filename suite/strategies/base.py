@@ -12,8 +12,9 @@ megatron), each changing only how it reduces gradients (`backward`) and steps (`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -24,9 +25,9 @@ from torch.distributed.tensor import DTensor
 from suite.runtime.dist import DistEnv
 from suite.runtime.memory import local_tensor, tensor_mb
 from suite.runtime.precision import Precision
+from suite.runtime.timing import PhaseTimer
 from suite.strategies.layout import Layout
 from suite.vocabulary import GradCompression, OptimizerName, PrecisionName
-from suite.runtime.timing import PhaseTimer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

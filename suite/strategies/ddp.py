@@ -10,8 +10,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.placement import will_use_cuda
 from suite.errors import ConfigError
+from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.vocabulary import GradCompression

@@ -15,17 +15,17 @@ import sys
 import time
 
 from launchers import LaunchResult, launch
-from suite.sweep import jobs
-from suite.placement import threads_per_worker
 from suite.errors import ConfigError
-from suite.records.manifest import git_sha
 from suite.paths import REPO_ROOT
-from suite.sweep.plan import Point
+from suite.placement import threads_per_worker
+from suite.records.manifest import git_sha
 from suite.records.point_dir import error_line
-from suite.sweep.point import Outcome, new_point_dir
 from suite.records.record import finish
 from suite.records.store import Store
 from suite.records.verdict import NotStarted
+from suite.sweep import jobs
+from suite.sweep.plan import Point
+from suite.sweep.point import Outcome, new_point_dir
 from suite.vocabulary import Status
 
 

@@ -18,12 +18,12 @@ from launchers import BATCH_SCHEDULERS, jobscript
 from launchers.batch import ENDED, Job, JobState, SchedulerError, Step, cores_per_rank
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
-from suite.sweep.plan import Point
 from suite.records.point_dir import PointDir, error_line
-from suite.sweep.point import Outcome, new_point_dir, point_dir_path
 from suite.records.record import finish
 from suite.records.store import Store, store_uri
 from suite.records.verdict import JobEnded, NotStarted
+from suite.sweep.plan import Point
+from suite.sweep.point import Outcome, new_point_dir, point_dir_path
 from suite.vocabulary import Status
 
 

@@ -18,14 +18,14 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from suite.runtime.activation_checkpointing import checkpoint_interval
-from suite.config import OptimizerConfig, register_schema
 from launchers import SCHEDULERS
+from suite.config import OptimizerConfig, register_schema
 from suite.data import check_dataset, train_samples
-from suite.placement import will_use_cuda
 from suite.errors import ConfigError
 from suite.models import check_network
 from suite.paths import CONF_DIR
+from suite.placement import will_use_cuda
+from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies import Strategy, build_strategy
 from suite.strategies.layout import Layout
 from suite.vocabulary import Device, FaultKind, GradCompression, OptimizerName, PrecisionName
@@ -118,7 +118,8 @@ def _check_ranges(cfg: DictConfig) -> None:
                 "grad_compression.rank": cfg.grad_compression.rank,
                 "cluster.workers_per_node": cfg.cluster.workers_per_node}
     job = cfg.cluster.job
-    positive.update({"cluster.job.time_limit_min": job.time_limit_min, "cluster.job.points_per_job": job.points_per_job})
+    positive.update({"cluster.job.time_limit_min": job.time_limit_min,
+                     "cluster.job.points_per_job": job.points_per_job})
     optional = {"steps_per_epoch": cfg.steps_per_epoch, "eval_batches": cfg.eval_batches, "nodes": cfg.nodes,
                 "cluster.threads_per_worker": cfg.cluster.threads_per_worker,
                 "cluster.job.cores_per_worker": job.cores_per_worker}

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from suite.records.manifest import git_sha
 from suite.paths import REPO_ROOT, results_dir
-from suite.sweep.plan import Point
+from suite.records.manifest import git_sha
 from suite.records.point_dir import PointDir
 from suite.records.store import run_params
+from suite.sweep.plan import Point
 
 
 @dataclass(frozen=True)

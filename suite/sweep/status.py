@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 from launchers.batch import ENDED
-from suite.sweep import jobs
-from suite.sweep.plan import Point
 from suite.records.point_dir import PointDir
 from suite.records.store import Store
+from suite.sweep import jobs
+from suite.sweep.plan import Point
 
 COLUMNS = ("point", "status", "epochs", "job", "run / error")
 

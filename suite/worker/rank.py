@@ -35,9 +35,9 @@ def train_point(out: PointDir) -> None:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from suite.runtime.dist import init_distributed, shutdown
     from suite.errors import ConfigError
     from suite.records.manifest import environment_manifest, rank_info
+    from suite.runtime.dist import init_distributed, shutdown
     from suite.strategies import build_strategy
     from suite.worker.trainer import Trainer
 

@@ -20,20 +20,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
-from suite.runtime.comm import CommVolume
 from suite.data import Datasets, build_datasets
-from suite.runtime.dist import DistEnv
 from suite.errors import ConfigError
-from suite.runtime.faults import inject_fault
-from suite.runtime.memory import peak_memory, reset_peak
 from suite.models import build_model
 from suite.records.point_dir import PointDir
+from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
+from suite.runtime.comm import CommVolume
+from suite.runtime.dist import DistEnv
+from suite.runtime.faults import inject_fault
+from suite.runtime.memory import peak_memory, reset_peak
 from suite.runtime.precision import make_precision
+from suite.runtime.timing import PHASES, PhaseTimer, synchronize
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
 from suite.vocabulary import MEMORY_SPLIT
-from suite.runtime.timing import PHASES, PhaseTimer, synchronize
 
 log = logging.getLogger("suite")
 

@@ -24,13 +24,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from suite.data import build_datasets
-from suite.runtime.dist import init_distributed, shutdown
 from suite.models import build_model
-from suite.sweep.plan import plan
 from suite.records.point_dir import PointDir
+from suite.runtime.dist import init_distributed, shutdown
 from suite.runtime.rendezvous import discover
-from suite.strategies import build_strategy
 from suite.runtime.timing import synchronize
+from suite.strategies import build_strategy
+from suite.sweep.plan import plan
 from suite.worker.trainer import Trainer
 
 POINT = ["dataset=cifar10", "network=resnet18", "strategy=ddp", "workers=2", "batch_size=16",

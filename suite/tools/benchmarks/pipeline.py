@@ -8,16 +8,16 @@ the measured step time, the bound, their ratio (target <= 1.10 for gpipe_dist an
 measured and ideal bubble fractions. torchgpipe runs every CPU stage on one thread, so on CPU its
 ratio is about p: its stages cannot overlap there.
 
-    python -m suite.tools.benchmarks.pipeline [override ...]   # overrides change every point, e.g. epochs=1 (a smoke run)
+    python -m suite.tools.benchmarks.pipeline [override ...]   # overrides change every point (epochs=1: a smoke run)
 """
 
 from __future__ import annotations
 
 import sys
 
+from suite.records.store import Store
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
-from suite.records.store import Store
 
 STRATEGIES = ("gpipe", "gpipe_dist", "1f1b")
 POINT = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=6", "network.n_embd=256", "network.n_head=4",
