@@ -1,4 +1,5 @@
 # Two commands on a fresh machine: `make sweep` and `make test`. Both create .venv on first use.
+# VENV=<path> runs them in another environment (the tests run make in their own).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -16,19 +17,21 @@ STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tr
 
 setup: $(STAMP)
 
-# The environment is pinned by constraints.txt (the lock); changing it or pyproject.toml reinstalls.
-$(STAMP): pyproject.toml constraints.txt
+# The environment is pinned by constraints.txt (the lock); the stamp is named by a checksum of it and
+# pyproject.toml, so changing either reinstalls, and an environment elsewhere (VENV=<path>) that has its
+# stamp is used as it is.
+$(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
-	$(MAKE) --no-print-directory horovod
 	rm -f $(VENV)/.installed-* && touch $@
 
 # Horovod built against the venv's torch (suite/tools/build_horovod.py): about 10 minutes on 2 cores the first time
 # on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
-horovod:
+# The tests need it; a sweep builds it (the driver) only when one of its points uses strategy=horovod.
+horovod: setup
 	$(PY) -m suite.tools.build_horovod
 
-test: setup
+test: setup horovod
 	$(PY) -m pytest
 
 # The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
@@ -40,8 +43,8 @@ lint: setup
 	$(PY) -m ruff format --check .
 
 sweep: setup
-	$(PY) -m suite --sweep $(SWEEP) cluster=$(CLUSTER) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) \
-		$(if $(DRY_RUN),--dry-run) $(JOB_ARGS) $(ARGS)
+	$(PY) -m suite --sweep $(SWEEP) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) $(if $(DRY_RUN),--dry-run) \
+		cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
 
 status: setup
 	$(PY) -m suite --status --sweep $(SWEEP) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
@@ -68,8 +71,9 @@ slurm-local: setup
 report: setup
 	$(PY) -m analysis.report $(SWEEP)
 
+# ARGS: the benchmark's options and overrides, e.g. ARGS='--rounds 1 steps_per_epoch=2' (its smoke test).
 bench-overhead: setup
-	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.tools.benchmarks.overhead
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.tools.benchmarks.overhead $(ARGS)
 
 bench-pipeline: setup
-	$(PY) -m suite.tools.benchmarks.pipeline
+	$(PY) -m suite.tools.benchmarks.pipeline $(ARGS)

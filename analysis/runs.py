@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from suite.runtime.memory import MEMORY_SPLIT
+from suite.vocabulary import MEMORY_SPLIT
 
 # Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).
 SPLIT_METRICS = (*MEMORY_SPLIT, "comm_mb_per_step")

@@ -19,23 +19,22 @@ from typing import Any
 
 from suite.errors import ConfigError
 from suite.signals import Stopped
+from suite.vocabulary import Status
 
-STATUSES = ("finished", "oom", "timeout", "failed", "invalid")
 
-
-def failure_status(exc: BaseException) -> str:
+def failure_status(exc: BaseException) -> Status:
     import torch  # here, so that recording a point (`suite.records.record`, in every batch job) does not load torch
 
     if isinstance(exc, ConfigError):
-        return "invalid"
+        return Status.invalid
     if isinstance(exc, Stopped):
-        return "timeout"
+        return Status.timeout
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return "oom"
+        return Status.oom
     text = str(exc).lower()
     if "out of memory" in text or "can't allocate memory" in text:
-        return "oom"
-    return "failed"
+        return Status.oom
+    return Status.failed
 
 
 def error_line(exc: BaseException) -> str:

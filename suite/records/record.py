@@ -12,11 +12,14 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from launchers.hosts import scheduler_job_id
 from suite.records.point_dir import PointDir, error_line
 from suite.records.store import Store
+from suite.records.verdict import Ending, verdict
+from suite.vocabulary import Status
 
 TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM: start no further point
 
@@ -60,6 +63,21 @@ def record_point(out: PointDir, store: Store, status: str, error: str | None, st
         out.release()
 
 
+@dataclass(frozen=True)
+class Recorded:
+    status: Status
+    error: str | None
+    run_id: str | None  # None while another recorder holds the point
+
+
+def finish(out: PointDir, store: Store, ended: Ending, start: float, end: float,
+           tags: dict[str, str] | None = None) -> Recorded:
+    """Judge how a point ended and record it: the one path of the local driver, a batch job's last step and
+    `make collect`."""
+    status, error = verdict(out, ended)
+    return Recorded(status, error, record_point(out, store, status, error, start, end, tags))
+
+
 def main(argv: list[str]) -> int:
     """The last step of a batch job for one point: judge how its ranks ended and record it."""
     parser = argparse.ArgumentParser(prog="python -m suite.records.record", description=main.__doc__)
@@ -71,22 +89,19 @@ def main(argv: list[str]) -> int:
 
     from launchers import LaunchResult
     from suite.records.store import store_uri
-    from suite.records.verdict import judge
 
     out = PointDir(args.point_dir)
-    cfg = OmegaConf.load(out.config)
     label = out.point()["label"]
-    status, error = judge(out, LaunchResult(args.exit_code, False, time.time() - args.started), cfg.timeout_s,
-                          cfg.epochs)
+    ended = LaunchResult(args.exit_code, False, time.time() - args.started)
     try:
-        run_id = record_point(out, Store(store_uri(cfg)), status, error, args.started, time.time())
+        done = finish(out, Store(store_uri(OmegaConf.load(out.config))), ended, args.started, time.time())
     except Exception as e:  # e.g. the tracking server is unreachable: the results stay for `make collect`
-        print(f"suite: {label} {status}, not recorded ({error_line(e)}); its results stay in {out.path} "
+        print(f"suite: {label} not recorded ({error_line(e)}); its results stay in {out.path} "
               "and `make collect` records them", flush=True)
         return 1
-    where = f"run {run_id}" if run_id else "another process is recording it"
-    print(f"suite: {label} {status}" + (f": {error}" if error else "") + f" ({where})", flush=True)
-    return TIMEOUT_EXIT if status == "timeout" else 0
+    where = f"run {done.run_id}" if done.run_id else "another process is recording it"
+    print(f"suite: {label} {done.status}" + (f": {done.error}" if done.error else "") + f" ({where})", flush=True)
+    return TIMEOUT_EXIT if done.status == Status.timeout else 0
 
 
 if __name__ == "__main__":

@@ -13,13 +13,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from suite.paths import results_dir
-from suite.runtime.memory import MEMORY_SPLIT
-
-EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss", "val_accuracy",
-                 "val_perplexity", "train_time_s")
-SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
-                   "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step")
+from suite.vocabulary import EPOCH_METRICS, MEMORY_SPLIT, SUMMARY_DETAILS, SUMMARY_METRICS, Status
 
 
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:
@@ -89,6 +83,10 @@ class Store:
         runs = self.runs(experiment, f"tags.`suite.config_hash` = '{config_hash}'")
         return runs[0] if runs else None
 
+    def speaking_run(self, experiment: str, config_hash: str):
+        """The run that speaks for a point: its newest finished run, else its newest run (None: never run)."""
+        return self.finished_run(experiment, config_hash) or self.latest_run(experiment, config_hash)
+
     def run_for_point_dir(self, experiment: str, point_dir: str):
         runs = self.runs(experiment, f"tags.`suite.point_dir` = '{point_dir}'")
         return runs[0] if runs else None
@@ -97,6 +95,9 @@ class Store:
                epochs: list[dict], summary: dict[str, Any], artifacts: list[Path],
                start_time: float, end_time: float) -> str:
         """Write one complete run; a new run every time, nothing existing is touched."""
+        undeclared = summary.keys() - {*SUMMARY_METRICS, *SUMMARY_DETAILS}
+        if undeclared:  # a metric the contract does not name would be lost: say so instead
+            raise ValueError(f"summary metrics {sorted(undeclared)} are not declared in suite.vocabulary")
         run = self.client.create_run(self.experiment_id(experiment), start_time=int(start_time * 1000),
                                      run_name=name, tags=tags)
         now = int(time.time() * 1000)
@@ -114,6 +115,6 @@ class Store:
                 self.client.log_artifacts(run.info.run_id, str(path), path.name)
             elif path.exists():
                 self.client.log_artifact(run.info.run_id, str(path))
-        status = "FINISHED" if tags["suite.status"] == "finished" else "FAILED"
+        status = "FINISHED" if tags["suite.status"] == Status.finished else "FAILED"
         self.client.set_terminated(run.info.run_id, status, end_time=int(end_time * 1000))
         return run.info.run_id

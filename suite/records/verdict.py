@@ -7,13 +7,17 @@ mpiexec) and `make collect`, which adds what the scheduler says about a job that
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
 
 from launchers import LaunchResult
 from launchers.batch import JobState
 from suite.records.point_dir import PointDir
+from suite.vocabulary import Status
 
 # Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.
-OWN_FAILURES = ("failed", "oom", "invalid")
+OWN_FAILURES = (Status.failed, Status.oom, Status.invalid)
 SIGTERM = -15  # how launchers stop the ranks that survive a failure: never the cause
 HOROVODRUN_EXIT = re.compile(r"^Process (\d+) exit with status code (\d+)\.$")
 HOROVODRUN_STOPS_THE_OTHERS = "Terminating remaining workers after failure of Process"
@@ -53,6 +57,33 @@ def _first_exception_line(launcher_text: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class JobEnded:
+    """A batch job that ended without recording its point, as its scheduler last saw it (None: forgotten)."""
+
+    state: JobState | None
+
+
+@dataclass(frozen=True)
+class NotStarted:
+    """The point's ranks never ran: the launcher broke, or the scheduler refused the job."""
+
+    error: str
+
+
+Ending = LaunchResult | JobEnded | NotStarted
+
+
+def verdict(out: PointDir, ended: Ending) -> tuple[Status, str | None]:
+    """Status and error line of a point, however it ended."""
+    if isinstance(ended, NotStarted):
+        return Status.failed, ended.error
+    cfg = OmegaConf.load(out.config)
+    if isinstance(ended, JobEnded):
+        return judge_ended_job(out, ended.state, cfg.epochs)
+    return judge(out, ended, cfg.timeout_s, cfg.epochs)
+
+
 def epochs_done(out: PointDir, epochs: int) -> str:
     return f"after {len(out.epochs())} of {epochs} epochs"
 
@@ -60,13 +91,14 @@ def epochs_done(out: PointDir, epochs: int) -> str:
 def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) -> tuple[str, str | None]:
     """Status and error line of a point from what its workers left behind and how the launcher ended."""
     if result.timed_out:
-        return "timeout", f"no result after timeout_s={timeout_s:g} s; the point was stopped {epochs_done(out, epochs)}"
+        stopped = f"the point was stopped {epochs_done(out, epochs)}"
+        return Status.timeout, f"no result after timeout_s={timeout_s:g} s; {stopped}"
     if result.stopped_by == "SIGTERM":
-        return "timeout", f"the sweep got SIGTERM (a time limit or a preemption) {epochs_done(out, epochs)}"
+        return Status.timeout, f"the sweep got SIGTERM (a time limit or a preemption) {epochs_done(out, epochs)}"
     if result.stopped_by:
-        return "failed", f"interrupted ({result.stopped_by}) {epochs_done(out, epochs)}: the sweep was stopped"
+        return Status.failed, f"interrupted ({result.stopped_by}) {epochs_done(out, epochs)}: the sweep was stopped"
     if result.returncode == 0 and out.summary() is not None:
-        return "finished", None
+        return Status.finished, None
     text = out.launcher_log.read_text(errors="replace") if out.launcher_log.exists() else ""
     errors = out.errors()  # earliest first: the first is the root cause, the others its consequences
     failed = result.failed_ranks or _failed_ranks(text)
@@ -77,31 +109,31 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) ->
     killed.sort(key=lambda rank: (failed[rank] != -9, rank))
     if errors and not killed:
         first = errors[0]
-        detail = f" {epochs_done(out, epochs)}" if first["status"] == "timeout" else ""
+        detail = f" {epochs_done(out, epochs)}" if first["status"] == Status.timeout else ""
         return first["status"], f"rank {first['rank']}: {first['error']}{detail}"
     rank = killed[0] if killed else next(iter(failed), None)
     code = failed.get(rank, result.returncode)
     who = "a worker" if rank is None else f"rank {rank}"
     if code == -9:
-        return "oom", f"{who} was killed by SIGKILL (most likely the kernel's out-of-memory killer)"
+        return Status.oom, f"{who} was killed by SIGKILL (most likely the kernel's out-of-memory killer)"
     died = f"killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
     exception = _first_exception_line(text)
     detail = f": {exception}" if exception else " without an error report (see its log)"
-    return "failed", f"{who} {died}{detail}"
+    return Status.failed, f"{who} {died}{detail}"
 
 
 def judge_ended_job(out: PointDir, state: JobState | None, epochs: int) -> tuple[str, str | None]:
     """A batch job that ended without recording its point: the ranks' own evidence where it is decisive,
     else the scheduler's verdict on the job (`state`; None when the scheduler no longer knows it)."""
     if out.summary() is not None:
-        return "finished", None
+        return Status.finished, None
     own = [e for e in out.errors() if e["status"] in OWN_FAILURES]
     if own:
         return own[0]["status"], f"rank {own[0]['rank']}: {own[0]['error']}"
     job = out.job() or {}
     where = f"{job.get('scheduler', 'batch')} job {job.get('job_id', '?')}"
     if state is None:
-        return "failed", f"{where} ended without recording the point and its scheduler no longer knows it " \
+        return Status.failed, f"{where} ended without recording the point and its scheduler no longer knows it " \
                          f"({epochs_done(out, epochs)})"
-    status = "failed" if state.status in (None, "finished") else state.status
+    status = Status.failed if state.status in (None, Status.finished) else state.status
     return status, f"{where} ended {state.detail} {epochs_done(out, epochs)}"

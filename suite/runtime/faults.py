@@ -8,8 +8,6 @@ import time
 
 import torch
 
-FAULT_KINDS = ("error", "oom", "hang", "exit", "kill")
-
 
 def inject_fault(kind: str, step: int) -> None:
     if kind == "error":

@@ -11,7 +11,6 @@ from torch.distributed.tensor import DTensor
 
 # Per rank; a point reports the largest. mem_master_mb: fp32 master copies of the parameters that an
 # optimizer steps beside the model's own (ZeRO keeps its partition of them even in fp32 training).
-MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb", "mem_master_mb")
 
 
 def reset_peak(device: torch.device) -> None:

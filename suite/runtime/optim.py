@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import torch
 
-OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
-# Updates that are right on any shard of a parameter: LAMB's trust ratio needs the norm of the whole parameter
-# (pytorch-optimizer's LAMB does not take it across DTensor shards).
-ELEMENTWISE_OPTIMIZERS = ("sgd", "adam", "adamw")
-
 
 def build_optimizer(params, cfg) -> torch.optim.Optimizer:
     if cfg.name == "sgd":

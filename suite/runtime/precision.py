@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-
 
 @dataclass
 class Precision:

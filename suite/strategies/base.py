@@ -23,9 +23,9 @@ from torch.distributed.tensor import DTensor
 
 from suite.runtime.dist import DistEnv
 from suite.runtime.memory import local_tensor, tensor_mb
-from suite.runtime.optim import OPTIMIZERS
-from suite.runtime.precision import PRECISIONS, Precision
+from suite.runtime.precision import Precision
 from suite.strategies.layout import Layout
+from suite.vocabulary import GradCompression, OptimizerName, PrecisionName
 from suite.runtime.timing import PhaseTimer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -35,10 +35,10 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class Supports:
     """Which values of the cross-strategy knobs a strategy applies (the rest is rejected before launch)."""
 
-    precisions: tuple[str, ...] = PRECISIONS
-    optimizers: tuple[str, ...] = OPTIMIZERS
+    precisions: tuple[str, ...] = tuple(PrecisionName)
+    optimizers: tuple[str, ...] = tuple(OptimizerName)
     activation_checkpointing: bool = True  # applied to the plain model before `setup`
-    grad_compressions: tuple[str, ...] = ("none",)
+    grad_compressions: tuple[str, ...] = (GradCompression.none,)
     # True where all its communication goes through torch.distributed process groups, so that suite.runtime.comm's
     # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
     counts_communication: bool = False

@@ -14,9 +14,9 @@ from suite.placement import will_use_cuda
 from suite.errors import ConfigError
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.vocabulary import GradCompression
 
 CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
-GRAD_COMPRESSIONS = ("none", *CAST_HOOKS, "powersgd")
 
 
 def apply_grad_compression(model: DistributedDataParallel, compression) -> None:
@@ -33,7 +33,7 @@ def apply_grad_compression(model: DistributedDataParallel, compression) -> None:
 @dataclass(frozen=True)
 class DDP(Strategy):
     name: str = "ddp"
-    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=GRAD_COMPRESSIONS)
+    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=tuple(GradCompression))
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False

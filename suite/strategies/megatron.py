@@ -27,9 +27,10 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
 from suite.runtime.dist import all_reduce_flat
 from suite.errors import ConfigError
 from suite.runtime.memory import local_tensor
-from suite.runtime.optim import ELEMENTWISE_OPTIMIZERS, build_optimizer
+from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.strategies.layout import Layout
+from suite.vocabulary import ELEMENTWISE_OPTIMIZERS
 
 
 def block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:

@@ -10,19 +10,23 @@ still queued or running is left to it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 from launchers import LaunchResult, launch
+from suite.errors import ConfigError
 from suite.paths import REPO_ROOT
 from suite.placement import threads_per_worker
 from suite.records.manifest import git_sha
 from suite.records.point_dir import error_line
-from suite.records.record import record_point
+from suite.records.record import finish
 from suite.records.store import Store
-from suite.records.verdict import judge
+from suite.records.verdict import NotStarted
 from suite.sweep import jobs
 from suite.sweep.plan import Point
 from suite.sweep.point import Outcome, new_point_dir
+from suite.vocabulary import Status
 
 
 def worker_env(point: Point, position: str) -> dict[str, str]:
@@ -37,24 +41,16 @@ def run_point(point: Point, store: Store, position: str) -> Outcome:
     out = new_point_dir(point)
     start = time.time()
     try:
-        result = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
-                        worker_env(point, position), point.rank_launcher)
-        status, error = judge(out, result, point.cfg.timeout_s, point.cfg.epochs)
+        ended = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
+                       worker_env(point, position), point.rank_launcher)
     except Exception as exc:  # the launcher itself broke: still one recorded run, and the sweep goes on
-        result = LaunchResult(None, False, time.time() - start)
-        status, error = "failed", f"launcher: {error_line(exc)}"
+        ended = NotStarted(f"launcher: {error_line(exc)}")
+    stopped_by = ended.stopped_by if isinstance(ended, LaunchResult) else None
     # A point cut short by stopping the sweep is run again when the sweep is resumed.
-    tags = {"suite.interrupted": result.stopped_by} if result.stopped_by else {}
-    run_id = record_point(out, store, status, error, start, time.time(), tags)
-    if result.stopped_by:
-        raise KeyboardInterrupt(f"stopped during {point.label}; recorded as run {run_id}")
-    return Outcome(point, status, error, run_id, out)
-
-
-def previous_run(point: Point, store: Store):
-    """The run that speaks for a point: its newest finished run, else its newest run (None: never run)."""
-    experiment = point.cfg.tracking.experiment
-    return store.finished_run(experiment, point.config_hash) or store.latest_run(experiment, point.config_hash)
+    done = finish(out, store, ended, start, time.time(), {"suite.interrupted": stopped_by} if stopped_by else {})
+    if stopped_by:
+        raise KeyboardInterrupt(f"stopped during {point.label}; recorded as run {done.run_id}")
+    return Outcome(point, done.status, done.error, done.run_id, out)
 
 
 def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str | None:
@@ -62,7 +58,7 @@ def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str
     if previous is None or force:
         return None
     tags = previous.data.tags
-    if tags.get("suite.status") == "finished":
+    if tags.get("suite.status") == Status.finished:
         reason = f"finished run {previous.info.run_id} has this config"
         measured = tags.get("suite.git_sha", "?")
         if measured != code_now:
@@ -75,16 +71,33 @@ def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str
             "(--retry-failed / RETRY_FAILED=1 runs it again)")
 
 
+def needs_horovod(points: list[Point]) -> bool:
+    """Whether a planned point starts its ranks with horovodrun, and so needs horovod.torch."""
+    return any(point.rank_launcher == "horovodrun" for point in points)
+
+
+def ensure_horovod(points: list[Point]) -> None:
+    """Before a sweep with a Horovod point runs or submits anything (its jobs use this environment too):
+    build Horovod if it does not import yet (`make horovod`; nothing to do when it does)."""
+    if not needs_horovod(points):
+        return
+    if subprocess.run([sys.executable, "-m", "suite.tools.build_horovod"], cwd=REPO_ROOT).returncode:
+        raise ConfigError("Horovod, which strategy=horovod needs, did not build (its output is above); "
+                          "`make horovod` builds it alone")
+
+
 def run_sweep(points: list[Point], store: Store, force: bool = False, retry_failed: bool = False,
               dry_run: bool = False) -> list[Outcome]:
     """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
     the outcomes too, with the run that speaks for them."""
+    for experiment in jobs.batch_experiments(points):
+        jobs.collect(experiment)  # jobs that ended without recording their points
     pending = jobs.pending(points)
     code_now = git_sha(REPO_ROOT)
     outcomes, to_submit = [], []
     for k, point in enumerate(points, 1):
         position = f"{k}/{len(points)}"
-        previous = previous_run(point, store)
+        previous = store.speaking_run(point.cfg.tracking.experiment, point.config_hash)
         waiting = pending.get((point.cfg.tracking.experiment, point.config_hash))
         reason = waiting.describe() if waiting else skip_reason(previous, code_now, force, retry_failed)
         if reason:

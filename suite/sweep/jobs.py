@@ -19,11 +19,12 @@ from launchers.batch import ENDED, Job, JobState, SchedulerError, Step, cores_pe
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
 from suite.records.point_dir import PointDir, error_line
-from suite.records.record import record_point
+from suite.records.record import finish
 from suite.records.store import Store, store_uri
-from suite.records.verdict import judge_ended_job
+from suite.records.verdict import JobEnded, NotStarted
 from suite.sweep.plan import Point
 from suite.sweep.point import Outcome, new_point_dir, point_dir_path
+from suite.vocabulary import Status
 
 
 def is_batch(point: Point) -> bool:
@@ -73,36 +74,41 @@ class Stores:
         return self._stores[uri]
 
 
-def collect(experiment: str | None = None) -> list[PendingPoint]:
-    """Record every point whose job ended without recording it; return the points still queued or running."""
+def unrecorded(experiment: str | None = None) -> list[PendingPoint]:
+    """Submitted points not recorded yet, with their jobs' states (one query per scheduler; writes nothing)."""
     waiting = [out for out in submitted_dirs(experiment) if not out.recorded()]
     states = job_states(waiting)
+    return [PendingPoint(out, states.get((out.job()["scheduler"], out.job()["job_id"]))) for out in waiting]
+
+
+def collect(experiment: str | None = None) -> list[PendingPoint]:
+    """Record every point whose job ended without recording it; return the points still queued or running."""
     stores = Stores()
     still = []
-    for out in waiting:
-        job = out.job()
-        state = states.get((job["scheduler"], job["job_id"]))
+    for waiting in unrecorded(experiment):
+        out, state, job = waiting.out, waiting.state, waiting.job
         if state and state.phase != ENDED:
-            still.append(PendingPoint(out, state))
+            still.append(waiting)
             continue
-        cfg = OmegaConf.load(out.config)
-        status, error = judge_ended_job(out, state, cfg.epochs)
         end = out.launcher_log.stat().st_mtime if out.launcher_log.exists() else time.time()
-        run_id = record_point(out, stores(store_uri(cfg)), status, error, job["submitted"], end)
-        print(f"collected {out.point()['label']} ({job['scheduler']} job {job['job_id']}): {status}"
-              + (f": {error}" if error else "") + f" (run {run_id})", flush=True)
+        done = finish(out, stores(store_uri(OmegaConf.load(out.config))), JobEnded(state), job["submitted"], end)
+        print(f"collected {out.point()['label']} ({job['scheduler']} job {job['job_id']}): {done.status}"
+              + (f": {done.error}" if done.error else "") + f" (run {done.run_id})", flush=True)
     return still
 
 
+def batch_experiments(points: list[Point]) -> list[str]:
+    return sorted({p.cfg.tracking.experiment for p in points if is_batch(p)})
+
+
 def pending(points: list[Point]) -> dict[tuple[str, str], PendingPoint]:
-    """(experiment, config hash) -> its queued or running job, over the experiments of the points that run
-    as batch jobs. Jobs that ended unrecorded are collected first."""
-    experiments = {p.cfg.tracking.experiment for p in points if is_batch(p)}
+    """(experiment, config hash) -> its job, for the submitted points of these points' experiments that are not
+    recorded yet: queued, running, or ended unrecorded (`collect` records those). Writes nothing."""
     found = {}
-    for experiment in sorted(experiments):
-        for p in collect(experiment):
-            point = p.out.point()
-            found[(point["experiment"], point["config_hash"])] = p
+    for experiment in batch_experiments(points):
+        for waiting in unrecorded(experiment):
+            point = waiting.out.point()
+            found[(point["experiment"], point["config_hash"])] = waiting
     return found
 
 
@@ -162,8 +168,8 @@ def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool) -> 
         job_id = scheduler.submit(script)
     except SchedulerError as e:
         print(f"{where} not submitted: {e}", flush=True)
-        return [Outcome(point, "failed", str(e), record_point(out, store, "failed", f"submission: {error_line(e)}",
-                                                              time.time(), time.time()), out)
+        refused = NotStarted(f"submission: {error_line(e)}")
+        return [Outcome(point, Status.failed, str(e), finish(out, store, refused, time.time(), time.time()).run_id, out)
                 for (_, point), out in zip(chunk, dirs)]
     for out in dirs:
         out.write_job({"scheduler": scheduler.name, "job_id": job_id, "script": str(script), "submitted": time.time()})

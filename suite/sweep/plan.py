@@ -19,19 +19,16 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from suite.runtime.activation_checkpointing import checkpoint_interval
-from suite.config import register_schema
+from suite.config import OptimizerConfig, register_schema
 from launchers import SCHEDULERS
 from suite.data import check_dataset, train_samples
 from suite.placement import will_use_cuda
 from suite.errors import ConfigError
-from suite.runtime.faults import FAULT_KINDS
 from suite.models import check_network
-from suite.runtime.optim import OPTIMIZERS
 from suite.paths import CONF_DIR
-from suite.runtime.precision import PRECISIONS
 from suite.strategies import Strategy, build_strategy
 from suite.strategies.layout import Layout
-from suite.strategies.ddp import GRAD_COMPRESSIONS
+from suite.vocabulary import Device, FaultKind, GradCompression, OptimizerName, PrecisionName
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
@@ -135,12 +132,13 @@ def _check_ranges(cfg: DictConfig) -> None:
 
 
 def _check_choices(cfg: DictConfig) -> None:
-    choices = {"precision": (cfg.precision, PRECISIONS), "optimizer.name": (cfg.optimizer.name, OPTIMIZERS),
-               "grad_compression.name": (cfg.grad_compression.name, GRAD_COMPRESSIONS),
-               "cluster.device": (cfg.cluster.device, ("auto", "cpu", "cuda")),
+    choices = {"precision": (cfg.precision, tuple(PrecisionName)),
+               "optimizer.name": (cfg.optimizer.name, tuple(OptimizerName)),
+               "grad_compression.name": (cfg.grad_compression.name, tuple(GradCompression)),
+               "cluster.device": (cfg.cluster.device, tuple(Device)),
                "cluster.scheduler": (cfg.cluster.scheduler, SCHEDULERS)}
     if cfg.fault.kind is not None:
-        choices["fault.kind"] = (cfg.fault.kind, FAULT_KINDS)
+        choices["fault.kind"] = (cfg.fault.kind, tuple(FaultKind))
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"{key}={value} is not one of {', '.join(allowed)}")
@@ -219,8 +217,10 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
         raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
                           f"(use {', '.join(supports.precisions)})")
     if cfg.optimizer.name not in supports.optimizers:
-        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} "
-                          f"(use {', '.join(supports.optimizers)})")
+        use = f"use {', '.join(supports.optimizers)}"
+        if cfg.optimizer.name == OptimizerConfig.name:  # perhaps not chosen at all: say how to choose
+            use = f"the default; set optimizer.name={' or '.join(supports.optimizers)} and an optimizer.lr for it"
+        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} ({use})")
     if checkpoint_interval(cfg.activation_checkpointing) and not supports.activation_checkpointing:
         raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
                           f"{cfg.activation_checkpointing}; leave it none")
@@ -260,19 +260,30 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
     return Point(tuple(overrides), cfg, strategy, layout)
 
 
+def problem_line(message: str, where: list[str], total: int) -> str:
+    """One line per distinct problem: a problem of one point names it, one shared by several counts them."""
+    if total == 1:
+        return message
+    if len(where) == 1:
+        return f"{where[0]}: {message}"
+    if len(where) == total:
+        return f"{message} (all {total} points)"
+    return f"{message} ({len(where)} of {total} points, e.g. {where[0]})"
+
+
 def plan(jobs: list[list[str]], experiment: str | None = None) -> list[Point]:
     """Compose and validate every job; raise ConfigError listing all bad ones."""
     register_schema()
     GlobalHydra.instance().clear()
-    points, problems = [], []
+    points = []
+    problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for overrides in jobs:
             try:
                 points.append(make_point(overrides, experiment))
             except ConfigError as e:
-                where = " ".join(overrides) or "(defaults)"
-                problems.append(f"{where}: {e}" if len(jobs) > 1 else str(e))
+                problems.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
     if problems:
-        raise ConfigError("\n".join(problems))
+        raise ConfigError("\n".join(problem_line(message, where, len(jobs)) for message, where in problems.items()))
     unique = {p.config_hash: p for p in points}
     return list(unique.values())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from launchers.batch import ENDED
 from suite.records.point_dir import PointDir
 from suite.records.store import Store
 from suite.sweep import jobs
-from suite.sweep.driver import previous_run
 from suite.sweep.plan import Point
 
 COLUMNS = ("point", "status", "epochs", "job", "run / error")
@@ -24,12 +24,13 @@ def status_rows(points: list[Point], store: Store) -> list[tuple[str, ...]]:
     for point in points:
         waiting = pending.get((point.cfg.tracking.experiment, point.config_hash))
         if waiting:
-            job = waiting.job
-            state = waiting.state
-            rows.append((point.label, state.phase, _epochs(str(waiting.out.path), point.cfg.epochs),
-                         f"{job['scheduler']} {job['job_id']}", state.detail))
+            job, state = waiting.job, waiting.state
+            phase = state.phase if state else "forgotten by the scheduler"
+            detail = state.detail if state and state.phase != ENDED else "ended unrecorded: `make collect` records it"
+            rows.append((point.label, phase, _epochs(str(waiting.out.path), point.cfg.epochs),
+                         f"{job['scheduler']} {job['job_id']}", detail))
             continue
-        run = previous_run(point, store)
+        run = store.speaking_run(point.cfg.tracking.experiment, point.config_hash)
         if run is None:
             rows.append((point.label, "not run", "-", "-", ""))
             continue

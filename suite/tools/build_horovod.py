@@ -4,9 +4,12 @@ Horovod's last release does not build against torch 2.14 as shipped: torch's hea
 gloo must be built at the same standard (else `kDefaultTimeout` is defined twice at link time). So the
 source distribution is patched to C++20 and built without build isolation (against the installed
 torch). The wheel links against torch's C++ ABI, so it is cached under a key naming horovod, Python,
-torch and the CUDA toolkit (or cpu) it was built with: a later setup on the same machine only installs.
+torch and the CUDA toolkit (or cpu) it was built with: a later build on the same machine only installs.
 
-    python -m suite.tools.build_horovod     # what `make setup` runs; skips when horovod.torch imports
+    python -m suite.tools.build_horovod     # what `make horovod` runs; skips when horovod.torch imports
+
+`make test` runs it first; the driver runs it before a sweep that runs or submits a Horovod point
+(`suite.sweep.driver.ensure_horovod`), so a sweep without one never waits for the build.
 """
 
 import os

@@ -26,12 +26,13 @@ from suite.data import Datasets, build_datasets
 from suite.runtime.dist import DistEnv
 from suite.errors import ConfigError
 from suite.runtime.faults import inject_fault
-from suite.runtime.memory import MEMORY_SPLIT, peak_memory, reset_peak
+from suite.runtime.memory import peak_memory, reset_peak
 from suite.models import build_model
 from suite.records.point_dir import PointDir
 from suite.runtime.precision import make_precision
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
+from suite.vocabulary import MEMORY_SPLIT
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
 
 log = logging.getLogger("suite")

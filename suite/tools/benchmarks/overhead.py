@@ -3,10 +3,15 @@
 Run under torchrun with 2 workers (`make bench-overhead`). The two alternate for several rounds in
 the same process group, so machine noise hits both; it prints the median step time of each and
 their ratio (the suite's overhead; target <= 1.02).
+
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.tools.benchmarks.overhead \
+        [--rounds N] [override ...]     # overrides change the point, e.g. steps_per_epoch=2 (a smoke run)
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -22,6 +27,7 @@ from suite.data import build_datasets
 from suite.models import build_model
 from suite.records.point_dir import PointDir
 from suite.runtime.dist import init_distributed, shutdown
+from suite.runtime.rendezvous import discover
 from suite.runtime.timing import synchronize
 from suite.strategies import build_strategy
 from suite.sweep.plan import plan
@@ -67,26 +73,32 @@ def suite_step_time(cfg, env, workdir: str) -> float:
     return summary["epoch_time_s_mean"] / summary["steps_per_epoch"]
 
 
-def main() -> int:
-    (point,) = plan([POINT], experiment="bench")
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m suite.tools.benchmarks.overhead", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternations of the two loops")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to the benchmark's point")
+    args = parser.parse_args(argv)
+    (point,) = plan([POINT + args.overrides], experiment="bench")
     cfg = point.cfg
-    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker)
+    rendezvous = discover(os.environ, expected_world_size=point.processes)
+    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous)
     minimal, suite = [], []
     with tempfile.TemporaryDirectory() as workdir:
-        for r in range(ROUNDS):
+        for r in range(args.rounds):
             minimal.append(minimal_ddp_step_time(cfg, env.device))
             suite.append(suite_step_time(cfg, env, workdir))
             if env.is_main:
-                print(f"round {r + 1}/{ROUNDS}: minimal {minimal[-1] * 1e3:.1f} ms/step, "
+                print(f"round {r + 1}/{args.rounds}: minimal {minimal[-1] * 1e3:.1f} ms/step, "
                       f"suite {suite[-1] * 1e3:.1f} ms/step", flush=True)
     if env.is_main:
         m, s = statistics.median(minimal), statistics.median(suite)
         print(f"\n{point.label}, global batch {point.global_batch_size}, {cfg.steps_per_epoch} timed steps x "
-              f"{ROUNDS} rounds\nmedian step time: minimal DDP loop {m * 1e3:.1f} ms, suite {s * 1e3:.1f} ms\n"
+              f"{args.rounds} rounds\nmedian step time: minimal DDP loop {m * 1e3:.1f} ms, suite {s * 1e3:.1f} ms\n"
               f"overhead ratio suite/minimal = {s / m:.3f} (target <= 1.02)")
     shutdown()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

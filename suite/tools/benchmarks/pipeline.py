@@ -7,6 +7,8 @@ T_seq(mb) x (p + m - 1) / p with T_seq(mb) the summed per-stage compute of one m
 the measured step time, the bound, their ratio (target <= 1.10 for gpipe_dist and 1f1b) and the
 measured and ideal bubble fractions. torchgpipe runs every CPU stage on one thread, so on CPU its
 ratio is about p: its stages cannot overlap there.
+
+    python -m suite.tools.benchmarks.pipeline [override ...]   # overrides change every point, e.g. epochs=1
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ COLUMNS = ("pipeline_step_s", "pipeline_bound_s", "pipeline_bound_ratio", "bubbl
            "bubble_fraction_ideal")
 
 
-def main() -> int:
-    points = plan([[f"strategy={s}", *POINT] for s in STRATEGIES], experiment=EXPERIMENT)
+def main(overrides: list[str]) -> int:
+    points = plan([[f"strategy={s}", *POINT, *overrides] for s in STRATEGIES], experiment=EXPERIMENT)
     store = Store()
     outcomes = run_sweep(points, store, force=True)
     print("\n| strategy | step (s) | bound T_seq(mb)(p+m-1)/p (s) | ratio | bubble measured | bubble ideal |")
@@ -41,10 +43,12 @@ def main() -> int:
         metrics = store.client.get_run(outcome.run_id).data.metrics
         values = " | ".join(f"{metrics[c]:.3f}" for c in COLUMNS)
         print(f"| {outcome.point.cfg.strategy.name} | {values} |")
-    print("\ntarget: ratio <= 1.10 for gpipe_dist and 1f1b "
-          "(2 stages, 8 micro-batches, GPT-2 6x256, 1 thread per stage)")
+    c = points[0].cfg
+    print(f"\ntarget: ratio <= 1.10 for gpipe_dist and 1f1b ({c.workers} stages, {c.strategy.micro_batches} "
+          f"micro-batches, GPT-2 {c.network.n_layer}x{c.network.n_embd}, {c.cluster.threads_per_worker} thread(s) "
+          "per stage)")
     return 0 if all(o.status == "finished" for o in outcomes) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
