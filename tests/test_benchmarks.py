@@ -2,7 +2,11 @@
 
 import re
 
+import pytest
+
 from conftest import run_make
+
+pytestmark = pytest.mark.slow  # `make bench-*`: torchrun and its ranks
 
 
 def test_bench_overhead_prints_its_ratio(results):

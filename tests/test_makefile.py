@@ -7,6 +7,8 @@ import pytest
 
 from conftest import run_make
 
+pytestmark = pytest.mark.slow  # `make sweep`, as users type it
+
 LASSEN_DRY_RUN = ("sweep", "CLUSTER=lassen", "DRY_RUN=1")
 SMOKE_POINTS = 6
 
