@@ -45,7 +45,10 @@ def make_command(*args: str) -> list[str]:
 
 
 def run_make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(make_command(*args), cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True,
+    """As from a shell: under `make test` the environment says make is already running (MAKELEVEL), which would
+    make the child report itself as a sub-make (`make[1]: ...`)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    return subprocess.run(make_command(*args), cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
