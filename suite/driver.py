@@ -15,6 +15,7 @@ import time
 from launchers import LaunchResult, launch
 from suite import jobs
 from suite.dist import threads_per_worker
+from suite.launch_timing import mark
 from suite.manifest import git_sha
 from suite.paths import REPO_ROOT
 from suite.plan import Point
@@ -35,10 +36,12 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
 
 def run_point(point: Point, store: Store, position: str) -> Outcome:
     out = new_point_dir(point)
+    mark("point_dir")
     start = time.time()
     try:
         result = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
                         worker_env(point, position), point.rank_launcher)
+        mark("ranks_ended")
         status, error = judge(out, result, point.cfg.timeout_s, point.cfg.epochs)
     except Exception as exc:  # the launcher itself broke: still one recorded run, and the sweep goes on
         result = LaunchResult(None, False, time.time() - start)
@@ -46,6 +49,7 @@ def run_point(point: Point, store: Store, position: str) -> Outcome:
     # A point cut short by stopping the sweep is run again when the sweep is resumed.
     tags = {"suite.interrupted": result.stopped_by} if result.stopped_by else {}
     run_id = record_point(out, store, status, error, start, time.time(), tags)
+    mark("recorded")
     if result.stopped_by:
         raise KeyboardInterrupt(f"stopped during {point.label}; recorded as run {run_id}")
     return Outcome(point, status, error, run_id, out)
@@ -79,10 +83,12 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
               dry_run: bool = False) -> list[Outcome]:
     """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
     the outcomes too, with the run that speaks for them."""
+    mark("planned")
     pending = jobs.pending(points)
     code_now = git_sha(REPO_ROOT)
     outcomes, to_submit = [], []
     for k, point in enumerate(points, 1):
+        mark("point")
         position = f"{k}/{len(points)}"
         previous = previous_run(point, store)
         waiting = pending.get((point.cfg.tracking.experiment, point.config_hash))

@@ -26,6 +26,7 @@ from suite.data import Datasets, build_datasets
 from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.faults import inject_fault
+from suite.launch_timing import mark
 from suite.memory import MEMORY_SPLIT, peak_memory, reset_peak
 from suite.models import build_model
 from suite.point_dir import PointDir
@@ -118,8 +119,11 @@ class Trainer:
         if fault.kind and fault.step == self.global_step and fault.rank == self.env.rank:
             inject_fault(fault.kind, self.global_step)
         with self.comm.counted(self.timer.enabled):
-            return self.strategy.train_step(self.model, self.optimizer, inputs, targets, loss_fn,
+            loss = self.strategy.train_step(self.model, self.optimizer, inputs, targets, loss_fn,
                                             self.precision, self.timer)
+        if self.global_step == 1:
+            mark("first_step", self.env.rank)
+        return loss
 
     def _reduce_losses(self, losses: list[torch.Tensor]) -> list[float]:
         if not losses:
@@ -201,6 +205,7 @@ class Trainer:
         return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
 
     def run(self) -> dict[str, Any]:
+        mark("built", self.env.rank)
         reset_peak(self.env.device)
         train_clock = self._warm_up()
         epochs: list[dict[str, float]] = []
