@@ -12,7 +12,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.tracking import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup horovod test sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
+.PHONY: setup horovod test sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch
 
 setup: $(STAMP)
 
@@ -65,3 +65,7 @@ bench-overhead: setup
 
 bench-pipeline: setup
 	$(PY) -m suite.benchmarks.pipeline
+
+# The fixed cost of a point run here (driver start to recorded run), split into its parts; POINTS=5 per sweep.
+bench-launch: setup
+	$(PY) -m suite.benchmarks.launch --points $(or $(POINTS),5)

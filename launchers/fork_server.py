@@ -46,6 +46,7 @@ class ForkServer:
                                         stdin=subprocess.DEVNULL, env=env, process_group=0)
         theirs.close()
         self._socket = ours
+        self._requests = 0
         self._exit_codes: dict[int, int] = {}
 
     def alive(self) -> bool:
@@ -56,14 +57,26 @@ class ForkServer:
         its output (stdout and stderr) readable from the returned rank's `stdout`."""
         read, write = os.pipe()
         try:
-            request = {"point_dir": point_dir, "env": env, "group": process_group}
+            self._requests += 1
+            request = {"request": self._requests, "point_dir": point_dir, "env": env, "group": process_group}
             socket.send_fds(self._socket, [json.dumps(request).encode()], [write])
+            pid = self._started(self._requests)
+        except BaseException:
+            os.close(read)
+            raise
         finally:
             os.close(write)
+        return ForkedRank(self, pid, open(read, errors="replace"))
+
+    def _started(self, request: int) -> int:
+        """The pid of the rank asked for by `request` (the first waits for the server to finish importing)."""
         while True:
             message = self._receive(block=True)
-            if "started" in message:
-                return ForkedRank(self, message["started"], open(read, errors="replace"))
+            if message.get("request") != request:  # an exit, or the answer to a request given up (Ctrl-C)
+                continue
+            if "error" in message:
+                raise RuntimeError(message["error"])
+            return message["started"]
 
     def exit_code(self, pid: int) -> int | None:
         while pid not in self._exit_codes and self._receive(block=False):
@@ -136,11 +149,13 @@ def _try_import(name: str) -> None:
         pass
 
 
-def _run_rank(request: dict, output: int, close: list[int]) -> NoReturn:
-    """In the forked child: become the rank that `request` describes, run it and exit with its code."""
+def _run_rank(request: dict, output: int, inherited: dict, close: list[int]) -> NoReturn:
+    """In the forked child: become the rank that `request` describes, with the signal handlers a fresh
+    interpreter has (`inherited`), run it and exit with its code."""
     try:
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sig, handler in inherited.items():
+            signal.signal(sig, handler)
         for fd in close:
             os.close(fd)
         try:
@@ -169,7 +184,11 @@ def serve(control: socket.socket) -> None:
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes select() through wake_read
+    # SIGCHLD wakes select() through wake_read. SIGINT and SIGTERM are the driver's, which then stops the ranks
+    # and waits for their exit codes: sent to every process (a scheduler's time limit), they must not end
+    # the server first.
+    own = {signal.SIGCHLD: lambda signum, frame: None, signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}
+    inherited = {sig: signal.signal(sig, handler) for sig, handler in own.items()}
     groups: dict[int, int] = {}  # process group of each running child
     while True:
         ready, _, _ = select.select([control, wake_read], [], [])
@@ -186,22 +205,26 @@ def serve(control: socket.socket) -> None:
             if not data:
                 break
             request = json.loads(data)
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError as e:  # e.g. out of memory: this point fails, the next may not
+                os.close(fds[0])
+                control.send(json.dumps({"request": request["request"], "error": f"cannot fork a rank: {e}"}).encode())
+                continue
             if pid == 0:
-                _run_rank(request, fds[0], [control.fileno(), wake_read, wake_write])
+                _run_rank(request, fds[0], inherited, [control.fileno(), wake_read, wake_write])
             os.close(fds[0])
             groups[pid] = request["group"] or pid
             try:
                 os.setpgid(pid, groups[pid])
             except OSError:  # the child got there first, or already ended
                 pass
-            control.send(json.dumps({"started": pid}).encode())
+            control.send(json.dumps({"request": request["request"], "started": pid}).encode())
     for group in set(groups.values()):
         try:
             os.killpg(group, signal.SIGTERM)
         except ProcessLookupError:
             pass
-
 
 
 def main(control_fd: int) -> None:

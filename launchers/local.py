@@ -58,15 +58,17 @@ class Ranks:
     """The processes of one point, in one process group of their own (Ctrl-C at the terminal reaches the
     driver only, which then stops them), their output copied to the console and to the launcher log."""
 
-    def __init__(self, processes: list[Process], log: IO[str]):
+    def __init__(self, log: IO[str]):
         self._lock, self._log = threading.Lock(), log
         self.procs: list[subprocess.Popen | ForkedRank] = []
+        self._pumps: list[threading.Thread] = []
+
+    def start(self, processes: list[Process]) -> None:
         for process in processes:
-            self.procs.append(process.start(process_group=self.procs[0].pid if self.procs else 0))
-        self._pumps = [threading.Thread(target=self._pump, args=(process.prefix, proc.stdout), daemon=True)
-                       for process, proc in zip(processes, self.procs)]
-        for pump in self._pumps:
-            pump.start()
+            proc = process.start(process_group=self.procs[0].pid if self.procs else 0)
+            self.procs.append(proc)
+            self._pumps.append(threading.Thread(target=self._pump, args=(process.prefix, proc.stdout), daemon=True))
+            self._pumps[-1].start()
 
     def _pump(self, prefix: str, stream: IO[str]) -> None:
         for line in stream:
@@ -95,6 +97,8 @@ class Ranks:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every rank, SIGKILL those still running after the grace."""
+        if not self.procs:
+            return
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.procs[0].pid, sig)
@@ -126,9 +130,10 @@ def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str,
                                                         {**env, **address, **rank_env(rank, workers)}))
                      for rank in range(workers)]
     with (point_dir / "launcher.log").open("w") as log:
-        ranks = Ranks(processes, log)
+        ranks = Ranks(log)
         timed_out, stopped_by = False, None
         try:
+            ranks.start(processes)  # the first point's wait for the fork server to import can be stopped too
             if not ranks.wait(timeout_s):
                 timed_out = True
                 ranks.stop()
