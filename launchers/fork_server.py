@@ -29,6 +29,8 @@ import sys
 import traceback
 from typing import IO, NoReturn
 
+from suite.launch_timing import mark
+
 MESSAGE_BYTES = 1 << 20  # a request carries a rank's whole environment
 # What every rank imports before it trains, besides the strategy modules (all imported too).
 PRELOAD = ("torch", "torch.distributed", "torchvision", "omegaconf", "suite.worker", "suite.dist", "suite.manifest",
@@ -227,6 +229,8 @@ def serve(control: socket.socket) -> None:
             pass
 
 
-def main(control_fd: int) -> None:
+def main(control_fd: int) -> NoReturn:
     _preload()
+    mark("fork_server_ready")
     serve(socket.socket(fileno=control_fd))
+    os._exit(0)  # without the interpreter's teardown (a second of torch's finalizers), which the driver waits for

@@ -102,7 +102,9 @@ def main(argv: list[str]) -> int:
     print(table(rows, [*(f"point {k}" for k in range(1, len(points) + 1)), "median"]))
     first = next(m["time"] for m in marks if m["event"] == "point")
     last = max(m["time"] for m in marks if m["event"] == "recorded")
+    server = [m["time"] - points[0]["point_dir"] for m in marks if m["event"] == "fork_server_ready"]
     print("\nonce per sweep\n" + table([("driver start, planning", [first - marks[0]["time"]]),
+                                        *([("fork server start (in point 1)", server)] if server else []),
                                         ("report, driver exit", [marks[-1]["time"] - last]),
                                         (f"driver wall time, {len(points)} point(s)", [wall])]))
     print(f"\nlaunch cost per point: {wall / len(points):.2f} s")
