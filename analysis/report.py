@@ -9,7 +9,7 @@ from analysis.plots import plot_convergence, plot_speedup
 from analysis.runs import latest_per_point
 from analysis.speedup import speedup_table
 from suite.paths import results_dir
-from suite.tracking import Store
+from suite.records.store import Store
 
 
 def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,

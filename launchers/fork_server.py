@@ -33,8 +33,8 @@ from suite.launch_timing import mark
 
 MESSAGE_BYTES = 1 << 20  # a request carries a rank's whole environment
 # What every rank imports before it trains, besides the strategy modules (all imported too).
-PRELOAD = ("torch", "torch.distributed", "torchvision", "omegaconf", "suite.worker", "suite.dist", "suite.manifest",
-           "suite.trainer", "suite.strategies")
+PRELOAD = ("torch", "torch.distributed", "torchvision", "omegaconf", "suite.worker.rank", "suite.worker.trainer",
+           "suite.runtime.dist", "suite.records.manifest", "suite.strategies")
 
 
 class ForkServer:
@@ -174,7 +174,7 @@ def _run_rank(request: dict, output: int, inherited: dict, close: list[int]) -> 
             import torch
 
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        from suite.worker import run_rank
+        from suite.worker.rank import run_rank
     except BaseException:
         traceback.print_exc()
         os._exit(1)

@@ -18,10 +18,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from launchers.fork_server import ForkedRank, fork_server
 from launchers.horovod import horovodrun_command

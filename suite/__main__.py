@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from suite.errors import ConfigError
+from suite.vocabulary import Status
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -29,25 +30,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="record every batch job that ended without recording its points, and exit")
     parser.add_argument("--cfg", action="store_true", help="print the composed config of each point and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. strategy=ddp workers=2")
-    return parser.parse_args(argv)
+    # Options may come between overrides (`strategy=ddp --dry-run workers=2`), as make's variables place them.
+    return parser.parse_intermixed_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `--help` and argument errors answer at once.
+    from mlflow.exceptions import MlflowException
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
-    from mlflow.exceptions import MlflowException
-
     from launchers.batch import SchedulerError
-    from suite.driver import run_sweep
-    from suite.jobs import check_submittable, collect
-    from suite.plan import expand, plan, sweep_lines
-    from suite.point_dir import error_line
+    from suite.records.point_dir import error_line
+    from suite.records.store import Store, store_uri
     from suite.signals import Stopped, raise_on_sigterm
-    from suite.status import status_table
-    from suite.tracking import Store, store_uri
+    from suite.sweep.driver import ensure_horovod, run_sweep
+    from suite.sweep.jobs import check_submittable, collect
+    from suite.sweep.plan import expand, plan, sweep_lines
+    from suite.sweep.status import status_table
 
     try:
         if args.collect:
@@ -68,6 +69,8 @@ def main(argv: list[str]) -> int:
                 print(f"# {point.label} ({point.config_hash})\n{OmegaConf.to_yaml(point.cfg)}")
             return 0
         print(f"{len(points)} point(s); results in {store.uri}", flush=True)
+        if not args.dry_run:
+            ensure_horovod(points)
         raise_on_sigterm()  # a scheduler's SIGTERM stops the sweep like Ctrl-C, and the point as `timeout`
         outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run)
     except (ConfigError, SchedulerError) as e:
@@ -93,7 +96,7 @@ def main(argv: list[str]) -> int:
         print(f"\n## {experiment}\n\n{table}\n")
         for path in files:
             print(f"wrote {path}")
-    failed = [o for o in outcomes if o.status not in ("finished", "submitted")]
+    failed = [o for o in outcomes if o.status not in (Status.finished, "submitted")]
     if failed:
         print(f"{len(failed)} of {len(outcomes)} point(s) did not finish: "
               + ", ".join(f"{o.point.label} ({o.status})" for o in failed), file=sys.stderr)
