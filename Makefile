@@ -13,7 +13,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
+.PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch
 
 setup: $(STAMP)
 
@@ -77,3 +77,7 @@ bench-overhead: setup
 
 bench-pipeline: setup
 	$(PY) -m suite.tools.benchmarks.pipeline $(ARGS)
+
+# The fixed cost of a point run here (driver start to recorded run), split into its parts; e.g. ARGS='--points 1'.
+bench-launch: setup
+	$(PY) -m suite.tools.benchmarks.launch $(ARGS)

@@ -1,10 +1,12 @@
 """Start one point on this machine: one process per rank, in torchrun's environment, and wait for it.
 
 The ranks get what torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT) without torchrun's agent, which costs seconds per point. As with torchrun,
-the first rank to fail ends the point: the others are stopped, and each rank's exit code is kept.
-A strategy whose ranks horovodrun must start (`Strategy.rank_launcher`) gets one horovodrun process
-instead, which reports its ranks' exits in its output.
+MASTER_ADDR, MASTER_PORT) without torchrun's agent, which costs seconds per point, and are forked
+from the sweep's fork server (`launchers.fork_server`), which imported torch and the suite once, instead
+of each starting Python and importing them again. As with torchrun, the first rank to fail ends the
+point: the others are stopped, and each rank's exit code is kept. A strategy whose ranks horovodrun must
+start (`Strategy.rank_launcher`) gets one horovodrun process instead, which reports its ranks' exits in
+its output.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO
 
+from launchers.fork_server import ForkedRank, fork_server
 from launchers.horovod import horovodrun_command
 from suite.signals import Stopped
 
@@ -46,26 +51,25 @@ def rank_env(rank: int, workers: int) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Process:
-    cmd: list[str]
-    env: dict[str, str]
     prefix: str  # before each line of its output
+    start: Callable[..., subprocess.Popen | ForkedRank]  # given process_group (0: a new one that it leads)
 
 
 class Ranks:
     """The processes of one point, in one process group of their own (Ctrl-C at the terminal reaches the
     driver only, which then stops them), their output copied to the console and to the launcher log."""
 
-    def __init__(self, processes: list[Process], log: IO[str]):
+    def __init__(self, log: IO[str]):
         self._lock, self._log = threading.Lock(), log
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | ForkedRank] = []
+        self._pumps: list[threading.Thread] = []
+
+    def start(self, processes: list[Process]) -> None:
         for process in processes:
-            group = self.procs[0].pid if self.procs else 0
-            self.procs.append(subprocess.Popen(process.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                               text=True, env=process.env, process_group=group))
-        self._pumps = [threading.Thread(target=self._pump, args=(process.prefix, proc.stdout), daemon=True)
-                       for process, proc in zip(processes, self.procs)]
-        for pump in self._pumps:
-            pump.start()
+            proc = process.start(process_group=self.procs[0].pid if self.procs else 0)
+            self.procs.append(proc)
+            self._pumps.append(threading.Thread(target=self._pump, args=(process.prefix, proc.stdout), daemon=True))
+            self._pumps[-1].start()
 
     def _pump(self, prefix: str, stream: IO[str]) -> None:
         for line in stream:
@@ -94,6 +98,8 @@ class Ranks:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every rank, SIGKILL those still running after the grace."""
+        if not self.procs:
+            return
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.procs[0].pid, sig)
@@ -112,19 +118,23 @@ class Ranks:
 
 def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str, str],
                  rank_launcher: str | None = None) -> LaunchResult:
-    """Run `python -m suite.worker <point_dir>` as `workers` ranks until they end or `timeout_s` passes."""
+    """Run `suite.worker <point_dir>` as `workers` ranks until they end or `timeout_s` passes."""
     start = time.monotonic()
     address = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     if rank_launcher == "horovodrun":
-        processes = [Process(horovodrun_command(point_dir, workers), {**env, **address}, prefix="")]
+        processes = [Process("", partial(subprocess.Popen, horovodrun_command(point_dir, workers),
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                         env={**env, **address}))]
     else:
-        worker = [sys.executable, "-m", "suite.worker", str(point_dir)]
-        processes = [Process(worker, {**env, **address, **rank_env(rank, workers)}, prefix=f"[rank{rank}]: ")
+        server = fork_server(env)
+        processes = [Process(f"[rank{rank}]: ", partial(server.start, str(point_dir),
+                                                        {**env, **address, **rank_env(rank, workers)}))
                      for rank in range(workers)]
     with (point_dir / "launcher.log").open("w") as log:
-        ranks = Ranks(processes, log)
+        ranks = Ranks(log)
         timed_out, stopped_by = False, None
         try:
+            ranks.start(processes)  # the first point's wait for the fork server to import can be stopped too
             if not ranks.wait(timeout_s):
                 timed_out = True
                 ranks.stop()

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from conftest import run_make
+from suite.tools.benchmarks.launch import PARTS
 
 pytestmark = pytest.mark.slow  # `make bench-*`: torchrun and its ranks
 
@@ -30,3 +31,15 @@ def test_bench_pipeline_prints_each_schedules_ratio(results):
     for _, step, bound, ratio, bubble, ideal in rows:
         assert float(step) > 0 and float(bound) > 0 and float(ratio) > 0
         assert 0 <= float(bubble) < 1 and ideal == "0.333"
+
+
+def test_bench_launch_splits_the_cost_of_a_point(results):
+    result = run_make("bench-launch", "ARGS=--points 1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    parts = {name: float(line[len(name):].split()[0]) for name in [*(name for name, _ in PARTS), "total per point"]
+             for line in result.stdout.splitlines() if line.startswith(name)}
+    assert len(parts) == len(PARTS) + 1 and all(seconds >= 0 for seconds in parts.values()), result.stdout
+    total = parts.pop("total per point")
+    assert abs(sum(parts.values()) - total) < 0.05, result.stdout  # the parts follow each other, no gap
+    cost = re.search(r"^launch cost per point: (\d+\.\d\d) s$", result.stdout, re.M)
+    assert cost and float(cost.group(1)) > total, result.stdout  # the sweep's start and end on top

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision import datasets, transforms
 
 from suite.errors import ConfigError
+
+if TYPE_CHECKING:  # torchvision is imported where data is read, not checked (see suite.models.vision)
+    from torchvision import transforms
 
 MNIST_FILES = [f"MNIST/raw/{split}-{kind}" for split in ("train", "t10k")
                for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")]
@@ -147,6 +150,8 @@ class TokenWindows(Dataset):
 
 
 def _imagenet(root: Path, image_size: int, normalize: transforms.Normalize) -> tuple[Dataset, Dataset]:
+    from torchvision import datasets, transforms
+
     train = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
                                 transforms.ToTensor(), normalize])
     val = transforms.Compose([transforms.Resize(image_size * 256 // 224), transforms.CenterCrop(image_size),
@@ -155,12 +160,16 @@ def _imagenet(root: Path, image_size: int, normalize: transforms.Normalize) -> t
 
 
 def _mnist(root: Path, image_size: int, normalize: transforms.Normalize) -> tuple[Dataset, Dataset]:
+    from torchvision import datasets, transforms
+
     transform = transforms.Compose([transforms.ToTensor(), transforms.Resize(image_size, antialias=True), normalize])
     return (datasets.MNIST(root, train=True, transform=transform, download=False),
             datasets.MNIST(root, train=False, transform=transform, download=False))
 
 
 def _cifar10(root: Path, image_size: int, normalize: transforms.Normalize) -> tuple[Dataset, Dataset]:
+    from torchvision import transforms
+
     transform = transforms.Compose([transforms.Resize(image_size, antialias=True), normalize])
     return (CifarBatches([root / f for f in CIFAR_TRAIN], transform),
             CifarBatches([root / f for f in CIFAR_VAL], transform))
@@ -171,6 +180,8 @@ IMAGE_READERS = {"mnist": _mnist, "cifar10": _cifar10, "imagenet": _imagenet}
 
 def real_splits(cfg) -> tuple[Dataset, Dataset]:
     """(train, val) of the real dataset `cfg.name` under `cfg.path`, at the configured image size."""
+    from torchvision import transforms
+
     root = Path(cfg.path)
     if cfg.kind == "tokens":
         return TokenWindows(root / "train.bin", cfg.seq_len), TokenWindows(root / "val.bin", cfg.seq_len)

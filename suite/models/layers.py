@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torchvision.models import MobileNetV2, ResNet
 
 from suite.models.gpt2 import GPT2
 from suite.models.vision import CompactVGG
@@ -81,6 +80,8 @@ def _numbered(prefix: str, modules: nn.Sequential) -> list[Layer]:
 
 def flatten_layers(model: nn.Module) -> list[Layer]:
     """The network as layers; parameters stay shared with `model` (tied weights stay tied)."""
+    from torchvision.models import MobileNetV2, ResNet  # here: see suite.models.vision
+
     if isinstance(model, GPT2):
         return [Layer("", GPT2Embedding(model)), *_numbered("blocks.", model.blocks), Layer("", GPT2Head(model))]
     if isinstance(model, ResNet):

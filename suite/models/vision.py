@@ -4,6 +4,9 @@ For small inputs (CIFAR, MNIST, digits) they are changed as Study J did: ResNets
 (3x3 stride-1 convolution, no max-pool), MobileNetV2 keeps full resolution in its first layer, and
 VGG keeps only the max-pools the resolution allows, with a global-pool + linear head in place of
 the 4096-wide ImageNet classifier.
+
+torchvision (with the torch._dynamo it imports: a second or more) is imported where a network is built,
+so that the driver, which only checks networks, starts without it.
 """
 
 from __future__ import annotations
@@ -11,9 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
-import torchvision
 from torch import nn
-from torchvision.models.vgg import VGG, cfgs, make_layers
 
 SMALL_INPUT = 64  # images up to this side are "small" (CIFAR-style adaptations)
 RESNET_STEM_CHANNELS = 64
@@ -28,6 +29,8 @@ def _conv(in_channels: int, out_channels: int, kernel: int, stride: int) -> nn.C
 
 
 def resnet(arch: str, channels: int, classes: int, image_size: int) -> nn.Module:
+    import torchvision
+
     model = getattr(torchvision.models, arch)(weights=None, num_classes=classes)
     if image_size <= SMALL_INPUT:
         model.conv1 = _conv(channels, RESNET_STEM_CHANNELS, 3, 1)
@@ -60,6 +63,8 @@ class CompactVGG(nn.Module):
 def vgg(arch: str, channels: int, classes: int, image_size: int, width: float, dropout: float) -> nn.Module:
     """Plain VGG (no batch-norm). The ImageNet classifier is kept only at full width on large inputs,
     since its first layer expects 512 x 7 x 7 features."""
+    from torchvision.models.vgg import VGG, cfgs, make_layers
+
     max_pools = int(math.log2(image_size))  # each pool halves the side; stop at one pixel
     layout: list[int | str] = []
     for entry in cfgs[VGG_LAYOUTS[arch]]:
@@ -76,6 +81,8 @@ def vgg(arch: str, channels: int, classes: int, image_size: int, width: float, d
 
 
 def mobilenet_v2(channels: int, classes: int, image_size: int, width: float, dropout: float) -> nn.Module:
+    import torchvision
+
     model = torchvision.models.mobilenet_v2(weights=None, num_classes=classes, width_mult=width, dropout=dropout)
     first = model.features[0][0]
     if channels != 3 or image_size <= SMALL_INPUT:

@@ -9,6 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from suite.launch_timing import mark
 from suite.placement import threads_per_worker
 from suite.runtime.rendezvous import Rendezvous
 
@@ -43,6 +44,7 @@ def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous) -
     training loop are the same code for all of them.
     """
     r = rendezvous
+    mark("joining", r.rank)
     dev = resolve_device(device, r.local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -57,6 +59,7 @@ def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous) -
             backend, rank=r.rank, world_size=r.world_size, timeout=timedelta(minutes=10),
             device_id=dev if dev.type == "cuda" else None,
         )
+    mark("joined", r.rank)
     return DistEnv(r.rank, r.world_size, r.local_rank, r.local_world_size, dev, backend)
 
 

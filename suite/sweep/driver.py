@@ -16,6 +16,7 @@ import time
 
 from launchers import LaunchResult, launch
 from suite.errors import ConfigError
+from suite.launch_timing import mark
 from suite.paths import REPO_ROOT
 from suite.placement import threads_per_worker
 from suite.records.manifest import git_sha
@@ -39,15 +40,18 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
 
 def run_point(point: Point, store: Store, position: str) -> Outcome:
     out = new_point_dir(point)
+    mark("point_dir")
     start = time.time()
     try:
         ended = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
                        worker_env(point, position), point.rank_launcher)
+        mark("ranks_ended")
     except Exception as exc:  # the launcher itself broke: still one recorded run, and the sweep goes on
         ended = NotStarted(f"launcher: {error_line(exc)}")
     stopped_by = ended.stopped_by if isinstance(ended, LaunchResult) else None
     # A point cut short by stopping the sweep is run again when the sweep is resumed.
     done = finish(out, store, ended, start, time.time(), {"suite.interrupted": stopped_by} if stopped_by else {})
+    mark("recorded")
     if stopped_by:
         raise KeyboardInterrupt(f"stopped during {point.label}; recorded as run {done.run_id}")
     return Outcome(point, done.status, done.error, done.run_id, out)
@@ -90,12 +94,14 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
               dry_run: bool = False) -> list[Outcome]:
     """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
     the outcomes too, with the run that speaks for them."""
+    mark("planned")
     for experiment in jobs.batch_experiments(points):
         jobs.collect(experiment)  # jobs that ended without recording their points
     pending = jobs.pending(points)
     code_now = git_sha(REPO_ROOT)
     outcomes, to_submit = [], []
     for k, point in enumerate(points, 1):
+        mark("point")
         position = f"{k}/{len(points)}"
         previous = store.speaking_run(point.cfg.tracking.experiment, point.config_hash)
         waiting = pending.get((point.cfg.tracking.experiment, point.config_hash))

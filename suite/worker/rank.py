@@ -12,7 +12,9 @@ import faulthandler
 import logging
 import os
 import sys
+from typing import NoReturn
 
+from suite.launch_timing import mark
 from suite.records.point_dir import PointDir
 from suite.runtime.rendezvous import discover
 from suite.signals import raise_on_sigterm
@@ -67,12 +69,25 @@ def main(point_dir: str) -> int:
     raise_on_sigterm()
     out = PointDir(point_dir)
     rank = discover(os.environ).rank
+    mark("started", rank)
     setup_logging(out, rank)
     try:
         train_point(out)
+        mark("done", rank)
         return 0
     except BaseException as exc:
         log.exception("rank %d failed", rank)
         out.write_error(rank, exc)
         return 1
 
+
+
+def run_rank(point_dir: str) -> NoReturn:
+    """`main`, then the end of this process with its exit code (`python -m suite.worker`, or forked by
+    `launchers.fork_server`)."""
+    code = main(point_dir)
+    # Everything is written; skip the interpreter's teardown (about a second of library finalizers per rank).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite.data import Datasets, build_datasets
 from suite.errors import ConfigError
+from suite.launch_timing import mark
 from suite.models import build_model
 from suite.records.point_dir import PointDir
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
@@ -115,7 +116,10 @@ class Trainer:
         if fault.kind and fault.step == self.global_step and fault.rank == self.env.rank:
             inject_fault(fault.kind, self.global_step)
         with self.comm.counted(self.timer.enabled):
-            return self.parallel.train_step(inputs, targets)
+            loss = self.parallel.train_step(inputs, targets)
+        if self.global_step == 1:
+            mark("first_step", self.env.rank)
+        return loss
 
     def _reduce_losses(self, losses: list[torch.Tensor]) -> list[float]:
         if not losses:
@@ -197,6 +201,7 @@ class Trainer:
         return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
 
     def run(self) -> dict[str, Any]:
+        mark("built", self.env.rank)
         reset_peak(self.env.device)
         train_clock = self._warm_up()
         epochs: list[dict[str, float]] = []
