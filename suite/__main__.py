@@ -41,14 +41,15 @@ def main(argv: list[str]) -> int:
     from mlflow.exceptions import MlflowException
 
     from launchers.batch import SchedulerError
-    from suite.driver import run_sweep
+    from suite.driver import record_invalid, run_sweep
     from suite.jobs import check_submittable, collect
-    from suite.plan import expand, plan, sweep_lines
+    from suite.plan import expand, plan, sweep_file, sweep_lines
     from suite.point_dir import error_line
     from suite.signals import Stopped, raise_on_sigterm
     from suite.status import status_table
     from suite.tracking import Store, store_uri
 
+    parent = None  # the sweep invocation's run in the store
     try:
         if args.collect:
             waiting = collect(args.sweep)
@@ -56,7 +57,12 @@ def main(argv: list[str]) -> int:
             return 0
         lines = sweep_lines(args.sweep) if args.sweep else [[]]
         jobs = [job for line in lines for job in expand(line + args.overrides, args.multirun or bool(args.sweep))]
-        points = plan(jobs, experiment=args.sweep)
+        records_invalid = bool(args.sweep) and sweep_file(args.sweep).get("invalid_points") == "record"
+        invalid = [] if records_invalid else None
+        points = plan(jobs, experiment=args.sweep, invalid=invalid)
+        if not points:
+            raise ConfigError(f"none of the {len(invalid)} point(s) can run here: "
+                              + "; ".join(f"{p.label}: {p.error}" for p in invalid[:3]))
         if not (args.status or args.cfg):
             check_submittable(points, args.dry_run)
         store = Store(store_uri(points[0].cfg))
@@ -67,9 +73,15 @@ def main(argv: list[str]) -> int:
             for point in points:
                 print(f"# {point.label} ({point.config_hash})\n{OmegaConf.to_yaml(point.cfg)}")
             return 0
-        print(f"{len(points)} point(s); results in {store.uri}", flush=True)
+        print(f"{len(points)} point(s)" + (f", {len(invalid)} that cannot run here" if invalid else "")
+              + f"; results in {store.uri}", flush=True)
+        experiment = points[0].cfg.tracking.experiment
+        parent = None if args.dry_run or not args.sweep else store.start_sweep_run(experiment, args.sweep,
+                                                                                   " ".join(argv))
         raise_on_sigterm()  # a scheduler's SIGTERM stops the sweep like Ctrl-C, and the point as `timeout`
-        outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run)
+        expected = record_invalid(invalid or [], store, args.dry_run, parent)  # the sweep file expects them
+        outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run,
+                              parent_run_id=parent)
     except (ConfigError, SchedulerError) as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
@@ -79,21 +91,26 @@ def main(argv: list[str]) -> int:
         return 2
     except (KeyboardInterrupt, Stopped) as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
+        if parent:
+            store.finish_sweep_run(parent, None, failed=True)
         return 130
     submitted = [o for o in outcomes if o.status == "submitted"]
     if submitted:
         print(f"\n{len(submitted)} point(s) submitted or waiting in jobs: `make status` shows where they are, "
               "`make report` tables them once they ran")
     by_experiment: dict[str, set[str]] = {}
-    for o in outcomes:
+    for o in expected + outcomes:
         if o.run_id and not args.dry_run:
             by_experiment.setdefault(o.point.cfg.tracking.experiment, set()).add(o.run_id)
+    report_dir = None
     for experiment, run_ids in by_experiment.items():
-        table, files = write_report(store, experiment, run_ids)
-        print(f"\n## {experiment}\n\n{table}\n")
-        for path in files:
-            print(f"wrote {path}")
+        report = write_report(store, experiment, run_ids, sweep=args.sweep)
+        print(f"\n## {experiment}\n\n{report.summary}\n")
+        print(f"wrote {len(report.files)} file(s) to {report.directory}")
+        report_dir = report.directory
     failed = [o for o in outcomes if o.status not in ("finished", "submitted")]
+    if parent:
+        store.finish_sweep_run(parent, report_dir, bool(failed))
     if failed:
         print(f"{len(failed)} of {len(outcomes)} point(s) did not finish: "
               + ", ".join(f"{o.point.label} ({o.status})" for o in failed), file=sys.stderr)

@@ -17,11 +17,11 @@ from suite import jobs
 from suite.dist import threads_per_worker
 from suite.manifest import git_sha
 from suite.paths import REPO_ROOT
-from suite.plan import Point
+from suite.plan import InvalidPoint, Point
 from suite.point_dir import error_line
 from suite.points import Outcome, new_point_dir
 from suite.record import record_point
-from suite.tracking import Store
+from suite.tracking import Store, run_params
 from suite.verdict import judge
 
 
@@ -33,8 +33,8 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
     return env
 
 
-def run_point(point: Point, store: Store, position: str) -> Outcome:
-    out = new_point_dir(point)
+def run_point(point: Point, store: Store, position: str, parent_run_id: str | None = None) -> Outcome:
+    out = new_point_dir(point, parent_run_id)
     start = time.time()
     try:
         result = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
@@ -76,9 +76,9 @@ def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str
 
 
 def run_sweep(points: list[Point], store: Store, force: bool = False, retry_failed: bool = False,
-              dry_run: bool = False) -> list[Outcome]:
+              dry_run: bool = False, parent_run_id: str | None = None) -> list[Outcome]:
     """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
-    the outcomes too, with the run that speaks for them."""
+    the outcomes too, with the run that speaks for them. Runs made now are children of `parent_run_id`."""
     pending = jobs.pending(points)
     code_now = git_sha(REPO_ROOT)
     outcomes, to_submit = [], []
@@ -99,8 +99,37 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
             print(f"[{position} {point.label}] would run here ({' '.join(point.overrides)})", flush=True)
         else:
             print(f"[{position} {point.label}] starting ({' '.join(point.overrides)})", flush=True)
-            outcome = run_point(point, store, position)
+            outcome = run_point(point, store, position, parent_run_id)
             line = f"[{position} {point.label}] {outcome.status}"
             print(line + (f": {outcome.error}" if outcome.error else "") + f" (run {outcome.run_id})", flush=True)
             outcomes.append(outcome)
-    return outcomes + jobs.submit(to_submit, store, dry_run)
+    return outcomes + jobs.submit(to_submit, store, dry_run, parent_run_id)
+
+
+def record_invalid(invalid: list[InvalidPoint], store: Store, dry_run: bool = False,
+                   parent_run_id: str | None = None) -> list[Outcome]:
+    """Record each point that cannot run here once, as a run with status `invalid` and its reason (a study's
+    status matrix shows it beside the points that ran); nothing is launched."""
+    outcomes = []
+    code_now = git_sha(REPO_ROOT)
+    for point in invalid:
+        where = f"[invalid {point.label}]"
+        previous = store.latest_run(point.cfg.tracking.experiment, point.config_hash)
+        if previous is not None:
+            print(f"{where} recorded already (run {previous.info.run_id}): {point.error}", flush=True)
+            outcomes.append(Outcome(point, "invalid", point.error, previous.info.run_id))
+            continue
+        if dry_run:
+            print(f"{where} cannot run here, would be recorded as invalid: {point.error}", flush=True)
+            continue
+        params = run_params(point.cfg, 0, {})
+        params.pop("global_batch_size")  # the strategy's batch rule never ran
+        tags = {"suite.status": "invalid", "suite.error": point.error, "suite.config_hash": point.config_hash,
+                "suite.git_sha": code_now, "suite.label": point.label}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        now = time.time()
+        run_id = store.record(point.cfg.tracking.experiment, point.label, params, tags, [], {}, [], now, now)
+        print(f"{where} recorded as invalid (run {run_id}): {point.error}", flush=True)
+        outcomes.append(Outcome(point, "invalid", point.error, run_id))
+    return outcomes
