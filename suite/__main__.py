@@ -38,6 +38,7 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
+    from analysis.views import NotRun
     from mlflow.exceptions import MlflowException
 
     from launchers.batch import SchedulerError
@@ -102,9 +103,11 @@ def main(argv: list[str]) -> int:
     for o in expected + outcomes:
         if o.run_id and not args.dry_run:
             by_experiment.setdefault(o.point.cfg.tracking.experiment, set()).add(o.run_id)
+    not_run = [NotRun(c.dataset.name, c.network.name, c.strategy.name, c.workers)
+               for c in (o.point.cfg for o in submitted)]
     report_dir = None
     for experiment, run_ids in by_experiment.items():
-        report = write_report(store, experiment, run_ids, sweep=args.sweep)
+        report = write_report(store, experiment, run_ids, sweep=args.sweep, not_run=not_run)
         print(f"\n## {experiment}\n\n{report.summary}\n")
         print(f"wrote {len(report.files)} file(s) to {report.directory}")
         report_dir = report.directory
