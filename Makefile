@@ -33,6 +33,7 @@ test: setup
 
 sweep: setup
 	$(PY) -m suite --sweep $(SWEEP) cluster=$(CLUSTER) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) \
+		$(if $(REPEATS),--repeats $(REPEATS)) \
 		$(if $(DRY_RUN),--dry-run) $(JOB_ARGS) $(ARGS)
 
 status: setup

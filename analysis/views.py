@@ -74,10 +74,6 @@ def table_section(table: Table, ctx: Context, extra_files: list[Path] | None = N
     return Section(table.title, table.markdown(), table.write(ctx.directory) + (extra_files or []))
 
 
-def short(text: str, width: int = 60) -> str:
-    return text if len(text) <= width else text[:width - 3] + "..."
-
-
 @view("status")
 def status_matrix(ctx: Context) -> Section:
     """Cell x strategy: `ok` for a finished point, else its status; below, every point that did not finish

@@ -22,6 +22,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sweep", help="run the points of conf/sweep/<SWEEP>.yaml")
     parser.add_argument("--force", action="store_true", help="re-run points that already have a finished run")
     parser.add_argument("--retry-failed", action="store_true", help="re-run points whose last run did not finish")
+    parser.add_argument("--repeats", type=int, help="measure every point N times (default: the sweep file's, or 1)")
     parser.add_argument("--dry-run", action="store_true",
                         help="write the job scripts (batch clusters) or list the points (here); run nothing")
     parser.add_argument("--status", action="store_true", help="show each point's state and exit")
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> int:
     from launchers.batch import SchedulerError
     from suite.driver import record_invalid, run_sweep
     from suite.jobs import check_submittable, collect
-    from suite.plan import expand, plan, sweep_file, sweep_lines
+    from suite.plan import expand, plan, repeat_overrides, sweep_file, sweep_lines
     from suite.point_dir import error_line
     from suite.signals import Stopped, raise_on_sigterm
     from suite.status import status_table
@@ -56,8 +57,9 @@ def main(argv: list[str]) -> int:
             waiting = collect(args.sweep)
             print(f"{len(waiting)} job point(s) still queued or running")
             return 0
-        lines = sweep_lines(args.sweep) if args.sweep else [[]]
-        jobs = [job for line in lines for job in expand(line + args.overrides, args.multirun or bool(args.sweep))]
+        lines = sweep_lines(args.sweep, args.repeats) if args.sweep else [repeat_overrides(args.repeats or 1)]
+        multirun = args.multirun or bool(args.sweep) or (args.repeats or 1) > 1
+        jobs = [job for line in lines for job in expand(line + args.overrides, multirun)]
         records_invalid = bool(args.sweep) and sweep_file(args.sweep).get("invalid_points") == "record"
         invalid = [] if records_invalid else None
         points = plan(jobs, experiment=args.sweep, invalid=invalid)

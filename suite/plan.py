@@ -133,17 +133,22 @@ def sweep_file(name: str) -> DictConfig:
         raise ConfigError(f"sweep {name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(SWEEP_KEYS)})")
     if sweep.get("invalid_points", "reject") not in ("reject", "record"):
         raise ConfigError(f"sweep {name}: invalid_points={sweep.invalid_points} is not reject or record")
-    if int(sweep.get("repeats", 1)) < 1:
-        raise ConfigError(f"sweep {name}: repeats must be positive, got {sweep.repeats}")
     return sweep
 
 
-def sweep_lines(name: str) -> list[list[str]]:
-    """The override lines of a sweep file, `common` first, with its repeats as `repeat=range(0,N)`."""
+def repeat_overrides(repeats: int) -> list[str]:
+    """Each point measured `repeats` times: the repeat index is part of its identity (config hash), so that
+    resuming skips the repeats that finished and no run is overwritten."""
+    if repeats < 1:
+        raise ConfigError(f"repeats must be positive, got {repeats}")
+    return [f"repeat=range(0,{repeats})"] if repeats > 1 else []
+
+
+def sweep_lines(name: str, repeats: int | None = None) -> list[list[str]]:
+    """The override lines of a sweep file, `common` first, each repeated `repeats` times (default: the file's)."""
     sweep = sweep_file(name)
     common = list(sweep.get("common", []))
-    repeats = int(sweep.get("repeats", 1))
-    repeat = [f"repeat=range(0,{repeats})"] if repeats > 1 else []
+    repeat = repeat_overrides(repeats or int(sweep.get("repeats", 1)))
     return [common + line.split() + repeat for line in sweep.points]
 
 
@@ -169,6 +174,8 @@ def _check_ranges(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if cfg.warmup_steps < 0:
         raise ConfigError(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    if cfg.repeat < 0:
+        raise ConfigError(f"repeat must be >= 0, got {cfg.repeat}")
     if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
         raise ConfigError(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
 
