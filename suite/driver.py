@@ -122,8 +122,7 @@ def record_invalid(invalid: list[InvalidPoint], store: Store, dry_run: bool = Fa
         if dry_run:
             print(f"{where} cannot run here, would be recorded as invalid: {point.error}", flush=True)
             continue
-        params = run_params(point.cfg, 0, {})
-        params.pop("global_batch_size")  # the strategy's batch rule never ran
+        params = run_params(point.cfg, {}, {})  # no layout: the strategy could not lay the point out
         tags = {"suite.status": "invalid", "suite.error": point.error, "suite.config_hash": point.config_hash,
                 "suite.git_sha": code_now, "suite.label": point.label}
         if parent_run_id:

@@ -34,6 +34,7 @@ from suite.optim import OPTIMIZERS
 from suite.paths import CONF_DIR
 from suite.precision import PRECISIONS
 from suite.strategies import Strategy, build_strategy
+from suite.strategies.layout import Layout
 from suite.strategies.ddp import GRAD_COMPRESSIONS
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
@@ -47,11 +48,26 @@ NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's
 class Point:
     overrides: tuple[str, ...]
     cfg: DictConfig
-    global_batch_size: int
-    processes: int  # started by the launcher; fewer than workers when one process drives several devices
-    derived_params: dict
-    config_files: dict  # generated library configs, see Strategy.config_files
-    rank_launcher: str | None  # see Strategy.rank_launcher
+    strategy: Strategy
+    layout: Layout
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.layout.global_batch
+
+    @property
+    def processes(self) -> int:
+        """Started by the launcher; fewer than workers when one process drives several devices."""
+        return self.layout.processes
+
+    @property
+    def rank_launcher(self) -> str | None:
+        return self.strategy.supports.rank_launcher
+
+    @property
+    def config_files(self) -> dict:
+        """Generated library configs (see Strategy.config_files)."""
+        return self.strategy.config_files(self.cfg)
 
     @property
     def label(self) -> str:
@@ -227,14 +243,13 @@ def _check_device(cfg: DictConfig) -> None:
         raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs")
 
 
-def _check_batches(cfg: DictConfig, global_batch: int, shards: int) -> None:
+def _check_batches(cfg: DictConfig, layout: Layout) -> None:
     """The data must give every shard at least one batch, and `steps_per_epoch` batches when set."""
-    if global_batch % shards:
-        raise ConfigError(f"global batch {global_batch} does not split over {shards} data shards")
+    global_batch = layout.global_batch
     samples = train_samples(cfg.dataset)
     if samples is None:  # real data: its size is checked by the workers once it is read
         return
-    batches = (samples // shards) // (global_batch // shards)
+    batches = (samples // layout.dp) // layout.mini_batch
     if batches < 1:
         raise ConfigError(f"{samples} training samples are fewer than one global batch of {global_batch}")
     if cfg.steps_per_epoch is not None and cfg.steps_per_epoch > batches:
@@ -242,8 +257,8 @@ def _check_batches(cfg: DictConfig, global_batch: int, shards: int) -> None:
                           f"of {global_batch}: raise dataset.samples or lower the batch")
 
 
-def validate(cfg: DictConfig) -> Strategy:
-    """Raise ConfigError for a point that cannot run; return its strategy."""
+def validate(cfg: DictConfig) -> tuple[Strategy, Layout]:
+    """Raise ConfigError for a point that cannot run; return its strategy and layout."""
     _check_ranges(cfg)
     _check_choices(cfg)
     _check_device(cfg)
@@ -252,26 +267,27 @@ def validate(cfg: DictConfig) -> Strategy:
     strategy = build_strategy(cfg)
     strategy.check(cfg)
     _check_knobs(cfg, strategy)
-    global_batch = strategy.global_batch_size(cfg)
-    _check_batches(cfg, global_batch, strategy.data_shards(cfg))
+    layout = strategy.layout(cfg)
+    _check_batches(cfg, layout)
     _check_placement(cfg)
-    return strategy
+    return strategy, layout
 
 
 def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
     """The cross-strategy knobs (precision, optimizer, activation checkpointing, gradient compression) fit the
     strategy."""
-    if cfg.precision not in strategy.precisions:
+    supports = strategy.supports
+    if cfg.precision not in supports.precisions:
         raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
-                          f"(use {', '.join(strategy.precisions)})")
-    if cfg.optimizer.name not in strategy.optimizers:
+                          f"(use {', '.join(supports.precisions)})")
+    if cfg.optimizer.name not in supports.optimizers:
         raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} "
-                          f"(use {', '.join(strategy.optimizers)})")
-    if checkpoint_interval(cfg.activation_checkpointing) and not strategy.checkpoints_activations:
+                          f"(use {', '.join(supports.optimizers)})")
+    if checkpoint_interval(cfg.activation_checkpointing) and not supports.activation_checkpointing:
         raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
                           f"{cfg.activation_checkpointing}; leave it none")
     compression = cfg.grad_compression.name
-    if compression not in strategy.grad_compressions:
+    if compression not in supports.grad_compressions:
         raise ConfigError(f"strategy {strategy.name} does not compress gradients (grad_compression.name="
                           f"{compression}); ddp does, through its communication hooks")
 
@@ -303,11 +319,10 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
     if cfg.nodes is None:
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
     try:
-        strategy = validate(cfg)
+        strategy, layout = validate(cfg)
     except ConfigError as e:
         raise Unrunnable(str(e), cfg) from e
-    return Point(tuple(overrides), cfg, strategy.global_batch_size(cfg), strategy.processes(cfg),
-                 strategy.derived_params(cfg), strategy.config_files(cfg), strategy.rank_launcher)
+    return Point(tuple(overrides), cfg, strategy, layout)
 
 
 def plan(jobs: list[list[str]], experiment: str | None = None,

@@ -45,7 +45,7 @@ def new_point_dir(point: Point, parent_run_id: str | None = None) -> PointDir:
         out.write_point({"label": point.label, "config_hash": point.config_hash,
                          "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
                          "git_sha": git_sha(REPO_ROOT),
-                         "params": run_params(point.cfg, point.global_batch_size, point.derived_params),
+                         "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params()),
                          "parent_run_id": parent_run_id})
         for name, content in point.config_files.items():
             out.write_config_file(name, content)

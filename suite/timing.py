@@ -47,9 +47,13 @@ class PhaseTimer:
         else:
             start_s = time.perf_counter()
             yield
-            elapsed = time.perf_counter() - start_s
+            self.add(time.perf_counter() - start_s, *names)
+
+    def add(self, seconds: float, *names: str) -> None:
+        """Count host-clock seconds measured around work that `phase` cannot enclose (module hooks)."""
+        if self.enabled:
             for name in names:
-                self.totals[name] += elapsed
+                self.totals[name] += seconds
 
     def collect(self) -> None:
         """Fold the recorded CUDA events into the totals; call after synchronising the device."""

@@ -44,15 +44,13 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def run_params(cfg: DictConfig, global_batch_size: int, derived: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config, plus the short names the contract promises, the strategy's own knobs and the
-    settings it derives from them."""
+def run_params(cfg: DictConfig, knobs: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
+    """The flattened config, plus the short names the contract promises, the point's layout (degrees and
+    batches, see suite.strategies.layout) and the strategy's own knobs."""
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
-    params.update(dataset=cfg.dataset.name, network=cfg.network.name, strategy=cfg.strategy.name,
-                  global_batch_size=global_batch_size, **derived)
-    for knob, value in cfg.strategy.items():
-        if knob not in ("_target_", "name"):
-            params.setdefault(knob, value)
+    params.update(dataset=cfg.dataset.name, network=cfg.network.name, strategy=cfg.strategy.name, **layout)
+    for knob, value in knobs.items():
+        params.setdefault(knob, value)
     return params
 
 

@@ -29,8 +29,9 @@ from suite.faults import inject_fault
 from suite.memory import MEMORY_SPLIT, peak_memory, reset_peak
 from suite.models import build_model
 from suite.point_dir import PointDir
-from suite.precision import Precision, make_precision
-from suite.strategies.base import Strategy
+from suite.precision import make_precision
+from suite.strategies.base import RankContext, Strategy
+from suite.strategies.layout import Layout
 from suite.timing import PHASES, PhaseTimer, synchronize
 
 log = logging.getLogger("suite")
@@ -54,50 +55,45 @@ class Loaders:
     train: DataLoader
     val: DataLoader
     sampler: DistributedSampler
-    local_batch: int
-    shards: int  # data-parallel replicas, each reading its own shard
 
 
-def make_loaders(cfg, data: Datasets, strategy: Strategy, env: DistEnv) -> Loaders:
-    index, count = strategy.data_shard(env)
-    global_batch = strategy.global_batch_size(cfg)
-    if global_batch % count:
-        raise ConfigError(f"global batch {global_batch} does not split over {count} data-parallel shards")
-    local_batch = global_batch // count
+def make_loaders(cfg, data: Datasets, layout: Layout, env: DistEnv) -> Loaders:
+    """This rank reads its replica's shard: `layout.mini_batch` samples per step."""
+    index, count = layout.data_shard(env.rank)
     pin = env.device.type == "cuda"
     workers = cfg.dataset.loader_workers
     sampler = DistributedSampler(data.train, count, index, shuffle=True, seed=cfg.seed, drop_last=True)
-    train = DataLoader(data.train, local_batch, sampler=sampler, drop_last=True,
+    train = DataLoader(data.train, layout.mini_batch, sampler=sampler, drop_last=True,
                        num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
     # Validation shards are strided without padding, so every sample counts exactly once.
     val_shard = Subset(data.val, range(index, len(data.val), count))
-    val = DataLoader(val_shard, local_batch, num_workers=workers, pin_memory=pin)
-    return Loaders(train, val, sampler, local_batch, count)
+    val = DataLoader(val_shard, layout.mini_batch, num_workers=workers, pin_memory=pin)
+    return Loaders(train, val, sampler)
 
 
 class Trainer:
     def __init__(self, cfg, env: DistEnv, strategy: Strategy, out: PointDir, label: str = "") -> None:
-        self.cfg, self.env, self.strategy, self.out = cfg, env, strategy, out
+        self.cfg, self.env, self.out = cfg, env, out
         self.label = label
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.data = build_datasets(cfg.dataset, cfg.seed)
+        self.layout = strategy.layout(cfg)
         # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
         model = build_model(cfg.network, cfg.dataset)
         apply_activation_checkpointing(model, checkpoint_interval(cfg.activation_checkpointing),
                                        strategy.checkpoint_fn())
-        self.model = strategy.parallelize(model, env, cfg)
-        self.comm = CommVolume(strategy.counts_communication)
-        self.optimizer = strategy.build_optimizer(self.model, cfg.optimizer)
-        self.precision: Precision = make_precision(cfg.precision, env.device)
-        self.loaders = make_loaders(cfg, self.data, strategy, env)
+        self.timer = PhaseTimer(env.device)
+        rank = RankContext(cfg, env, self.layout, make_precision(cfg.precision, env.device), self.timer, loss_fn)
+        self.parallel = strategy.setup(model, rank)
+        self.comm = CommVolume(strategy.supports.counts_communication)  # counts the groups `setup` made too
+        self.loaders = make_loaders(cfg, self.data, self.layout, env)
         available = len(self.loaders.train)
         self.steps_per_epoch = min(cfg.steps_per_epoch or available, available)
         if self.steps_per_epoch < 1 or (cfg.steps_per_epoch or 0) > available:
             raise ConfigError(
                 f"steps_per_epoch={cfg.steps_per_epoch} but the shard holds {available} batches of "
-                f"{self.loaders.local_batch}: raise dataset.samples or lower the batch"
+                f"{self.layout.mini_batch}: raise dataset.samples or lower the batch"
             )
-        self.timer = PhaseTimer(env.device)
         self.metric = target_metric(cfg, self.data.task)
         self.global_step = 0
         self.step_losses: list[float] = []
@@ -118,13 +114,12 @@ class Trainer:
         if fault.kind and fault.step == self.global_step and fault.rank == self.env.rank:
             inject_fault(fault.kind, self.global_step)
         with self.comm.counted(self.timer.enabled):
-            return self.strategy.train_step(self.model, self.optimizer, inputs, targets, loss_fn,
-                                            self.precision, self.timer)
+            return self.parallel.train_step(inputs, targets)
 
     def _reduce_losses(self, losses: list[torch.Tensor]) -> list[float]:
         if not losses:
             return []
-        return self.strategy.reduce_mean(torch.stack(losses).float(), self.env).tolist()
+        return self.parallel.reduce_mean(torch.stack(losses).float()).tolist()
 
     def _max(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.env.device)  # NCCL reduces device tensors only
@@ -133,7 +128,7 @@ class Trainer:
 
     def _warm_up(self) -> float:
         start = time.perf_counter()
-        self.model.train()
+        self.parallel.model.train()
         losses = [self._step(x, y) for x, y in self._batches(0, min(self.cfg.warmup_steps, self.steps_per_epoch))]
         synchronize(self.env.device)
         (elapsed,) = self._max([time.perf_counter() - start])
@@ -141,7 +136,7 @@ class Trainer:
         return elapsed
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
-        self.model.train()
+        self.parallel.model.train()
         self.timer.enabled = True
         losses: list[torch.Tensor] = []
         samples = 0
@@ -155,12 +150,12 @@ class Trainer:
             if step % self.cfg.log_every == 0 or step == self.steps_per_epoch:
                 # Every rank reduces: under pipelines only the last stage holds the loss.
                 (loss,) = self._reduce_losses(losses[-1:])
-                rate = samples * self.loaders.shards / (time.perf_counter() - start)
+                rate = samples * self.layout.dp / (time.perf_counter() - start)
                 if self.env.is_main:
                     log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
                              self.cfg.epochs, step, self.steps_per_epoch, loss, rate)
         with self.comm.counted(True):
-            self.strategy.finish_epoch(self.model, self.optimizer)
+            self.parallel.finish_epoch()
         synchronize(self.env.device)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
@@ -169,7 +164,7 @@ class Trainer:
         self.step_losses += step_losses
         (epoch_time,) = self._max([elapsed])
         local_samples = torch.tensor([float(samples)], device=self.env.device)
-        global_samples = self.strategy.reduce_mean(local_samples, self.env).item() * self.loaders.shards
+        global_samples = self.parallel.reduce_sum(local_samples).item()
         return {
             "epoch_time_s": epoch_time,
             "throughput_samples_s": global_samples / epoch_time,
@@ -179,22 +174,22 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        self.strategy.before_evaluate(self.model, self.env)
-        self.model.eval()
+        self.parallel.before_evaluate()
+        self.parallel.model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss sum, correct, targets
         for batch, (inputs, targets) in enumerate(self.loaders.val):
             if self.cfg.eval_batches is not None and batch >= self.cfg.eval_batches:
                 break
             inputs, targets = inputs.to(self.env.device), targets.to(self.env.device)
-            with self.precision.autocast():
-                logits = self.strategy.forward(self.model, inputs)
+            with self.parallel.rank.precision.autocast():
+                logits = self.parallel.forward(inputs)
             if logits is None:
                 continue
             logits, targets = logits.flatten(0, -2).float(), targets.flatten()
             totals[0] += F.cross_entropy(logits, targets, reduction="sum")
             totals[1] += (logits.argmax(-1) == targets).sum()
             totals[2] += targets.numel()
-        totals = self.strategy.reduce_mean(totals, self.env) * self.loaders.shards
+        totals = self.parallel.reduce_sum(totals)
         val_loss = (totals[0] / totals[2]).item()
         if self.data.task == "classification":
             return {"val_loss": val_loss, "val_accuracy": (totals[1] / totals[2]).item()}
@@ -233,7 +228,7 @@ class Trainer:
         phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
         memory = [None] * self.env.world_size
         dist.all_gather_object(memory, {**peak_memory(self.env.device),
-                                        **self.strategy.memory_split(self.model, self.optimizer)})
+                                        **self.parallel.memory_split()})
         total_time = sum(e["epoch_time_s"] for e in epochs)
         summary = {
             "epoch_time_s_mean": total_time / len(epochs),
@@ -246,11 +241,11 @@ class Trainer:
             **self._comm_metrics(),
             **to_target,
             "memory_by_rank": memory,
-            "strategy_metrics": self.strategy.summary_metrics(self.timer, memory, self.env),
+            "strategy_metrics": self.parallel.summary_metrics(memory),
             "step_losses": self.step_losses,
         }
         if self.cfg.save_final_weights:
-            state = self.strategy.full_state_dict(self.model)
+            state = self.parallel.full_state_dict()
             if self.env.is_main:
                 torch.save(state, self.out.weights_file)
         return summary

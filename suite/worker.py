@@ -43,7 +43,7 @@ def train_point(out: PointDir) -> None:
 
     cfg = OmegaConf.load(out.config)
     strategy = build_strategy(cfg)
-    processes = strategy.processes(cfg)
+    processes = strategy.layout(cfg).processes
     rendezvous = discover(os.environ, expected_world_size=processes)
     if rendezvous.world_size != processes:
         raise ConfigError(f"started as {rendezvous.world_size} ranks by {rendezvous.source}, "

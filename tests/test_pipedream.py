@@ -19,7 +19,8 @@ from suite.driver import run_sweep
 from suite.models.layers import Layer
 from suite.pipeline.partition import StageModule, cut
 from suite.pipeline.pipedream import PipeDreamStage
-from suite.pipeline.topology import build_topology
+from suite.pipeline.topology import Topology
+from suite.strategies.layout import Layout
 from suite.plan import plan
 from suite.precision import Precision
 from suite.timing import PhaseTimer
@@ -53,7 +54,7 @@ def optimizer_for(module: nn.Module) -> torch.optim.Optimizer:
 def run_rank(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=STAGES)
     torch.set_num_threads(1)
-    topology = build_topology(rank, STAGES, STAGES, set())
+    topology = Topology.build(Layout(dp=1, pp=STAGES, mini_batch=BATCH), rank, set(), "cpu")
     module = StageModule(cut(make_layers(), SIZES)[rank])
     stage = PipeDreamStage(module, rank, topology, optimizer_for(module), lambda: None, torch.device("cpu"))
     timer, precision = PhaseTimer(torch.device("cpu")), Precision("fp32", "cpu")

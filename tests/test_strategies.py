@@ -8,9 +8,13 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.config import GradCompressionConfig
+from suite.config import GradCompressionConfig, OptimizerConfig
 from suite.dist import DistEnv, resolve_device
+from suite.precision import make_precision
+from suite.strategies.base import RankContext
 from suite.strategies.ddp import DDP, apply_grad_compression
+from suite.strategies.layout import Layout
+from suite.timing import PhaseTimer
 
 
 @pytest.fixture
@@ -22,12 +26,16 @@ def one_rank_group():
 
 def test_ddp_knobs_configure_distributed_data_parallel(one_rank_group):
     strategy = DDP(bucket_cap_mb=3.0, gradient_as_bucket_view=True, static_graph=True, find_unused_parameters=True)
-    cfg = SimpleNamespace(grad_compression=GradCompressionConfig())
-    model = strategy.parallelize(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), one_rank_group, cfg)
+    env = one_rank_group
+    cfg = SimpleNamespace(grad_compression=GradCompressionConfig(), optimizer=OptimizerConfig())
+    rank = RankContext(cfg, env, Layout(dp=1, mini_batch=4), make_precision("fp32", env.device),
+                       PhaseTimer(env.device), nn.functional.cross_entropy)
+    runtime = strategy.setup(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), rank)
+    model = runtime.model
     assert model.bucket_bytes_cap == 3 * 2**20
     assert model.gradient_as_bucket_view and model.static_graph and model.find_unused_parameters
     assert strategy.knobs()["bucket_cap_mb"] == 3.0 and "name" not in strategy.knobs()
-    assert isinstance(strategy.unwrap(model), nn.Sequential)
+    assert isinstance(runtime.plain, nn.Sequential)
     assert not model._comm_hooks  # grad_compression none: DDP's own all-reduce
 
 

@@ -1,4 +1,5 @@
-"""Where a rank sits in DP x PP: `pp` consecutive ranks form one pipeline, `dp = world / pp` replicas.
+"""Where a rank sits in DP x PP, and its process groups: `pp` consecutive ranks form one pipeline,
+`dp = world / pp` replicas (the layout's `dp` and `pp` mesh dimensions).
 
 Rank r is stage `r % pp` of replica `r // pp`. Each stage's replicas all-reduce their gradients in a
 data-parallel group; the ranks that hold copies of one tied weight (GPT-2's embedding on the first
@@ -10,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from suite.dist import all_reduce_flat
+from suite.strategies.layout import Layout
 
 
 def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -> None:
@@ -31,9 +32,16 @@ class Topology:
     pp: int
     dp: int
     rank: int
-    pipe_group: object = None  # the stages of this replica; None (the whole world) when dp == 1
-    dp_group: object = None  # this stage's replicas; None when dp == 1
+    pipe_group: object  # the stages of this replica
+    dp_group: object  # this stage's replicas
     tie_group: object = None  # the ranks of this replica holding a tied weight; None when not one of them
+
+    @classmethod
+    def build(cls, layout: Layout, rank: int, tie_stage_ranks: set[int], device_type: str) -> Topology:
+        """Every rank calls this with the same arguments, in the same order (it creates process groups)."""
+        mesh = layout.mesh(device_type)
+        tie_group = layout.replica_subgroup(rank, tie_stage_ranks) if len(tie_stage_ranks) > 1 else None
+        return cls(layout.pp, layout.dp, rank, mesh["pp"].get_group(), mesh["dp"].get_group(), tie_group)
 
     @property
     def stage_rank(self) -> int:
@@ -62,24 +70,3 @@ class Topology:
     def sum_tied_grads(self, tied: list[nn.Parameter]) -> None:
         if self.tie_group is not None:
             all_reduce_grads(tied, self.tie_group)
-
-
-def build_topology(rank: int, world_size: int, pp: int, tie_stage_ranks: set[int]) -> Topology:
-    """Create the process groups; every rank calls this with the same arguments, in the same order."""
-    dp = world_size // pp
-    topology = Topology(pp, dp, rank)
-    if dp > 1:
-        for replica in range(dp):
-            group = dist.new_group([replica * pp + stage_rank for stage_rank in range(pp)])
-            if replica == topology.replica:
-                topology.pipe_group = group
-        for stage_rank in range(pp):
-            group = dist.new_group([replica * pp + stage_rank for replica in range(dp)])
-            if stage_rank == topology.stage_rank:
-                topology.dp_group = group
-    if len(tie_stage_ranks) > 1:
-        for replica in range(dp):
-            group = dist.new_group(sorted(replica * pp + s for s in tie_stage_ranks))
-            if replica == topology.replica and topology.stage_rank in tie_stage_ranks:
-                topology.tie_group = group
-    return topology

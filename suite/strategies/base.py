@@ -1,10 +1,13 @@
-"""The interface every strategy implements, with the data-parallel defaults most of them share.
+"""A strategy is two things: a frozen spec, checked before launch, and the runtime it sets up in each rank.
 
-A strategy decides four things and nothing else: how the global batch follows from the per-worker
-batch and the worker count, which shard of the data a rank reads, how the plain model is wrapped
-or split across ranks, and how one training step runs on the wrapped model. The training loop
-(`suite.trainer`) is the same for all of them; the hooks with defaults here (`processes`,
-`forward`, `finish_epoch`, `summary_metrics`) are where pipelines differ from data parallelism.
+`Strategy` (the spec) holds the knobs of the strategy's yaml and answers, from the point's config
+alone: can this point run (`check`), how do its ranks divide the work (`layout`), which library
+config files does it generate, which cross-strategy knobs does it support. In each rank,
+`Strategy.setup` wraps or splits the plain model and returns a `Runtime` built once with everything
+a step needs (model, optimizer, precision, timer, loss). The training loop (`suite.trainer`) drives
+every strategy through the same `Runtime` calls; `DataParallel` is the shared step of all strategies
+that run forward, backward and an optimizer step on each rank (single, ddp, fsdp, zero, horovod,
+megatron), each changing only how it reduces gradients (`backward`) and steps (`step`).
 """
 
 from __future__ import annotations
@@ -14,167 +17,197 @@ from typing import Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from suite.dist import DistEnv
 from suite.memory import local_tensor, tensor_mb
-from suite.optim import OPTIMIZERS, build_optimizer
+from suite.optim import OPTIMIZERS
 from suite.precision import PRECISIONS, Precision
+from suite.strategies.layout import Layout
 from suite.timing import PhaseTimer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-@dataclass
-class Strategy:
-    name: str
+@dataclass(frozen=True)
+class Supports:
+    """Which values of the cross-strategy knobs a strategy applies (the rest is rejected before launch)."""
 
-    # What starts the point's ranks: None for the cluster's own launcher (the local one here, srun, jsrun or
-    # mpiexec on a batch cluster), "horovodrun" for strategies whose library brings its own.
-    rank_launcher: ClassVar[str | None] = None
-    # Which values of the cross-strategy knobs this strategy applies (the rest is rejected before launch).
-    precisions: ClassVar[tuple[str, ...]] = PRECISIONS
-    optimizers: ClassVar[tuple[str, ...]] = OPTIMIZERS
-    checkpoints_activations: ClassVar[bool] = True  # activation_checkpointing, applied to the plain model
-    grad_compressions: ClassVar[tuple[str, ...]] = ("none",)
+    precisions: tuple[str, ...] = PRECISIONS
+    optimizers: tuple[str, ...] = OPTIMIZERS
+    activation_checkpointing: bool = True  # applied to the plain model before `setup`
+    grad_compressions: tuple[str, ...] = ("none",)
     # True where all its communication goes through torch.distributed process groups, so that suite.comm's
     # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
-    counts_communication: ClassVar[bool] = False
+    counts_communication: bool = False
+    # What starts the point's ranks: None for the cluster's own launcher (the local one here, srun, jsrun or
+    # mpiexec on a batch cluster), "horovodrun" for strategies whose library brings its own.
+    rank_launcher: str | None = None
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a strategy's runtime on one rank is built from, handed over once."""
+
+    cfg: DictConfig
+    env: DistEnv
+    layout: Layout
+    precision: Precision
+    timer: PhaseTimer
+    loss_fn: LossFn
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    supports: ClassVar[Supports] = Supports()
 
     def knobs(self) -> dict[str, Any]:
         """The strategy's own settings, recorded as run params."""
         return {k: v for k, v in asdict(self).items() if k != "name"}
 
-    # Before launch, in the driver: raise ConfigError for a point this strategy cannot run.
     def check(self, cfg) -> None:
-        pass
+        """Before launch: raise ConfigError for a point this strategy cannot run."""
 
-    def global_batch_size(self, cfg) -> int:
-        """Data-parallel rule (Studies N and J): the batch per worker is fixed."""
-        return cfg.batch_size * cfg.workers
-
-    def processes(self, cfg) -> int:
-        """How many processes the launcher starts (one per worker, unless one process drives several devices)."""
-        return cfg.workers
-
-    def derived_params(self, cfg) -> dict[str, Any]:
-        """Settings the strategy derives from the config (e.g. micro-batches), recorded as run params."""
-        return {}
+    def layout(self, cfg) -> Layout:
+        """Data-parallel rule (Studies N and J): every worker is a replica with a fixed batch per worker."""
+        return Layout(dp=cfg.workers, mini_batch=cfg.batch_size)
 
     def config_files(self, cfg) -> dict[str, dict[str, Any]]:
         """Configuration the strategy generates for its library (file name -> JSON content), written into
         the point directory before launch and recorded with the run (e.g. DeepSpeed's ds_config.json)."""
         return {}
 
-    def data_shards(self, cfg) -> int:
-        """How many shards the training data is split into (before launch; see `data_shard`)."""
-        return cfg.workers
-
-    # In each worker.
-    def data_shard(self, env: DistEnv) -> tuple[int, int]:
-        """(index, count) of the data shard this rank reads; each data-parallel replica reads its own."""
-        return env.rank, env.world_size
-
-    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
-        """Wrap or split the host-built model; move what this rank holds to its device."""
-        return model.to(env.device)
-
     def checkpoint_fn(self) -> Callable | None:
         """The function that runs a checkpointed block (None: torch.utils.checkpoint; see
         suite.activation_checkpointing)."""
         return None
 
-    def build_optimizer(self, model: nn.Module, cfg) -> torch.optim.Optimizer:
-        return build_optimizer(model.parameters(), cfg)
+    def setup(self, model: nn.Module, rank: RankContext) -> Runtime:
+        """In each rank: wrap or split the host-built model, move what this rank holds to its device, build
+        the optimizer; return the runtime that trains it."""
+        raise NotImplementedError
 
-    def train_step(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        loss_fn: LossFn,
-        precision: Precision,
-        timer: PhaseTimer,
-    ) -> torch.Tensor:
+
+class Runtime:
+    """A strategy on one rank: the model as this rank holds it, its optimizer, and one training step."""
+
+    def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 plain: nn.Module | None = None) -> None:
+        self.rank, self.model, self.optimizer = rank, model, optimizer
+        self.plain = model if plain is None else plain  # the plain model inside the wrapper
+        self.gradients_mb: float | None = None  # held after the first backward (freed by each step)
+
+    @property
+    def holds_output(self) -> bool:
+        """Whether this rank computes the network's output (and so the loss): every rank of a replica,
+        except in pipelines, where the last stage does."""
+        return True
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimisation step on this rank's part of the global batch; returns the local loss."""
-        with timer.phase("forward"), precision.autocast():
-            loss = loss_fn(model(inputs), targets)
-        with timer.phase("backward"):
-            precision.backward(loss)
-            self.reduce_gradients(model, optimizer)
-        self.note_gradients(model)
-        with timer.phase("optimizer"):
-            self.optimizer_step(optimizer, precision)
-        return loss.detach()
+        raise NotImplementedError
 
-    def reduce_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Gradient communication the wrapped model does not do itself (after backward, before the step)."""
+    def finish_epoch(self) -> None:
+        """Complete work still in flight at the end of an epoch (inside the epoch's clock)."""
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
-        """Update the weights from the reduced gradients and free the gradients."""
-        precision.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Evaluation forward pass; None on ranks that do not hold the network's output."""
+        return self.model(inputs)
 
-    def held_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+    def before_evaluate(self) -> None:
+        """Make every rank hold the model that is evaluated (e.g. the same BatchNorm statistics)."""
+
+    def reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum over the data-parallel replicas of per-replica values (losses, counts). Every rank of a replica
+        that holds the output holds the same values: the `tp` ranks of a stage, or a pipeline's last stage."""
+        values = values.clone() if self.holds_output else values.new_zeros(values.shape)
+        dist.all_reduce(values)
+        return values / self.rank.layout.tp
+
+    def reduce_mean(self, values: torch.Tensor) -> torch.Tensor:
+        """Mean over the replicas (of equal-sized shards)."""
+        return self.reduce_sum(values) / self.rank.layout.dp
+
+    def held_parameters(self) -> list[torch.Tensor]:
         """The parameter storage this rank holds (its shards, where parameters are sharded)."""
-        return [local_tensor(p) for p in self.unwrap(model).parameters()]
+        return [local_tensor(p) for p in self.plain.parameters()]
 
-    def held_gradients(self, model: nn.Module) -> list[torch.Tensor]:
-        """The gradient storage this rank holds after backward (its shards, where gradients are sharded)."""
-        return [local_tensor(p.grad) for p in self.unwrap(model).parameters() if p.grad is not None]
+    def held_gradients(self) -> list[torch.Tensor] | None:
+        """The gradient storage this rank holds after backward (None: not measurable)."""
+        return [local_tensor(p.grad) for p in self.plain.parameters() if p.grad is not None]
 
-    def held_optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    def held_optimizer_state(self) -> list[torch.Tensor]:
         """The optimizer's state tensors on this rank (momenta; Adam's first and second moments)."""
-        return [local_tensor(t) for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        return optimizer_state(self.optimizer)
 
-    def note_gradients(self, model: nn.Module) -> None:
-        """Measure the gradients held after the first backward (they are freed by the step)."""
-        if not hasattr(self, "gradients_mb"):
-            self.gradients_mb = tensor_mb(self.held_gradients(model))
+    def note_gradients(self) -> None:
+        """Measure the gradients held after the first backward."""
+        if self.gradients_mb is None:
+            held = self.held_gradients()
+            self.gradients_mb = None if held is None else tensor_mb(held)
 
-    def memory_split(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def memory_split(self) -> dict[str, float]:
         """MiB this rank holds in parameters, gradients (after backward) and optimizer states, after training."""
-        split = {"mem_params_mb": tensor_mb(self.held_parameters(model)),
-                 "mem_optim_mb": tensor_mb(self.held_optimizer_state(optimizer))}
-        if hasattr(self, "gradients_mb"):
+        split = {"mem_params_mb": tensor_mb(self.held_parameters()),
+                 "mem_optim_mb": tensor_mb(self.held_optimizer_state())}
+        if self.gradients_mb is not None:
             split["mem_grads_mb"] = self.gradients_mb
         return split
 
-    def finish_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Complete work still in flight at the end of an epoch (inside the epoch's clock)."""
-
-    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
-        """Evaluation forward pass; None on ranks that do not hold the network's output."""
-        return model(inputs)
-
-    def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
-        """Make every rank hold the model that is evaluated (e.g. the same BatchNorm statistics)."""
-
-    def reduce_mean(self, values: torch.Tensor, env: DistEnv) -> torch.Tensor:
-        """Mean over the data-parallel replicas of per-rank values (losses of equal-sized shards)."""
-        values = values.clone()
-        dist.all_reduce(values)
-        return values / env.world_size
-
-    def summary_metrics(self, timer: PhaseTimer, memory_by_rank: list[dict[str, float]],
-                        env: DistEnv) -> dict[str, float]:
+    def summary_metrics(self, memory_by_rank: list[dict[str, float]]) -> dict[str, float]:
         """Strategy-specific summary metrics, computed on every rank (may communicate), logged from rank 0."""
         return {}
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        """The plain model inside whatever `parallelize` returned."""
-        return model
-
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The complete weights, valid on rank 0; sharded DTensors (FSDP2, tensor parallelism) are gathered,
         a collective every rank joins."""
         return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-                for k, v in self.unwrap(model).state_dict().items()}
+                for k, v in self.plain.state_dict().items()}
+
+
+class DataParallel(Runtime):
+    """The step of every strategy that runs the whole forward and backward on each rank: forward, backward
+    (with the gradient communication the wrapped model does not do itself), optimizer step."""
+
+    def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 plain: nn.Module | None = None, sync_buffers: bool = False) -> None:
+        super().__init__(rank, model, optimizer, plain)
+        self.sync_buffers = sync_buffers
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        timer, precision = self.rank.timer, self.rank.precision
+        with timer.phase("forward"), precision.autocast():
+            loss = self.rank.loss_fn(self.model(inputs), targets)
+        with timer.phase("backward"):
+            self.backward(loss)
+        self.note_gradients()
+        with timer.phase("optimizer"):
+            self.step()
+        return loss.detach()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Gradients of the loss, reduced over the replicas that need them equal."""
+        self.rank.precision.backward(loss)
+
+    def step(self) -> None:
+        """Update the weights from the reduced gradients and free the gradients."""
+        self.rank.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def before_evaluate(self) -> None:
+        if self.sync_buffers:
+            broadcast_buffers(self.plain)
 
 
 def broadcast_buffers(model: nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm running statistics drift apart on rank-local batches)."""
     for buffer in model.buffers():
         dist.broadcast(buffer, 0)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The state tensors of a torch optimizer (the local shards of sharded ones)."""
+    return [local_tensor(t) for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]

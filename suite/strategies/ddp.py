@@ -10,9 +10,10 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.dist import DistEnv, will_use_cuda
+from suite.dist import will_use_cuda
 from suite.errors import ConfigError
-from suite.strategies.base import Strategy, broadcast_buffers
+from suite.optim import build_optimizer
+from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 
 CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 GRAD_COMPRESSIONS = ("none", *CAST_HOOKS, "powersgd")
@@ -29,11 +30,10 @@ def apply_grad_compression(model: DistributedDataParallel, compression) -> None:
         model.register_comm_hook(None, CAST_HOOKS[compression.name])
 
 
-@dataclass
+@dataclass(frozen=True)
 class DDP(Strategy):
     name: str = "ddp"
-    counts_communication: ClassVar[bool] = True
-    grad_compressions: ClassVar[tuple[str, ...]] = GRAD_COMPRESSIONS
+    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=GRAD_COMPRESSIONS)
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
@@ -47,24 +47,20 @@ class DDP(Strategy):
         if self.sync_batchnorm and not will_use_cuda(cfg.cluster):
             raise ConfigError("strategy ddp: sync_batchnorm works on GPUs only (torch's SyncBatchNorm)")
 
-    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
-        model = model.to(env.device)
+    def setup(self, model: nn.Module, rank: RankContext) -> DataParallel:
+        device = rank.env.device
+        model = model.to(device)
         if self.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = DistributedDataParallel(
             model,
-            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=self.bucket_cap_mb,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             static_graph=self.static_graph,
             find_unused_parameters=self.find_unused_parameters,
             forward_sync_buffers=self.forward_sync_buffers,
         )
-        apply_grad_compression(model, cfg.grad_compression)
-        return model
-
-    def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
-        broadcast_buffers(model.module)
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model.module
+        apply_grad_compression(model, rank.cfg.grad_compression)
+        return DataParallel(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), plain=model.module,
+                            sync_buffers=True)

@@ -13,28 +13,28 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from suite.dist import DistEnv
 from suite.models.layers import block_layers
-from suite.optim import ELEMENTWISE_OPTIMIZERS
-from suite.strategies.base import Strategy, broadcast_buffers
+from suite.optim import ELEMENTWISE_OPTIMIZERS, build_optimizer
+from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.strategies.layout import Layout
 
 
-@dataclass
+@dataclass(frozen=True)
 class FSDP(Strategy):
     name: str = "fsdp"
-    counts_communication: ClassVar[bool] = True
-    optimizers: ClassVar[tuple[str, ...]] = ELEMENTWISE_OPTIMIZERS  # parameters are sharded
+    # Parameters are sharded: only element-wise updates are right on a shard.
+    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS)
     reshard_after_forward: bool = True
 
-    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
-        model = model.to(env.device)
-        mesh = init_device_mesh(env.device.type, (env.world_size,))
+    def layout(self, cfg) -> Layout:
+        return Layout(dp=cfg.workers, mini_batch=cfg.batch_size, shard=cfg.workers)
+
+    def setup(self, model: nn.Module, rank: RankContext) -> DataParallel:
+        model = model.to(rank.env.device)
+        mesh = rank.layout.mesh(rank.env.device.type)["dp"]
         for layer in block_layers(model):
             fully_shard(layer.module, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-        return fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-
-    def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
-        broadcast_buffers(model)
+        model = fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        return DataParallel(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), sync_buffers=True)

@@ -15,19 +15,80 @@ import torch
 from torch import nn
 from torchgpipe import GPipe as TorchGPipe
 
-from suite.dist import DistEnv
 from suite.errors import ConfigError
-from suite.models.layers import flatten_layers, tied_parameters
+from suite.models.layers import Layer, flatten_layers, tied_parameters
+from suite.optim import build_optimizer
 from suite.pipeline.partition import cut, sum_grads, untie
-from suite.precision import Precision
-from suite.strategies.base import LossFn
-from suite.strategies.pipeline import Pipeline
-from suite.timing import PhaseTimer
+from suite.strategies.base import RankContext, Runtime
+from suite.strategies.layout import Layout
+from suite.strategies.pipeline import Pipeline, pipeline_metrics
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
 
 
-@dataclass
+class TorchGPipeRuntime(Runtime):
+    """torchgpipe's GPipe over the stage devices of this one process; copies of a tied weight on different
+    stages (untied to live on their own device) sum their gradients before the step."""
+
+    def __init__(self, rank: RankContext, pipe: TorchGPipe, layers: list[Layer],
+                 tied: list[list[nn.Parameter]]) -> None:
+        super().__init__(rank, pipe, build_optimizer(pipe.parameters(), rank.cfg.optimizer))
+        self.layers, self.tied = layers, tied
+        for index, partition in enumerate(pipe.partitions):
+            if pipe.devices[index].type == "cpu":
+                self._time_partition(partition, index)
+
+    def _time_partition(self, partition: nn.Module, index: int) -> None:
+        """Host-clock timers around each partition's forward and backward, from module hooks (torchgpipe runs
+        the partitions itself); only on CPU, where the host clock covers the work."""
+        started: dict[str, float] = {}
+        timer = self.rank.timer
+
+        def start(kind: str):
+            def hook(*_):
+                started[kind] = time.perf_counter()
+            return hook
+
+        def stop(kind: str):
+            def hook(*_):
+                if kind in started:
+                    timer.add(time.perf_counter() - started.pop(kind), kind, f"stage{index}.{kind}")
+            return hook
+
+        partition.register_forward_pre_hook(start("forward"))
+        partition.register_forward_hook(stop("forward"))
+        partition.register_full_backward_pre_hook(start("backward"))
+        partition.register_full_backward_hook(stop("backward"))
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        timer, precision = self.rank.timer, self.rank.precision
+        with timer.phase("pipeline"):
+            with precision.autocast():
+                outputs = self.model(inputs.to(self.model.devices[0]))
+                loss = self.rank.loss_fn(outputs, targets.to(outputs.device))
+            precision.backward(loss)
+            for copies in self.tied:
+                sum_grads(copies)
+        with timer.phase("optimizer"):
+            precision.step(self.optimizer)
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs.to(self.model.devices[0]))
+
+    def summary_metrics(self, memory_by_rank: list[dict[str, float]]) -> dict[str, float]:
+        devices = self.model.devices
+        # On CPU the stages share one process's host memory: not separable.
+        peaks = ({i: torch.cuda.max_memory_reserved(d) / 2**20 for i, d in enumerate(devices)}
+                 if devices[0].type == "cuda" else {})
+        return pipeline_metrics(self.rank.timer, self.rank.layout.micro_batches, True, lambda s: s, peaks)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: value for layer in self.layers for name, value in layer.named_state().items()}
+
+
+@dataclass(frozen=True)
 class GPipe(Pipeline):
     name: str = "gpipe"
     devices: list[str] | None = None  # None: cuda:0..workers-1 on GPUs, else `workers` x "cpu"
@@ -36,8 +97,10 @@ class GPipe(Pipeline):
     def stages(self, cfg) -> int:
         return cfg.workers
 
-    def processes(self, cfg) -> int:
-        return 1
+    def layout(self, cfg) -> Layout:
+        batching = self.batching(cfg)
+        return Layout(dp=1, pp=cfg.workers, mini_batch=batching.mini_batch, micro_batches=batching.micro_batches,
+                      stages_in_one_process=True)
 
     def check(self, cfg) -> None:
         if self.checkpoint not in CHECKPOINT_MODES:
@@ -51,74 +114,19 @@ class GPipe(Pipeline):
                               f"but workers={cfg.workers} needs {cfg.nodes} nodes; use gpipe_dist across nodes")
         super().check(cfg)
 
-    def _devices(self, env: DistEnv, count: int) -> list[torch.device]:
+    def _devices(self, device: torch.device, count: int) -> list[torch.device]:
         if self.devices is not None:
             return [torch.device(d) for d in self.devices]
-        if env.device.type == "cuda":
+        if device.type == "cuda":
             return [torch.device("cuda", i) for i in range(count)]
         return [torch.device("cpu")] * count
 
-    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
+    def setup(self, model: nn.Module, rank: RankContext) -> TorchGPipeRuntime:
         layers = flatten_layers(model)
-        self.tied = untie(layers, tied_parameters(layers))
-        sizes = self._stage_sizes(layers, cfg, env)
+        tied = untie(layers, tied_parameters(layers))
+        sizes = self.stage_sizes(layers, rank)
         groups = cut(layers, sizes)
-        self.layers = [layer for group in groups for layer in group]
-        self._micro_batches = self.batching(cfg).micro_batches
-        self.timer: PhaseTimer | None = None
-        self.stage_devices = self._devices(env, len(sizes))
         pipe = TorchGPipe(nn.Sequential(*(layer.module for group in groups for layer in group)), balance=sizes,
-                          devices=self.stage_devices, chunks=self._micro_batches, checkpoint=self.checkpoint)
-        for index, partition in enumerate(pipe.partitions):
-            self._time_partition(partition, index)
-        return pipe
-
-    def _time_partition(self, partition: nn.Module, index: int) -> None:
-        """Host-clock timers around each partition's forward and backward (CPU; on GPUs the clock would
-        not cover queued kernels, so stage times are only taken on CPU)."""
-        started: dict[str, float] = {}
-
-        def start(kind: str):
-            def hook(*_):
-                started[kind] = time.perf_counter()
-            return hook
-
-        def stop(kind: str):
-            def hook(*_):
-                if self.timer is not None and self.timer.enabled and kind in started:
-                    elapsed = time.perf_counter() - started.pop(kind)
-                    self.timer.totals[kind] += elapsed
-                    self.timer.totals[f"stage{index}.{kind}"] += elapsed
-            return hook
-
-        if self.stage_devices[index].type == "cpu":
-            partition.register_forward_pre_hook(start("forward"))
-            partition.register_forward_hook(stop("forward"))
-            partition.register_full_backward_pre_hook(start("backward"))
-            partition.register_full_backward_hook(stop("backward"))
-
-    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
-                   targets: torch.Tensor, loss_fn: LossFn, precision: Precision, timer: PhaseTimer) -> torch.Tensor:
-        self.timer = timer
-        with timer.phase("pipeline"):
-            with precision.autocast():
-                outputs = model(inputs.to(model.devices[0]))
-                loss = loss_fn(outputs, targets.to(outputs.device))
-            precision.backward(loss)
-            for copies in self.tied:
-                sum_grads(copies)
-        with timer.phase("optimizer"):
-            precision.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-        return model(inputs.to(model.devices[0]))
-
-    def stage_peak_memory(self, memory_by_rank: list[dict[str, float]]) -> dict[int, float]:
-        if self.stage_devices[0].type != "cuda":
-            return {}  # the stages share one process's host memory: not separable
-        return {i: torch.cuda.max_memory_reserved(d) / 2**20 for i, d in enumerate(self.stage_devices)}
-
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        return {name: value for layer in self.layers for name, value in layer.named_state().items()}
+                          devices=self._devices(rank.env.device, len(sizes)), chunks=rank.layout.micro_batches,
+                          checkpoint=self.checkpoint)
+        return TorchGPipeRuntime(rank, pipe, [layer for group in groups for layer in group], tied)

@@ -3,11 +3,11 @@
 `tp` consecutive ranks split every block: attention qkv and the MLP up-projection by columns, the
 attention output and MLP down-projection by rows, so each block does one all-reduce in forward and
 one in backward per sub-layer. With `vocab_parallel` the token embedding and the LM head tied to it
-are split by vocabulary rows too (unevenly where tp does not divide the vocabulary, as GPT-2's 50257) (the logits are gathered for the loss); otherwise they stay whole on
-every rank. With `sequence_parallel` the LayerNorms and residual stream between the split layers are
+are split by vocabulary rows too, unevenly where tp does not divide the vocabulary (GPT-2's 50257), and
+the logits are gathered for the loss; otherwise they stay whole on every rank. With `sequence_parallel` the LayerNorms and residual stream between the split layers are
 split along the sequence (Megatron-LM's sequence parallelism): each all-reduce becomes a
 reduce-scatter plus an all-gather, and activations there take 1/tp of the memory.
-`dp = workers / tp` such groups are data-parallel replicas on the other axis of a 2-D device mesh;
+`dp = workers / tp` such groups are data-parallel replicas on the `dp` axis of the point's device mesh;
 each reads its own data shard and they average gradients after backward. Study N's Megatron-intra
 is dp=1, Megatron-data is tp=1.
 """
@@ -19,17 +19,17 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from suite.dist import DistEnv, all_reduce_flat
+from suite.dist import all_reduce_flat
 from suite.errors import ConfigError
 from suite.memory import local_tensor
-from suite.optim import ELEMENTWISE_OPTIMIZERS
-from suite.strategies.base import Strategy
-
+from suite.optim import ELEMENTWISE_OPTIMIZERS, build_optimizer
+from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.strategies.layout import Layout
 
 
 def block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
@@ -70,12 +70,29 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bo
         model.head.weight = model.tok_emb.weight
 
 
-@dataclass
+class TensorParallel(DataParallel):
+    """Each rank holds its tensor-parallel shards; replicas holding the same shards average their gradients
+    after backward (one all-reduce over the data-parallel group)."""
+
+    def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer, dp_group) -> None:
+        super().__init__(rank, model, optimizer)
+        self.dp_group = dp_group
+
+    def backward(self, loss: torch.Tensor) -> None:
+        super().backward(loss)
+        dp = self.rank.layout.dp
+        if dp > 1:
+            all_reduce_flat([local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None],
+                            self.dp_group, dp)
+
+
+@dataclass(frozen=True)
 class Megatron(Strategy):
     name: str = "megatron"
-    counts_communication: ClassVar[bool] = True
-    optimizers: ClassVar[tuple[str, ...]] = ELEMENTWISE_OPTIMIZERS  # parameters are sharded
-    checkpoints_activations: ClassVar[bool] = False  # the tensor-parallel plan addresses the plain blocks
+    # Parameters are sharded (element-wise updates only); the tensor-parallel plan addresses the plain blocks,
+    # not checkpoint wrappers.
+    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS,
+                                            activation_checkpointing=False)
     tp: int = 2
     batch_grows_with_tp: bool = True
     vocab_parallel: bool = False
@@ -94,33 +111,15 @@ class Megatron(Strategy):
             raise ConfigError(f"strategy megatron: sequence_parallel needs tp={self.tp} to divide "
                               f"dataset.seq_len={cfg.dataset.seq_len}")
 
-    def dp(self, cfg) -> int:
-        return cfg.workers // self.tp
-
-    def global_batch_size(self, cfg) -> int:
+    def layout(self, cfg) -> Layout:
         """With `batch_grows_with_tp` (Study N's Megatron-intra) the batch per worker is fixed, so each
         tensor-parallel group trains on batch_size x tp; otherwise each group trains on batch_size."""
-        return cfg.batch_size * (cfg.workers if self.batch_grows_with_tp else self.dp(cfg))
+        return Layout(dp=cfg.workers // self.tp, tp=self.tp,
+                      mini_batch=cfg.batch_size * (self.tp if self.batch_grows_with_tp else 1))
 
-    def derived_params(self, cfg) -> dict:
-        return {"dp": self.dp(cfg)}
-
-    def data_shards(self, cfg) -> int:
-        return self.dp(cfg)
-
-    def data_shard(self, env: DistEnv) -> tuple[int, int]:
-        return env.rank // self.tp, env.world_size // self.tp
-
-    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
-        mesh = init_device_mesh(env.device.type, (env.world_size // self.tp, self.tp), mesh_dim_names=("dp", "tp"))
-        self.dp_group, self.dp_size = mesh["dp"].get_group(), mesh["dp"].size()
-        model = model.to(env.device)
+    def setup(self, model: nn.Module, rank: RankContext) -> TensorParallel:
+        mesh = rank.layout.mesh(rank.env.device.type)
+        model = model.to(rank.env.device)
         apply_tensor_parallel(model, mesh["tp"], self.vocab_parallel, self.sequence_parallel)
-        return model
-
-    def reduce_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Average this rank's gradient shards over the replicas that hold the same shards (one all-reduce)."""
-        if self.dp_size == 1:
-            return
-        all_reduce_flat([local_tensor(p.grad) for p in model.parameters() if p.grad is not None], self.dp_group,
-                        self.dp_size)
+        return TensorParallel(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer),
+                              mesh["dp"].get_group())

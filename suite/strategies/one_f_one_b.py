@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
 
 from suite.errors import ConfigError
-from suite.strategies.scheduled_pipeline import ScheduledPipeline
+from suite.strategies.base import RankContext
+from suite.strategies.pipeline import DistributedPipeline
+from suite.strategies.scheduled import Scheduled
 
 
-@dataclass
-class OneFOneB(ScheduledPipeline):
+@dataclass(frozen=True)
+class OneFOneB(DistributedPipeline):
     name: str = "1f1b"
     virtual_stages: int = 1
 
@@ -29,8 +32,10 @@ class OneFOneB(ScheduledPipeline):
             raise ConfigError(f"strategy 1f1b: interleaving needs micro_batches ({m}) divisible by the "
                               f"{stages} stages")
 
-    def make_schedule(self, stages, micro_batches, loss_fn):
-        if self.virtual_stages > 1:
-            return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)
-        (stage,) = stages
-        return Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)
+    def setup(self, model: nn.Module, rank: RankContext) -> Scheduled:
+        def schedule(stages, micro_batches, loss_fn):
+            if self.virtual_stages > 1:
+                return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)
+            (stage,) = stages
+            return Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)
+        return Scheduled(self, model, rank, schedule)

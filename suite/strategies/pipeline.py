@@ -1,29 +1,32 @@
-"""What every pipeline strategy shares: knobs, the batch rule, checks, stage timing and its metrics,
-and, for pipelines across processes, the rank layout, evaluation, weights and reductions.
+"""What every pipeline strategy shares: the knobs and batch rule of its spec, how the network is cut into
+stages, the stage-timing metrics, and, for pipelines across ranks, the stages a rank holds.
 
 Stage compute is timed under the phases `stage<i>.forward` / `stage<i>.backward` and the whole
 schedule under `pipeline`; from these come `bubble_fraction_measured` (idle time of the busiest
 device over the step time), the analytic bound T_seq(mb) x (p + m - 1) / p, and per-stage memory.
+A pipeline's step is its schedule (all micro-batches forward and backward on every stage), so it
+cannot go through `DataParallel`'s forward / backward / step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.models import build_model
 from suite.models.layers import Layer, flatten_layers, tied_parameters
+from suite.optim import build_optimizer
 from suite.pipeline import p2p
 from suite.pipeline.microbatch import MicroBatching, micro_batching
 from suite.pipeline.partition import StageModule, check_balance, cut, stage_sizes
-from suite.pipeline.topology import Topology, build_topology
-from suite.strategies.base import Strategy
+from suite.pipeline.topology import Topology
+from suite.strategies.base import RankContext, Runtime, Strategy, Supports
+from suite.strategies.layout import Layout
 from suite.timing import PhaseTimer
 
 
@@ -40,11 +43,13 @@ def profile_sample(cfg, batch: int) -> torch.Tensor:
     return torch.randn(batch, data.channels, data.image_size, data.image_size)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pipeline(Strategy):
+    """The knobs and batch rule of every pipeline."""
+
     name: str = "pipeline"
-    precisions: ClassVar[tuple[str, ...]] = ("fp32", "bf16")  # the schedules have no loss scaling for fp16
-    checkpoints_activations: ClassVar[bool] = False  # gpipe recomputes through torchgpipe's own `checkpoint`
+    # The schedules have no loss scaling for fp16; gpipe recomputes through torchgpipe's own `checkpoint`.
+    supports: ClassVar[Supports] = Supports(precisions=("fp32", "bf16"), activation_checkpointing=False)
     micro_batches: int | None = None
     micro_batch_size: int | None = None
     preset: str | None = None  # study_n | study_j
@@ -58,9 +63,6 @@ class Pipeline(Strategy):
         """Model chunks per device (interleaved schedules)."""
         return 1
 
-    def replicas(self, cfg) -> int:
-        return cfg.workers // self.stages(cfg)
-
     def batching(self, cfg) -> MicroBatching:
         return micro_batching(self.preset, self.micro_batches, self.micro_batch_size, cfg.batch_size,
                               self.stages(cfg), cfg.dataset.name)
@@ -72,149 +74,131 @@ class Pipeline(Strategy):
         self.batching(cfg)
         check_balance(self.balance, layer_count(cfg), stages * self.chunks_per_device())
 
-    def global_batch_size(self, cfg) -> int:
-        return self.replicas(cfg) * self.batching(cfg).mini_batch
+    def layout(self, cfg) -> Layout:
+        stages, batching = self.stages(cfg), self.batching(cfg)
+        return Layout(dp=cfg.workers // stages, pp=stages, mini_batch=batching.mini_batch,
+                      micro_batches=batching.micro_batches, virtual_stages=self.chunks_per_device())
 
-    def data_shards(self, cfg) -> int:
-        return self.replicas(cfg)
-
-    def derived_params(self, cfg) -> dict[str, Any]:
-        batching = self.batching(cfg)
-        return {"pipeline_stages": self.stages(cfg), "micro_batches": batching.micro_batches,
-                "micro_batch_size": batching.micro_batch_size, "pipeline_replicas": self.replicas(cfg)}
-
-    def _stage_sizes(self, layers: list[Layer], cfg, env: DistEnv) -> list[int]:
+    def stage_sizes(self, layers: list[Layer], rank: RankContext) -> list[int]:
         """Layers per stage, decided on rank 0 (so `by_time` gives every rank the same cut)."""
+        layout, env = rank.layout, rank.env
         answer = [None]
         if env.rank == 0:
-            sample = profile_sample(cfg, self.batching(cfg).micro_batch_size).to(env.device)
-            answer = [stage_sizes(self.balance, layers, self.stages(cfg) * self.chunks_per_device(), sample,
-                                  env.device)]
+            sample = profile_sample(rank.cfg, layout.micro_batch_size).to(env.device)
+            answer = [stage_sizes(self.balance, layers, layout.pp * layout.virtual_stages, sample, env.device)]
         dist.broadcast_object_list(answer, src=0)
         return answer[0]
 
-    # Metrics --------------------------------------------------------------------------------------
 
-    def stage_device(self, stage: int) -> int:
-        """Which device (pipeline position) runs stage `stage`."""
-        return stage
-
-    def stage_peak_memory(self, memory_by_rank: list[dict[str, float]]) -> dict[int, float]:
-        """Peak memory of each pipeline position, where it can be told apart."""
-        return {}
-
-    def summary_metrics(self, timer: PhaseTimer, memory_by_rank: list[dict[str, float]],
-                        env: DistEnv) -> dict[str, float]:
-        steps = max(timer.steps, 1)
-        mine = {k: v / steps for k, v in timer.totals.items() if k.startswith("stage") or k == "pipeline"}
-        gathered: list[dict[str, float]] = [{} for _ in range(env.world_size)]
-        dist.all_gather_object(gathered, mine)
-        stages = sorted({int(key[5:].split(".")[0]) for times in gathered for key in times if key != "pipeline"})
-        stage_time = {s: max(t.get(f"stage{s}.forward", 0.0) + t.get(f"stage{s}.backward", 0.0) for t in gathered)
-                      for s in stages}
-        device_time: dict[int, float] = {}
-        for stage, seconds in stage_time.items():
-            device = self.stage_device(stage)
-            device_time[device] = device_time.get(device, 0.0) + seconds
-        step = max(t.get("pipeline", 0.0) for t in gathered)
-        devices = len(device_time)
-        metrics = {f"peak_memory_mb_stage{i}": mb for i, mb in self.stage_peak_memory(memory_by_rank).items()}
-        metrics["bubble_fraction_ideal"] = self.ideal_bubble(devices)
-        if step > 0 and device_time:
-            busiest = max(device_time.values())
-            bound = self.step_bound(sum(stage_time.values()), busiest, devices)
-            metrics.update(bubble_fraction_measured=max(step - busiest, 0.0) / step, pipeline_step_s=step,
-                           pipeline_bound_s=bound, pipeline_bound_ratio=step / bound)
-            metrics.update({f"stage_compute_s_stage{s}": t for s, t in sorted(stage_time.items())})
-        return metrics
-
-    def ideal_bubble(self, devices: int) -> float:
-        """GPipe's and 1F1B's idle fraction with balanced stages: (p - 1) / (m + p - 1)."""
-        return (devices - 1) / (self._micro_batches + devices - 1)
-
-    def step_bound(self, all_stages_s: float, busiest_s: float, devices: int) -> float:
-        """Analytic step time from measured stage times: T_seq(mb) x (p + m - 1) / p (Study J's model)."""
-        m = self._micro_batches
-        return all_stages_s / m * (devices + m - 1) / devices
+def pipeline_metrics(timer: PhaseTimer, micro_batches: int, flushes: bool, stage_device: Callable[[int], int],
+                     stage_peaks: dict[int, float]) -> dict[str, float]:
+    """Bubble and stage metrics from the stage timings of every rank (a collective every rank joins).
+    `flushes`: the schedule drains the pipeline every step (GPipe, 1F1B); PipeDream's does not."""
+    steps = max(timer.steps, 1)
+    mine = {k: v / steps for k, v in timer.totals.items() if k.startswith("stage") or k == "pipeline"}
+    gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, mine)
+    stages = sorted({int(key[5:].split(".")[0]) for times in gathered for key in times if key != "pipeline"})
+    stage_time = {s: max(t.get(f"stage{s}.forward", 0.0) + t.get(f"stage{s}.backward", 0.0) for t in gathered)
+                  for s in stages}
+    device_time: dict[int, float] = {}
+    for stage, seconds in stage_time.items():
+        device = stage_device(stage)
+        device_time[device] = device_time.get(device, 0.0) + seconds
+    step = max(t.get("pipeline", 0.0) for t in gathered)
+    p, m = len(device_time), micro_batches
+    metrics = {f"peak_memory_mb_stage{i}": mb for i, mb in stage_peaks.items()}
+    # GPipe's and 1F1B's idle fraction with balanced stages; none in PipeDream's steady state.
+    metrics["bubble_fraction_ideal"] = (p - 1) / (m + p - 1) if flushes else 0.0
+    if step > 0 and device_time:
+        busiest = max(device_time.values())
+        # Study J's model from measured stage times, T_seq(mb) x (p + m - 1) / p; in PipeDream's steady state,
+        # one mini-batch per step of the slowest stage.
+        bound = sum(stage_time.values()) / m * (p + m - 1) / p if flushes else busiest
+        metrics.update(bubble_fraction_measured=max(step - busiest, 0.0) / step, pipeline_step_s=step,
+                       pipeline_bound_s=bound, pipeline_bound_ratio=step / bound)
+        metrics.update({f"stage_compute_s_stage{s}": t for s, t in sorted(stage_time.items())})
+    return metrics
 
 
-@dataclass
+@dataclass(frozen=True)
 class DistributedPipeline(Pipeline):
     """One stage (or `virtual_stages` chunks) per rank; `pp` ranks per pipeline, `workers / pp` replicas."""
 
     name: str = "distributed_pipeline"
-    counts_communication: ClassVar[bool] = True  # stage-to-stage sends and gradient reductions
+    # All of it goes through process groups: stage-to-stage sends and gradient reductions.
+    supports: ClassVar[Supports] = replace(Pipeline.supports, counts_communication=True)
     pp: int | None = None  # stages per pipeline; None = every worker (one pipeline, no replicas)
 
     def stages(self, cfg) -> int:
         return self.pp or cfg.workers
 
-    def data_shard(self, env: DistEnv) -> tuple[int, int]:
-        """Every stage of a replica reads the replica's batch (the first uses inputs, the last targets)."""
-        pp = self.pp or env.world_size
-        return env.rank // pp, env.world_size // pp
 
-    def stage_device(self, stage: int) -> int:
-        return stage % self.topology.pp
+class DistributedStages(Runtime):
+    """The stages of a pipeline across ranks that this rank holds, trained by a schedule of the subclass.
 
-    def sums_tied_gradients(self) -> bool:
-        """Whether copies of a tied weight on different stages add up their gradients every step."""
-        return True
+    Stage s of replica d runs on the rank at (d, s % pp) of the layout. Tied weights on different stages
+    (GPT-2's embedding and LM head) sum their gradients when `sum_tied` holds; every stage averages its
+    gradients over the replicas."""
 
-    def stage_peak_memory(self, memory_by_rank: list[dict[str, float]]) -> dict[int, float]:
-        pp = self.topology.pp
-        return {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if r % pp == i) for i in range(pp)}
+    flushes = True  # the schedule drains the pipeline every step (see `pipeline_metrics`)
 
-    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
-        pp = self.stages(cfg)
-        total = pp * self.chunks_per_device()
+    def __init__(self, spec: Pipeline, model: nn.Module, rank: RankContext, sum_tied: bool) -> None:
+        layout, env = rank.layout, rank.env
+        pp, total = layout.pp, layout.pp * layout.virtual_stages
         layers = flatten_layers(model)
-        groups = cut(layers, self._stage_sizes(layers, cfg, env))
+        groups = cut(layers, spec.stage_sizes(layers, rank))
         layer_stage = [stage for stage, group in enumerate(groups) for _ in group]
-        ties = tied_parameters(layers) if self.sums_tied_gradients() else []
+        ties = tied_parameters(layers) if sum_tied else []
         tie_ranks = {layer_stage[index] % pp for places in ties for index, _ in places}
-        self.topology: Topology = build_topology(env.rank, env.world_size, pp, tie_ranks)
-        self.device = env.device
+        self.topology = Topology.build(layout, env.rank, tie_ranks, env.device.type)
         self.stage_ids = list(range(self.topology.stage_rank, total, pp))
         self.total_stages = total
-        self._micro_batches = self.batching(cfg).micro_batches
-        self.local = nn.ModuleList(StageModule(groups[s]) for s in self.stage_ids).to(env.device)
+        local = nn.ModuleList(StageModule(groups[s]) for s in self.stage_ids).to(env.device)
         tied_ids = {id(layers[i].module.get_parameter(name)) for places in ties for i, name in places}
-        self.tied = [p for p in self.local.parameters() if id(p) in tied_ids]
-        return self.local
+        self.tied = [p for p in local.parameters() if id(p) in tied_ids]
+        super().__init__(rank, local, build_optimizer(local.parameters(), rank.cfg.optimizer))
+
+    @property
+    def holds_output(self) -> bool:
+        return self.topology.is_last
 
     def sync_grads(self) -> None:
         """Sum the gradients of tied copies across stages, then average over the data-parallel replicas."""
         self.topology.sum_tied_grads(self.tied)
-        self.topology.average_grads([p for p in self.local.parameters() if p.requires_grad])
+        self.topology.average_grads([p for p in self.model.parameters() if p.requires_grad])
 
-    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
+    def optimizer_step(self) -> None:
+        self.rank.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor | None:
         """Plain (unpipelined) forward through the stages in order, for evaluation."""
         topo, x = self.topology, inputs
-        for local, stage in zip(model, self.stage_ids):
+        for local, stage in zip(self.model, self.stage_ids):
             if stage > 0:
-                x = p2p.recv(topo.peer((stage - 1) % topo.pp), self.device)
+                x = p2p.recv(topo.peer((stage - 1) % topo.pp), self.rank.env.device)
             x = local(x)
             if stage < self.total_stages - 1:
                 p2p.wait_all(p2p.isend(x, topo.peer((stage + 1) % topo.pp)))
         return x if topo.is_last else None
 
-    def reduce_mean(self, values: torch.Tensor, env: DistEnv) -> torch.Tensor:
-        """Mean over replicas of what the last stage holds (losses, counts); other stages add zeros."""
-        values = values.clone() if self.topology.is_last else torch.zeros_like(values)
-        dist.all_reduce(values)
-        return values / self.topology.dp
-
-    def before_evaluate(self, model: nn.Module, env: DistEnv) -> None:
+    def before_evaluate(self) -> None:
         """Replicas evaluate with replica 0's buffers (BatchNorm statistics drift apart per replica)."""
         if self.topology.dp > 1:
-            for buffer in model.buffers():
+            for buffer in self.model.buffers():
                 dist.broadcast(buffer, self.topology.stage_rank, group=self.topology.dp_group)
 
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def summary_metrics(self, memory_by_rank: list[dict[str, float]]) -> dict[str, float]:
+        layout = self.rank.layout
+        peaks = {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if layout.place(r).stage == i)
+                 for i in range(layout.pp)}
+        return pipeline_metrics(self.rank.timer, layout.micro_batches, self.flushes, lambda s: s % layout.pp, peaks)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}
         if self.topology.replica == 0:
-            for local in model:
+            for local in self.model:
                 state.update(local.named_state())
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(state, gathered, dst=0)

@@ -5,15 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torch import nn
+
 from suite.errors import ConfigError
-from suite.strategies.base import Strategy
+from suite.optim import build_optimizer
+from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 
 
-@dataclass
+@dataclass(frozen=True)
 class Single(Strategy):
     name: str = "single"
-    counts_communication: ClassVar[bool] = True
+    supports: ClassVar[Supports] = Supports(counts_communication=True)
 
     def check(self, cfg) -> None:
         if cfg.workers != 1:
             raise ConfigError(f"strategy single runs one process, but workers={cfg.workers}")
+
+    def setup(self, model: nn.Module, rank: RankContext) -> DataParallel:
+        model = model.to(rank.env.device)
+        return DataParallel(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer))

@@ -16,12 +16,10 @@ import torch
 from torch import nn
 
 from suite.activation_checkpointing import checkpoint_interval
-from suite.dist import DistEnv
 from suite.errors import ConfigError
 from suite.memory import tensor_mb
-from suite.precision import Precision
-from suite.strategies.base import LossFn, Strategy
-from suite.timing import PhaseTimer
+from suite.strategies.base import DataParallel, RankContext, Strategy, Supports, optimizer_state
+from suite.strategies.layout import Layout
 
 OFFLOADS = ("none", "cpu", "params")
 DS_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
@@ -36,12 +34,48 @@ def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass
+class ZeroEngine(DataParallel):
+    """The shared step with DeepSpeed's engine doing backward (loss scaling, gradient reduction or
+    reduce-scatter into its partitions) and the step; `precision` only autocasts."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.model.backward(loss)
+
+    def step(self) -> None:
+        self.model.step()
+
+    def held_parameters(self) -> list[torch.Tensor]:
+        """Stage 3 keeps each parameter's partition in `ds_tensor` (the parameter itself is an empty placeholder).
+        ZeRO's fp32 master partitions (the parameters its optimizer steps) are counted in neither figure."""
+        return [getattr(p, "ds_tensor", p) for p in self.plain.parameters()]
+
+    def held_gradients(self) -> None:
+        """Not measured: DeepSpeed keeps gradients in its own flat buffers, whose lifetime differs per stage."""
+        return None
+
+    def held_optimizer_state(self) -> list[torch.Tensor]:
+        return optimizer_state(self.optimizer.optimizer)  # the torch optimizer inside ZeRO's wrapper
+
+    def memory_split(self) -> dict[str, float]:
+        """Adds this rank's partition of ZeRO's fp32 master parameters, which its optimizer steps and copies
+        back into the model's parameters (a copy even when those are fp32)."""
+        masters = (getattr(self.optimizer, "single_partition_of_fp32_groups", None)  # stages 1 and 2
+                   or getattr(self.optimizer, "fp32_partitioned_groups_flat"))  # stage 3
+        return {**super().memory_split(), "mem_master_mb": tensor_mb(list(masters))}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Stage 3 gathers each partitioned parameter on every rank while the state dict is copied."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.plain.parameters())):
+            return super().full_state_dict()
+
+
+@dataclass(frozen=True)
 class Zero(Strategy):
     name: str = "zero"
-    counts_communication: ClassVar[bool] = True
-    # Those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
-    optimizers: ClassVar[tuple[str, ...]] = tuple(DS_OPTIMIZERS)
+    # Optimizers: those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
+    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=tuple(DS_OPTIMIZERS))
     zero_stage: int = 1
     offload: str = "none"
     ds_config: dict[str, Any] = field(default_factory=dict)
@@ -64,7 +98,7 @@ class Zero(Strategy):
         if self.offload == "params":
             zero["offload_param"] = {"device": "cpu"}
         generated = {
-            "train_batch_size": self.global_batch_size(cfg),
+            "train_batch_size": self.layout(cfg).global_batch,
             "train_micro_batch_size_per_gpu": cfg.batch_size,
             "gradient_accumulation_steps": 1,
             "gradient_clipping": 0.0,  # DeepSpeed's default clips at norm 1.0; the other strategies do not clip
@@ -82,63 +116,28 @@ class Zero(Strategy):
     def config_files(self, cfg) -> dict[str, dict[str, Any]]:
         return {CONFIG_FILE: self.generated_config(cfg)}
 
-    def parallelize(self, model: nn.Module, env: DistEnv, cfg) -> nn.Module:
+    def layout(self, cfg) -> Layout:
+        return Layout(dp=cfg.workers, mini_batch=cfg.batch_size, shard=cfg.workers)
+
+    def setup(self, model: nn.Module, rank: RankContext) -> ZeroEngine:
         import deepspeed
 
+        env = rank.env
         os.environ.setdefault("LOCAL_RANK", str(env.local_rank))  # DeepSpeed asserts it; srun and jsrun do not set it
         if env.device.type == "cpu":
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (over a minute, once per machine)
             # that only its inference all-reduce uses; training communicates through the gloo process group.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        config = self.generated_config(cfg)
+        config = self.generated_config(rank.cfg)
         engine, _, _, _ = deepspeed.initialize(model=model.to(env.device), model_parameters=model.parameters(),
                                                config=config, dist_init_required=False)
-        if checkpoint_interval(cfg.activation_checkpointing):
+        if checkpoint_interval(rank.cfg.activation_checkpointing):
             # Options such as cpu_checkpointing come from the ds_config's activation_checkpointing section.
             deepspeed.checkpointing.configure(None, deepspeed_config=config)
-        return engine
+        return ZeroEngine(rank, engine, engine.optimizer, plain=engine.module)
 
     def checkpoint_fn(self) -> Callable:
-        """DeepSpeed's activation checkpointing (configured in `parallelize`)."""
+        """DeepSpeed's activation checkpointing (configured in `setup`)."""
         import deepspeed
 
         return deepspeed.checkpointing.checkpoint
-
-    def build_optimizer(self, model: nn.Module, cfg) -> torch.optim.Optimizer:
-        return model.optimizer  # built by deepspeed.initialize from the generated config
-
-    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
-                   targets: torch.Tensor, loss_fn: LossFn, precision: Precision, timer: PhaseTimer) -> torch.Tensor:
-        """The engine scales, reduces (or reduce-scatters) and steps; `precision` only autocasts."""
-        with timer.phase("forward"), precision.autocast():
-            loss = loss_fn(model(inputs), targets)
-        with timer.phase("backward"):
-            model.backward(loss)
-        with timer.phase("optimizer"):
-            model.step()
-        return loss.detach()
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model.module
-
-    def held_parameters(self, model: nn.Module) -> list[torch.Tensor]:
-        """Stage 3 keeps each parameter's partition in `ds_tensor` (the parameter itself is an empty placeholder).
-        ZeRO's fp32 master partitions (the parameters its optimizer steps) are counted in neither figure."""
-        return [getattr(p, "ds_tensor", p) for p in model.module.parameters()]
-
-    def held_optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-        return super().held_optimizer_state(optimizer.optimizer)  # the torch optimizer inside ZeRO's wrapper
-
-    def memory_split(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-        """Adds this rank's partition of ZeRO's fp32 master parameters, which its optimizer steps and copies
-        back into the model's parameters (a copy even when those are fp32)."""
-        masters = (getattr(optimizer, "single_partition_of_fp32_groups", None)  # stages 1 and 2
-                   or getattr(optimizer, "fp32_partitioned_groups_flat"))  # stage 3
-        return {**super().memory_split(model, optimizer), "mem_master_mb": tensor_mb(list(masters))}
-
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Stage 3 gathers each partitioned parameter on every rank while the state dict is copied."""
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(model.module.parameters())):
-            return super().full_state_dict(model)

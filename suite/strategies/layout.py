@@ -1,0 +1,107 @@
+"""How a point's ranks divide the work: one value, computed before launch and again in every rank.
+
+A point's ranks form a grid of `dp` data-parallel replicas x `pp` pipeline stages x `tp`
+tensor-parallel ranks. Rank r sits at (replica, stage, tp rank) in row-major order, so the `tp`
+ranks of a stage are consecutive and a replica's ranks are a consecutive block (Megatron-LM's
+order). Each replica reads its own shard of every global batch, `mini_batch` samples, cut into
+`micro_batches` where it is pipelined; every rank of a replica reads the replica's batch.
+`shard` is how many ranks split the parameters and optimizer states (ZeRO, FSDP), a degree
+beside the grid, not one of its axes. GPipe in one process (torchgpipe) runs its `pp` stages on
+devices that process drives: one rank, `pp` devices. Every process group of a point is a
+dimension of the device mesh this value builds (`mesh`), so dp x tp and dp x pp are built alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MESH_DIMS = ("dp", "pp", "tp")
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    replica: int
+    stage: int
+    tp_rank: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int  # data-parallel replicas
+    mini_batch: int  # samples one replica trains on per step
+    pp: int = 1  # pipeline stages per replica
+    tp: int = 1  # tensor-parallel ranks per stage
+    shard: int = 1  # ranks over which parameters and optimizer states are split (ZeRO, FSDP)
+    micro_batches: int = 1  # a replica's mini-batch is cut into these (pipelines)
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
+    stages_in_one_process: bool = False  # torchgpipe: one process drives the `pp` stage devices
+
+    def __post_init__(self) -> None:
+        if min(self.dp, self.pp, self.tp, self.shard, self.micro_batches, self.virtual_stages, self.mini_batch) < 1:
+            raise ValueError(f"every degree of a layout is positive: {self}")
+        if self.mini_batch % self.micro_batches:
+            raise ValueError(f"mini-batch {self.mini_batch} does not split into {self.micro_batches} micro-batches")
+
+    @property
+    def rank_stages(self) -> int:
+        """Pipeline stages that are ranks of their own (1 when one process drives them all)."""
+        return 1 if self.stages_in_one_process else self.pp
+
+    @property
+    def processes(self) -> int:
+        """Ranks the launcher starts."""
+        return self.dp * self.rank_stages * self.tp
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.mini_batch
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.mini_batch // self.micro_batches
+
+    def place(self, rank: int) -> RankPlace:
+        replica, rest = divmod(rank, self.rank_stages * self.tp)
+        stage, tp_rank = divmod(rest, self.tp)
+        return RankPlace(replica, stage, tp_rank)
+
+    def data_shard(self, rank: int) -> tuple[int, int]:
+        """(index, count) of the shard of the training data this rank reads: its replica's."""
+        return self.place(rank).replica, self.dp
+
+    def params(self) -> dict[str, Any]:
+        """Recorded with the run (the performance model reads these)."""
+        params = {"processes": self.processes, "dp": self.dp, "pp": self.pp, "tp": self.tp, "shard": self.shard,
+                  "global_batch_size": self.global_batch, "mini_batch_size": self.mini_batch}
+        if self.pp > 1 or self.micro_batches > 1:
+            params.update(micro_batches=self.micro_batches, micro_batch_size=self.micro_batch_size,
+                          pipeline_stages=self.pp, pipeline_replicas=self.dp, virtual_stages=self.virtual_stages)
+        return params
+
+    def rank_of(self, place: RankPlace) -> int:
+        return (place.replica * self.rank_stages + place.stage) * self.tp + place.tp_rank
+
+    def replica_subgroup(self, rank: int, stages: set[int]):
+        """The process group of the ranks of `rank`'s replica on `stages` (e.g. those holding copies of a tied
+        weight): one group per replica, all created by every rank; None when `rank` is not in its group."""
+        import torch.distributed as dist
+
+        mine = None
+        here = self.place(rank)
+        for replica in range(self.dp):
+            ranks = sorted(self.rank_of(RankPlace(replica, s, t)) for s in stages for t in range(self.tp))
+            group = dist.new_group(ranks)
+            if replica == here.replica and here.stage in stages:
+                mine = group
+        return mine
+
+    def mesh(self, device_type: str):
+        """The point's device mesh, dimensions `dp`, `pp`, `tp` (sizes 1 included); every rank calls it."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device_type, (self.dp, self.rank_stages, self.tp), mesh_dim_names=MESH_DIMS)
