@@ -132,6 +132,7 @@ def _bar_panel(ax, ctx: Context, strategy: str, gpus: int) -> None:
                     fontweight="bold")
             x += 0.8
     ax.axhline(1, color="k", linestyle=":", linewidth=1)
+    ax.set_xlim(-1, max(x - 0.8, 1))  # a panel of few bars keeps them narrow
     ax.set_xticks(ticks, labels, rotation=60, fontsize=7)
     ax.set(title=strategy + (" (extension)" if strategy in ctx.extension else "") + f", {gpus} GPUs",
            ylabel="speedup vs single, 1 GPU")

@@ -62,7 +62,7 @@ def view(name: str):
 
 
 def save_figure(fig, ctx: Context, name: str) -> list[Path]:
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # room for the suptitle
     paths = [ctx.directory / f"{name}.png", ctx.directory / f"{name}.pdf"]
     fig.savefig(paths[0], dpi=120)
     fig.savefig(paths[1])
@@ -77,7 +77,8 @@ def table_section(table: Table, ctx: Context, extra_files: list[Path] | None = N
 @view("status")
 def status_matrix(ctx: Context) -> Section:
     """Cell x strategy: `ok` for a finished point, else its status; below, every point that did not finish
-    with its error line. Points of the sweep with no run at all read `not run`."""
+    with its error line. Points the sweep submitted that have no run yet (at the end of `make sweep` on a batch
+    cluster) read `not run`; `make status` lists every point of a sweep with its state."""
     grouped = cells(ctx.rows)
     labels = sorted({key[2] for key in grouped} | {n.strategy for n in ctx.not_run})
     places = sorted({(d, n, w) for d, n, _, w in grouped} | {(n.dataset, n.network, n.workers) for n in ctx.not_run})

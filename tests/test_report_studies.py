@@ -54,7 +54,8 @@ def slice_store(tmp_path_factory):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
         for args in (["strategy=single", "workers=1"], ["strategy=ddp", "workers=2"],
-                     ["strategy=gpipe", "workers=2", "strategy.micro_batches=12", "strategy.micro_batch_size=2,4"],
+                     ["strategy=gpipe", "workers=2", "strategy.micro_batches=12", "strategy.micro_batch_size=2,3",
+                      "strategy.balance=by_params", "strategy.checkpoint=never", "steps_per_epoch=1"],
                      ["strategy=pipedream", "workers=2", "fault.kind=error"]):
             result = run_suite("-m", *FAST, *args)
             assert result.returncode == (1 if "fault.kind=error" in args else 0), result.stderr[-3000:]
@@ -92,7 +93,7 @@ def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     problems = {(r[2], r[4]): r[5] for r in table(report.directory, "status_problems")[1:]}
     assert problems["pipedream", "failed"] == "rank 0: RuntimeError: injected fault at step 1"
     assert "megatron" in {s for s, _ in problems}
-    epoch = {r[2]: r for r in table(report.directory, "j_epoch_time")[1:]}
+    epoch = {r[2]: r for r in table(report.directory, "j_epoch_time")[1:] if r[0] == "digits"}
     assert epoch["pipedream"][-1].startswith("failed") and epoch["single"][-1] == "finished"
     assert epoch["single"][10] == "2" and "[" in epoch["single"][7] and epoch["single"][8].endswith("%")
     assert epoch["gpipe"][4:7] == ["24", "2", "12"]  # configuration A: the smaller micro-batch of 12
@@ -116,7 +117,8 @@ def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     assert claims["zero2_memory_vs_ddp"][6] == "not measured"  # no ZeRO-2 point in the slice
     ddp = [r for r in table(report.directory, "n_epoch_time")[1:] if r[1] == "DDP" and r[0] == "gpt2_tiny"]
     assert ddp and "[" in ddp[0][3]  # one repeat: the interval over its epochs
-    assert (report.directory / "report.md").read_text().count("## ") == 8
+    sections = [line for line in (report.directory / "report.md").read_text().splitlines() if line.startswith("## ")]
+    assert len(sections) == 8
 
 
 def test_sweep_invocation_is_a_parent_run_with_the_report(results, store):
