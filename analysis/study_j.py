@@ -50,6 +50,13 @@ def gpipe_config(row: Row, rows: list[Row]) -> str | None:
     return None
 
 
+def study_dataset(rows: list[Row]) -> str | None:
+    """ImageNet, the dataset of Figure 3.2 and Table 6.1, when the rows have it; else the dataset with the most
+    points among `rows` (a user's own sweep)."""
+    counts = Counter(r.dataset for r in rows)
+    return "imagenet" if "imagenet" in counts else (counts.most_common(1)[0][0] if counts else None)
+
+
 def repeats_of(ctx: Context, dataset: str, network: str, strategy: str, workers: int) -> list[Row]:
     """The repeats of the study's point: for gpipe on a cell with several configurations, configuration A
     (what §6.4 says the other experiments used)."""
@@ -154,7 +161,7 @@ def speedup_single_node(ctx: Context) -> Section:
 @view("j_speedup_gpus")
 def speedup_gpus(ctx: Context) -> Section:
     """Figure 3.2 and its table: ImageNet speedup against GPUs, per network and strategy."""
-    dataset = "imagenet"
+    dataset = study_dataset([r for r in ctx.rows if r.strategy != "single"])
     grouped = cells([r for r in ctx.rows if r.dataset == dataset and r.strategy != "single"])
     series: dict[tuple[str, str], list[tuple[int, list[Row]]]] = {}
     for (_, network, label, workers), repeats in grouped.items():
@@ -184,12 +191,12 @@ def speedup_gpus(ctx: Context) -> Section:
     top = max((w for v in series.values() for w, _ in v), default=1)
     ax.plot([1, top], [1, top], "k:", label="linear")
     ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="speedup vs single, 1 GPU",
-           title=f"{ctx.experiment}: ImageNet speedup against GPUs (Figure 3.2)")
+           title=f"{ctx.experiment}: {dataset} speedup against GPUs (Figure 3.2)")
     ax.set_xticks(sorted({w for v in series.values() for w, _ in v}), [str(w) for w in sorted(
         {w for v in series.values() for w, _ in v})])
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
     files = save_figure(fig, ctx, "j_fig3_2_speedup_gpus")
-    table = Table("j_speedup_gpus", f"{ctx.experiment}: ImageNet s/epoch and speedup against GPUs",
+    table = Table("j_speedup_gpus", f"{ctx.experiment}: {dataset} s/epoch and speedup against GPUs",
                   ["network", "strategy", "GPUs", "s/epoch [95% CI]", "speedup [95% CI]", "status"], rows)
     section = table_section(table, ctx, files)
     section.markdown += f"\n\n![Figure 3.2]({files[0].name})"
@@ -204,7 +211,8 @@ def eq_6_1(workers: int, micro_batches: int) -> float:
 @view("j_gpipe_configs")
 def gpipe_configs(ctx: Context) -> Section:
     """Table 6.1: GPipe configurations A-E on ImageNet, s/epoch per network, with mb, #mb, b and Eq. 6.1."""
-    gpipe = [r for r in ctx.rows if r.strategy == "gpipe" and r.dataset == "imagenet"]
+    dataset = study_dataset([r for r in ctx.rows if r.strategy == "gpipe"])
+    gpipe = [r for r in ctx.rows if r.strategy == "gpipe" and r.dataset == dataset]
     found = {}  # config -> (mb, #mb, batch, workers)
     by_cell: dict[tuple[str, str], list[Row]] = {}
     for row in gpipe:
@@ -225,7 +233,7 @@ def gpipe_configs(ctx: Context) -> Section:
             t = epoch_time(repeats, ctx.histories, ctx.protocol) if repeats else None
             cells_.append(_fmt(t, ".4g") if t else (status_of(repeats).split(":")[0] if repeats else "-"))
         body.append([f"{network} (s/epoch)", *cells_])
-    table = Table("j_table6_1_gpipe_configs", f"{ctx.experiment}: GPipe configurations, ImageNet (Table 6.1; "
+    table = Table("j_table6_1_gpipe_configs", f"{ctx.experiment}: GPipe configurations, {dataset} (Table 6.1; "
                   f"{PROTOCOLS[ctx.protocol]})", ["", *(f"Config {c}" for c in configs)], header + body,
                   ["Configurations named by micro-batch count (A and B share 12; A has the smaller micro-batch)."])
     return table_section(table, ctx)
