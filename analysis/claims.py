@@ -243,6 +243,14 @@ def evaluate(ctx: Context, claims: list[dict]) -> list[tuple[dict, Verdict]]:
     return out
 
 
+def published(claim: dict) -> str:
+    if "published" in claim:
+        return str(claim["published"])
+    if "min" in claim and "max" in claim:
+        return f"{claim['min']}-{claim['max']}"
+    return f"> {claim['min']}" if "min" in claim else "-"
+
+
 def relation(claim: dict) -> str:
     if "tolerance" in claim:
         return f"within {100 * claim['tolerance']:.0f}% of {claim['published']}"
@@ -256,8 +264,8 @@ def claims_view(ctx: Context) -> Section:
     """Each published claim: its source, value, relation, this sweep's value and the verdict."""
     if not ctx.claims:
         return Section("Claims", "(this sweep's report names no claims file: report.claims)")
-    rows = [[c["id"], c["source"], c["claim"], str(c.get("published", "-")), relation(c), v.measured, v.verdict,
-             v.note] for c, v in evaluate(ctx, load_claims(ctx.claims))]
+    rows = [[c["id"], c["source"], c["claim"], published(c), relation(c), v.measured, v.verdict, v.note]
+            for c, v in evaluate(ctx, load_claims(ctx.claims))]
     table = Table("claims", f"{ctx.experiment}: published claims ({ctx.claims}) against this sweep",
                   ["id", "source", "claim", "published", "holds if", "this sweep", "verdict",
                    "what would measure it"], rows)

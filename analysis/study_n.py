@@ -48,6 +48,12 @@ def series(ctx: Context, network: str) -> dict[str, dict[int, list[Row]]]:
     return {name: dict(sorted(points.items())) for name, points in sorted(found.items())}
 
 
+def colours(ctx: Context) -> dict[str, tuple]:
+    """One colour per framework, the same in every panel and figure."""
+    names = sorted({name for r in ctx.rows for name in frameworks(r, ctx)})
+    return {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate(names)}
+
+
 def networks(ctx: Context) -> list[str]:
     return sorted({r.network for r in ctx.rows})
 
@@ -94,7 +100,7 @@ def epoch_time_vs_gpus(ctx: Context) -> Section:
                 else:
                     xs.append(workers)
                     ys.append(t.value)
-            (line,) = ax.plot(xs, ys, "o-", label=name)
+            (line,) = ax.plot(xs, ys, "o-", label=name, color=colours(ctx)[name])
             for workers, status in failed:
                 ax.plot([workers], [min(ys) if ys else 1], "x", color=line.get_color(), markersize=9)
                 ax.annotate(status, (workers, min(ys) if ys else 1), fontsize=6, color=line.get_color(),
@@ -102,7 +108,7 @@ def epoch_time_vs_gpus(ctx: Context) -> Section:
         ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel=f"seconds per epoch ({ctx.protocol} timing)",
                title=f"{network}")
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     fig.suptitle(f"{ctx.experiment}: epoch time against GPUs (Figures 6/7); x: did not finish")
     files = save_figure(fig, ctx, "n_fig6_epoch_time")
     table = Table("n_epoch_time", f"{ctx.experiment}: epoch time against GPUs ({PROTOCOLS[ctx.protocol]})",
@@ -231,7 +237,7 @@ def convergence(ctx: Context) -> Section:
         for name, (workers, run, curve) in curves.items():
             epochs, times, values = zip(*curve)
             for ax, xs in ((axes[0, col], times), (axes[1, col], epochs)):
-                ax.plot(xs, values, "o-", label=f"{name} ({workers} GPUs)")
+                ax.plot(xs, values, "o-", label=f"{name} ({workers} GPUs)", color=colours(ctx)[name])
             for e, t, v in curve:
                 axes[0, col].annotate(str(e), (t, v), fontsize=6, textcoords="offset points", xytext=(2, 2))
             hit = next(((e, t) for e, t, v in curve if (v >= target if higher else v <= target)), None)
@@ -286,7 +292,7 @@ def memory(ctx: Context) -> Section:
         for name, points in lines.items():
             xs = [w for w, rs in points.items() if any(r.peak_memory_mb for r in finished(rs))]
             ys = [max(r.peak_memory_mb for r in finished(points[w]) if r.peak_memory_mb) for w in xs]
-            ax.plot(xs, ys, "o-", label=name)
+            ax.plot(xs, ys, "o-", label=name, color=colours(ctx)[name])
             if any(s in name for s in ("TorchGPipe", "PipeDream", "1F1B", "GPipe-dist")):
                 factor = memory_reduction(points)
                 reductions.append([network, name, f"{factor:.3g}" if factor else "-"])
@@ -295,7 +301,7 @@ def memory(ctx: Context) -> Section:
                 ratios.append([network, name, str(workers), f"{value:.3f}"])
         ax.set(xscale="log", xlabel="GPUs", ylabel="peak memory per GPU (MB)", title=network)
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     method = "CUDA allocator peak / NVML on GPU, peak resident set of the process on CPU"
     fig.suptitle(f"{ctx.experiment}: peak memory per GPU (Figure 9)")
     files = save_figure(fig, ctx, "n_fig9_memory")
