@@ -37,7 +37,8 @@ def report_settings(sweep: str | None) -> dict:
     path = CONF_DIR / "sweep" / f"{sweep}.yaml"
     if not sweep or not path.exists():
         return {}
-    settings = OmegaConf.to_container(OmegaConf.load(path).get("report", {}) or {})
+    section = OmegaConf.load(path).get("report")
+    settings = OmegaConf.to_container(section) if section else {}
     unknown = [v for v in settings.get("views", []) if v not in VIEWS]
     if unknown:
         raise ConfigError(f"sweep {sweep}: report.views {', '.join(unknown)} unknown (known: {', '.join(VIEWS)})")
