@@ -1,4 +1,5 @@
 # Two commands on a fresh machine: `make sweep` and `make test`. Both create .venv on first use.
+# VENV=<path> runs them in another environment (the tests run make in their own).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,31 +11,40 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 # (partition), the time limit of each job in minutes.
 JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluster.job.queue=$(QUEUE)) \
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
-STORE_URI = "$$($(PY) -c 'from suite.tracking import tracking_uri; print(tracking_uri())')"
+STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup horovod test sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
+.PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline
 
 setup: $(STAMP)
 
-# The environment is pinned by constraints.txt (the lock); changing it or pyproject.toml reinstalls.
-$(STAMP): pyproject.toml constraints.txt
+# The environment is pinned by constraints.txt (the lock); the stamp is named by a checksum of it and
+# pyproject.toml, so changing either reinstalls, and an environment elsewhere (VENV=<path>) that has its
+# stamp is used as it is.
+$(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
-	$(MAKE) --no-print-directory horovod
 	rm -f $(VENV)/.installed-* && touch $@
 
-# Horovod built against the venv's torch (suite/build_horovod.py): about 10 minutes on 2 cores the first time
+# Horovod built against the venv's torch (suite/tools/build_horovod.py): about 10 minutes on 2 cores the first time
 # on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
-horovod:
-	$(PY) -m suite.build_horovod
+# The tests need it; a sweep builds it (the driver) only when one of its points uses strategy=horovod.
+horovod: setup
+	$(PY) -m suite.tools.build_horovod
 
-test: setup
+test: setup horovod
 	$(PY) -m pytest
 
+# The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
 sweep: setup
-	$(PY) -m suite --sweep $(SWEEP) cluster=$(CLUSTER) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) \
-		$(if $(REPEATS),--repeats $(REPEATS)) \
-		$(if $(DRY_RUN),--dry-run) $(JOB_ARGS) $(ARGS)
+	$(PY) -m suite --sweep $(SWEEP) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) $(if $(DRY_RUN),--dry-run) \
+		$(if $(REPEATS),--repeats $(REPEATS)) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
 
 status: setup
 	$(PY) -m suite --status --sweep $(SWEEP) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
@@ -56,13 +66,14 @@ mlflow-server: setup
 
 # A one-node Slurm on this machine (installs slurm-wlm and munge with apt when missing; root or sudo).
 slurm-local: setup
-	$(PY) -m launchers.slurm_local
+	$(PY) -m suite.tools.slurm_local
 
 report: setup
 	$(PY) -m analysis.report $(SWEEP)
 
+# ARGS: the benchmark's options and overrides, e.g. ARGS='--rounds 1 steps_per_epoch=2' (its smoke test).
 bench-overhead: setup
-	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.benchmarks.overhead
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.tools.benchmarks.overhead $(ARGS)
 
 bench-pipeline: setup
-	$(PY) -m suite.benchmarks.pipeline
+	$(PY) -m suite.tools.benchmarks.pipeline $(ARGS)

@@ -22,7 +22,7 @@ from analysis.runs import latest_per_point
 from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR, results_dir
-from suite.tracking import Store
+from suite.records.store import Store
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from suite.memory import MEMORY_SPLIT
+from suite.vocabulary import MEMORY_SPLIT
 
 # Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).
 SPLIT_METRICS = (*MEMORY_SPLIT, "comm_mb_per_step")
@@ -45,7 +45,8 @@ def row_from_run(run) -> Row:
     p, m, t = run.data.params, run.data.metrics, run.data.tags
     metric = "val_accuracy" if "val_accuracy" in m else "val_perplexity" if "val_perplexity" in m else None
     settings = {k.removeprefix("strategy."): v for k, v in p.items()
-                if (k.startswith("strategy.") and k not in ("strategy._target_", "strategy.name")) or k in VARIANT_PARAMS}
+                if (k.startswith("strategy.") and k not in ("strategy._target_", "strategy.name"))
+                or k in VARIANT_PARAMS}
     return Row(
         run_id=run.info.run_id, dataset=p.get("dataset", "?"), network=p.get("network", "?"),
         strategy=p.get("strategy", "?"), workers=int(p.get("workers", 0)), status=t.get("suite.status", "?"),

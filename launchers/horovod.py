@@ -1,10 +1,10 @@
 """horovodrun, which starts the ranks of strategies whose `rank_launcher` is "horovodrun" (`horovod`).
 
-Horovod's gloo controller (the only one of the suite's build, `suite.build_horovod`) meets at
+Horovod's gloo controller (the only one of the suite's build, `suite.tools.build_horovod`) meets at
 horovodrun's rendezvous server, so horovodrun starts the ranks here and on batch clusters alike: here
 with `-H localhost:N`; in a job script on the job's first node, with `-H` listing the allocation's hosts,
 where it starts the ranks of the other hosts over ssh. horovodrun passes its whole environment on to
-every rank, so the ranks find the torch process group's address as any rank does (`suite.rendezvous`):
+every rank, so the ranks find the torch process group's address as any rank does (`suite.runtime.rendezvous`):
 set before horovodrun here, from the allocation and the job id on a cluster.
 
     python -m launchers.horovod <ranks per node> <nodes>   # in a job script: the allocation as `-H` wants it
@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
-from suite.rendezvous import allocation_hosts
+from launchers.hosts import allocation_hosts
 
 
 def horovodrun(python: str) -> str:

@@ -26,7 +26,8 @@ def render(job: Job, scheduler: Scheduler) -> str:
     points = ", ".join(step.label for step in job.steps)
     return Template(TEMPLATE.read_text()).substitute(
         directives="\n".join(f"{scheduler.directive} {option}" for option in options),
-        description=f"{scheduler.name} job {job.name}: {len(job.steps)} point(s) on cluster {job.cluster.name}: {points}",
+        description=f"{scheduler.name} job {job.name}: {len(job.steps)} point(s) on cluster {job.cluster.name}: "
+                    f"{points}",
         workdir=shlex.quote(str(job.workdir)),
         setup="\n".join(job.cluster.job.setup),
         exports="export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(job.env.items())),

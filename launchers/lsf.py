@@ -6,8 +6,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launchers.batch import ENDED, QUEUED, RUNNING, STOP_WARNING_S, Job, JobState, Scheduler, SchedulerError, \
-    run_command
+from launchers.batch import (
+    ENDED,
+    QUEUED,
+    RUNNING,
+    STOP_WARNING_S,
+    Job,
+    JobState,
+    Scheduler,
+    SchedulerError,
+    run_command,
+)
 
 STATES = {"PEND": (QUEUED, None), "PSUSP": (QUEUED, None), "DONE": (ENDED, "finished"), "EXIT": (ENDED, "failed")}
 # Why an EXIT job ended (bjobs exit_reason), where it means more than `failed`.

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from suite.errors import ConfigError
+from suite.vocabulary import Status
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -30,26 +31,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="record every batch job that ended without recording its points, and exit")
     parser.add_argument("--cfg", action="store_true", help="print the composed config of each point and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. strategy=ddp workers=2")
-    return parser.parse_args(argv)
+    # Options may come between overrides (`strategy=ddp --dry-run workers=2`), as make's variables place them.
+    return parser.parse_intermixed_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `--help` and argument errors answer at once.
+    from mlflow.exceptions import MlflowException
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
     from analysis.views import NotRun
-    from mlflow.exceptions import MlflowException
-
     from launchers.batch import SchedulerError
-    from suite.driver import record_invalid, run_sweep
-    from suite.jobs import check_submittable, collect
-    from suite.plan import expand, plan, repeat_overrides, sweep_file, sweep_lines
-    from suite.point_dir import error_line
+    from suite.records.point_dir import error_line
+    from suite.records.store import Store, store_uri
     from suite.signals import Stopped, raise_on_sigterm
-    from suite.status import status_table
-    from suite.tracking import Store, store_uri
+    from suite.sweep.driver import ensure_horovod, record_invalid, run_sweep
+    from suite.sweep.jobs import check_submittable, collect
+    from suite.sweep.plan import expand, plan, repeat_overrides, sweep_file, sweep_lines
+    from suite.sweep.status import status_table
 
     parent = None  # the sweep invocation's run in the store
     try:
@@ -78,6 +79,8 @@ def main(argv: list[str]) -> int:
             return 0
         print(f"{len(points)} point(s)" + (f", {len(invalid)} that cannot run here" if invalid else "")
               + f"; results in {store.uri}", flush=True)
+        if not args.dry_run:
+            ensure_horovod(points)
         experiment = points[0].cfg.tracking.experiment
         parent = None if args.dry_run or not args.sweep else store.start_sweep_run(experiment, args.sweep,
                                                                                    " ".join(argv))
@@ -113,7 +116,7 @@ def main(argv: list[str]) -> int:
         print(f"\n## {experiment}\n\n{report.summary}\n")
         print(f"wrote {len(report.files)} file(s) to {report.directory}")
         report_dir = report.directory
-    failed = [o for o in outcomes if o.status not in ("finished", "submitted")]
+    failed = [o for o in outcomes if o.status not in (Status.finished, "submitted")]
     if parent:
         store.finish_sweep_run(parent, report_dir, bool(failed))
     if failed:

@@ -8,7 +8,7 @@ per strategy; they are checked by instantiating the strategy class (see `suite.s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -19,9 +19,9 @@ class DatasetConfig:
     name: str = MISSING  # mnist | cifar10 | imagenet | highres | digits | tokens | wikitext103
     kind: str = MISSING  # image | tokens
     source: str = "synthetic"  # synthetic | real | digits
-    path: Optional[str] = None  # root of the real dataset (source=real)
-    samples: Optional[int] = None  # training samples (images) or sequences (tokens); None = published size
-    val_samples: Optional[int] = None
+    path: str | None = None  # root of the real dataset (source=real)
+    samples: int | None = None  # training samples (images) or sequences (tokens); None = published size
+    val_samples: int | None = None
     num_classes: int = 0  # images
     channels: int = 0  # images
     image_size: int = 0  # images: side of the square input fed to the network
@@ -63,15 +63,15 @@ class GradCompressionConfig:
 class TargetConfig:
     """Time-to-accuracy: the first epoch whose validation metric reaches `value`."""
 
-    metric: Optional[str] = None  # val_accuracy (higher is better) | val_perplexity (lower); None = the task's
-    value: Optional[float] = None
+    metric: str | None = None  # val_accuracy (higher is better) | val_perplexity (lower); None = the task's
+    value: float | None = None
 
 
 @dataclass
 class FaultConfig:
     """Fault injection for testing how failures are recorded: kind error | oom | hang | exit."""
 
-    kind: Optional[str] = None
+    kind: str | None = None
     step: int = 1  # global training step (warm-up included) at which it fires
     rank: int = 0
 
@@ -80,13 +80,14 @@ class FaultConfig:
 class JobConfig:
     """How a point is submitted to a batch scheduler. Not part of a point's identity (its config hash)."""
 
-    account: Optional[str] = None  # Slurm --account, LSF -G (Lassen: your bank), PBS -A (ALCF: your project)
-    queue: Optional[str] = None  # Slurm partition, LSF or PBS queue; None = the scheduler's default
+    account: str | None = None  # Slurm --account, LSF -G (Lassen: your bank), PBS -A (ALCF: your project)
+    queue: str | None = None  # Slurm partition, LSF or PBS queue; None = the scheduler's default
     time_limit_min: int = 60  # per job; the ranks get SIGTERM a little before it and record `timeout`
-    cores_per_worker: Optional[int] = None  # CPU cores given to each rank; None = hardware.cores_per_node / workers_per_node
+    # CPU cores given to each rank; None = hardware.cores_per_node / workers_per_node
+    cores_per_worker: int | None = None
     account_required: bool = False  # the site rejects jobs without an account: check it before submitting
     points_per_job: int = 1  # >1 packs that many points, one after another, into one allocation
-    launcher: Optional[str] = None  # command that starts a point's ranks; None = the scheduler's (srun, jsrun,
+    launcher: str | None = None  # command that starts a point's ranks; None = the scheduler's (srun, jsrun,
     # mpiexec); placeholders {ranks} {nodes} {ranks_per_node} {cores} {gpus}
     setup: list[str] = field(default_factory=list)  # shell lines before the ranks start (modules, conda, env)
     directives: list[str] = field(default_factory=list)  # extra scheduler options, e.g. "--constraint=v100"
@@ -96,17 +97,17 @@ class JobConfig:
 class HardwareConfig:
     """What the performance model needs to know about a machine (values for Lassen and ThetaGPU: REFERENCES.md)."""
 
-    nodes: Optional[int] = None  # nodes in the machine: a point needing more is rejected
-    cores_per_node: Optional[int] = None
-    cpu: Optional[str] = None
-    cpu_memory_gb: Optional[float] = None  # per node
-    gpu: Optional[str] = None
-    device_memory_gb: Optional[float] = None  # per GPU
-    fp64_tflops: Optional[float] = None  # peak per GPU
-    intra_node_bandwidth_gbs: Optional[float] = None  # GB/s, one direction, between two GPUs of a node
-    intra_node_latency_us: Optional[float] = None
-    inter_node_bandwidth_gbs: Optional[float] = None  # GB/s, one direction, injection bandwidth of a node
-    inter_node_latency_us: Optional[float] = None
+    nodes: int | None = None  # nodes in the machine: a point needing more is rejected
+    cores_per_node: int | None = None
+    cpu: str | None = None
+    cpu_memory_gb: float | None = None  # per node
+    gpu: str | None = None
+    device_memory_gb: float | None = None  # per GPU
+    fp64_tflops: float | None = None  # peak per GPU
+    intra_node_bandwidth_gbs: float | None = None  # GB/s, one direction, between two GPUs of a node
+    intra_node_latency_us: float | None = None
+    inter_node_bandwidth_gbs: float | None = None  # GB/s, one direction, injection bandwidth of a node
+    inter_node_latency_us: float | None = None
 
 
 @dataclass
@@ -114,16 +115,16 @@ class ClusterConfig:
     name: str = MISSING
     scheduler: str = "local"  # local (ranks started on this machine) | slurm | lsf | pbs
     workers_per_node: int = 1  # GPUs per node, or CPU worker processes per node
-    threads_per_worker: Optional[int] = None  # CPU intra-op threads per rank; None = cores / local ranks
+    threads_per_worker: int | None = None  # CPU intra-op threads per rank; None = cores / local ranks
     device: str = "auto"  # auto | cpu | cuda
-    tracking_uri: Optional[str] = None  # an MLflow server the cluster's jobs report to (see `make mlflow-server`)
+    tracking_uri: str | None = None  # an MLflow server the cluster's jobs report to (see `make mlflow-server`)
     job: JobConfig = field(default_factory=JobConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
 
 @dataclass
 class TrackingConfig:
-    uri: Optional[str] = None  # None = $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db
+    uri: str | None = None  # None = $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db
     experiment: str = "adhoc"
 
 
@@ -140,12 +141,12 @@ class PointConfig:
     grad_compression: GradCompressionConfig = field(default_factory=GradCompressionConfig)
 
     workers: int = 1  # ranks (one per GPU, or CPU processes)
-    nodes: Optional[int] = None  # None = ceil(workers / cluster.workers_per_node)
+    nodes: int | None = None  # None = ceil(workers / cluster.workers_per_node)
     batch_size: int = 32  # per worker; the strategy's batch rule turns it into the global batch
     epochs: int = 3
-    steps_per_epoch: Optional[int] = None  # None = one full pass over the training set
+    steps_per_epoch: int | None = None  # None = one full pass over the training set
     warmup_steps: int = 2  # untimed training steps before the first epoch
-    eval_batches: Optional[int] = None  # None = the whole validation set
+    eval_batches: int | None = None  # None = the whole validation set
     precision: str = "fp32"  # fp32 | bf16 | fp16
     activation_checkpointing: str = "none"  # none | every (each block) | k (every k-th block: the k-th, 2k-th, ...)
     seed: int = 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from suite.paths import REPO_ROOT
-from suite.tracking import Store
+from suite.records.store import Store
 
 # A small, fast point that learns: ResNet-18 on scikit-learn's real 8x8 digits.
 DIGITS = ["dataset=digits", "network=resnet18", "dataset.samples=256", "dataset.val_samples=64", "batch_size=16",
@@ -38,6 +38,17 @@ def run_suite(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def make_command(*args: str) -> list[str]:
+    """`make <args>` as a user types it, on the environment these tests run in (VENV: its stamp is there, so
+    nothing is installed)."""
+    return ["make", "--no-print-directory", *args, f"VENV={sys.prefix}"]
+
+
+def run_make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(make_command(*args), cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,7 +58,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def tracking_server(port: int):
     """`make mlflow-server` on the test's store, up and answering while the block runs."""
-    server = subprocess.Popen(["make", "--no-print-directory", "mlflow-server", f"PORT={port}", "WORKERS=2"],
+    server = subprocess.Popen(make_command("mlflow-server", f"PORT={port}", "WORKERS=2"),
                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     try:

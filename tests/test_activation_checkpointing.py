@@ -6,10 +6,10 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from suite.activation_checkpointing import apply_activation_checkpointing
 from suite.models.gpt2 import GPT2
 from suite.models.layers import block_layers
 from suite.models.vision import vgg
+from suite.runtime.activation_checkpointing import apply_activation_checkpointing
 
 
 def train_step(model: GPT2, tokens: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
@@ -38,7 +38,7 @@ def test_checkpointed_blocks_recompute_and_keep_less():
         blocks = list(model.blocks)
         calls = [0] * len(blocks)
         for i, block in enumerate(blocks):
-            block.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+            block.register_forward_pre_hook(lambda *_, i=i, calls=calls: calls.__setitem__(i, calls[i] + 1))
         assert apply_activation_checkpointing(model, 1 if interval == "every" else 2, None) == expected
         assert model.state_dict().keys() == plain.state_dict().keys()
         kept[interval], grads = train_step(model, tokens)

@@ -265,7 +265,7 @@ def test_real_imagenet_reads_an_image_folder_at_the_configured_size(tmp_path):
     cfg = dataset_conf("imagenet", source="real", path=str(tmp_path), image_size=16, num_classes=2)
     data = build_datasets(cfg, seed=0)
     assert (len(data.train), len(data.val)) == (4, 4)
-    for image, label in items(data.train, range(4)) + items(data.val, range(4)):
+    for image, _ in items(data.train, range(4)) + items(data.val, range(4)):
         assert image.shape == (3, 16, 16) and image.dtype == torch.float32
     assert [int(label) for _, label in items(data.val, range(4))] == [0, 0, 1, 1]
     red = data.val[2][0]  # class n02 is red: after normalisation its red channel is the largest

@@ -5,10 +5,12 @@ import torch
 from omegaconf import OmegaConf
 
 from analysis.report import write_report
-from suite.driver import run_sweep
-from suite.plan import Point, plan
-from suite.point_dir import PointDir
-from suite.tracking import Store
+from suite.records.point_dir import PointDir
+from suite.records.store import Store
+from suite.sweep.driver import run_sweep
+from suite.sweep.plan import Point, plan
+
+pytestmark = pytest.mark.slow  # every point is launched: gloo ranks through the local launcher
 
 STEPS = ["epochs=1", "steps_per_epoch=5", "warmup_steps=0", "save_final_weights=true", "eval_batches=1",
          "dataset.samples=64", "dataset.val_samples=16", "optimizer.lr=0.05"]
@@ -181,7 +183,8 @@ def memory_split(store, strategy: list[str]) -> dict[str, float]:
 
 def test_sharded_memory_split(store, tmp_path):
     """With 2 workers, ZeRO and FSDP hold about half of DDP's optimizer states per rank (Adam's two moments);
-    ZeRO-3 and FSDP about half of its parameters; ZeRO adds half the parameters again as fp32 masters. Reuses the ZeRO and FSDP runs of the equivalence tests above."""
+    ZeRO-3 and FSDP about half of its parameters; ZeRO adds half the parameters again as fp32 masters.
+    Reuses the ZeRO and FSDP runs of the equivalence tests above."""
     ddp = memory_split(store, ["strategy=ddp"])
     assert ddp["mem_optim_mb"] == pytest.approx(2 * ddp["mem_params_mb"], rel=0.01)
     assert ddp["mem_grads_mb"] == pytest.approx(ddp["mem_params_mb"], rel=0.01)
@@ -273,8 +276,8 @@ def comm_mb(point: PointDir) -> float:
 
 
 def test_comm_volume_against_parameter_bytes(store):
-    """comm_mb_per_step (suite.comm) against GPT-2's parameter bytes P, with 2 ranks: an all-reduce of N bytes counts
-    N, an all-gather or reduce-scatter of N bytes N/2. Reuses the runs of the tests above."""
+    """comm_mb_per_step (suite.runtime.comm) against GPT-2's parameter bytes P, with 2 ranks: an all-reduce of
+    N bytes counts N, an all-gather or reduce-scatter of N bytes N/2. Reuses the runs of the tests above."""
     single, ddp = train_pair(store, WORKLOADS["gpt2"], ["strategy=ddp"], workers=2, global_batch=8)
     params = single.summary()["mem_params_mb"]  # the tied embedding and head once, as DDP's buckets hold it
     assert comm_mb(single) == 0
@@ -295,7 +298,8 @@ def test_comm_volume_against_parameter_bytes(store):
     fsdp = {mode: train_pair(store, WORKLOADS["gpt2"], FSDP[mode], workers=2, global_batch=8, common=ADAM)[1]
             for mode in FSDP}
     assert comm_mb(fsdp["reshard"]) == pytest.approx(1.5 * params, rel=1e-3)  # gathered for forward and backward
-    assert comm_mb(fsdp["no_reshard_checkpoint2"]) == pytest.approx(params, rel=1e-3)  # gathered once: recomputing finds them whole
+    # gathered once: recomputing finds them whole
+    assert comm_mb(fsdp["no_reshard_checkpoint2"]) == pytest.approx(params, rel=1e-3)
     _, megatron = train_pipeline_pair(store, WORKLOADS["gpt2"], megatron_point(2))
     _, pipeline = train_pipeline_pair(store, WORKLOADS["gpt2"], pipeline_point("gpipe_dist"))
     net, data = (cfg := OmegaConf.load(megatron.config)).network, cfg.dataset

@@ -6,9 +6,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from conftest import DIGITS, run_suite
 from suite.paths import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # the driver `python -m suite` launches every point
 
 FAST = [*DIGITS, "epochs=1"]
 

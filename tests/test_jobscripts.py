@@ -12,7 +12,7 @@ from launchers.lsf import job_state as lsf_state
 from launchers.pbs import job_state as pbs_state
 from launchers.slurm import job_state as slurm_state
 from suite.errors import ConfigError
-from suite.plan import plan
+from suite.sweep.plan import plan
 
 POINT = [*(o for o in DIGITS if not o.startswith("batch_size=")), "batch_size=1", "strategy=ddp"]
 
@@ -43,6 +43,7 @@ def site_scripts(tmp_path_factory):
     return scripts
 
 
+@pytest.mark.slow
 def test_lassen_scripts_ask_bsub_for_whole_nodes_and_start_one_jsrun_resource_set_per_gpu(site_scripts):
     for ranks, nodes in ((8, 2), (64, 16)):
         text = site_scripts["lassen", ranks]
@@ -56,6 +57,7 @@ def test_lassen_scripts_ask_bsub_for_whole_nodes_and_start_one_jsrun_resource_se
         assert "SUITE_RESULTS_DIR=" in text and "MLFLOW_TRACKING_URI=" in text
 
 
+@pytest.mark.slow
 def test_thetagpu_and_polaris_scripts_ask_qsub_for_nodes_and_start_ranks_with_mpiexec(site_scripts):
     for ranks, nodes in ((16, 2), (128, 16)):
         text = site_scripts["thetagpu", ranks]
@@ -70,6 +72,7 @@ def test_thetagpu_and_polaris_scripts_ask_qsub_for_nodes_and_start_ranks_with_mp
         assert f"mpiexec -n {ranks} --ppn 4 --depth 8 --cpu-bind depth" in text  # PALS: ranks from PMI_*
 
 
+@pytest.mark.slow
 def test_slurm_script_and_packing_points_into_one_job(results):
     (text,) = dry_run("cluster=slurm", "workers=8", "cluster.job.queue=gpu", "cluster.job.account=proj").values()
     for option in ("--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--partition=gpu", "--account=proj",
@@ -121,6 +124,7 @@ def test_rejected_cluster_point(case):
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_no_submission_without_the_schedulers_command(results):
     result = run_suite("-m", *POINT, "cluster=lassen", "cluster.job.account=b", "workers=4,8")  # bsub is not here
     assert result.returncode == 2
@@ -129,6 +133,7 @@ def test_no_submission_without_the_schedulers_command(results):
     assert not (results / "points").exists() and not (results / "jobs").exists()
 
 
+@pytest.mark.slow
 def test_horovod_points_start_horovodrun_on_the_first_node_over_the_allocations_hosts(results):
     """horovodrun replaces srun, jsrun and mpiexec (even a cluster's own `job.launcher`): -H lists the
     allocation's first `nodes` hosts, rank 0's first, computed on the node when the step starts."""
@@ -138,8 +143,8 @@ def test_horovod_points_start_horovodrun_on_the_first_node_over_the_allocations_
     hosts_commands = {}
     for cluster, per_node in (("slurm", 4), ("lassen", 4), ("thetagpu", 8)):
         (step,) = re.findall(r"^run_point .*$", scripts[cluster, 8], re.MULTILINE)
-        launch = re.search(rf'\S+/horovodrun -np 8 -H "\$\((\S+/python -m launchers\.horovod {per_node} {8 // per_node})\)" '
-                           r"--gloo \S+/python -m suite\.worker ", step)
+        hosts = rf"\S+/python -m launchers\.horovod {per_node} {8 // per_node}"
+        launch = re.search(rf'\S+/horovodrun -np 8 -H "\$\(({hosts})\)" --gloo \S+/python -m suite\.worker ', step)
         assert launch and not re.search(r"\b(srun|jsrun|mpiexec)\b", step), step
         hosts_commands[cluster] = launch.group(1)
     nodefile = results.parent / "nodefile"

@@ -15,15 +15,17 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from suite.driver import run_sweep
 from suite.models.layers import Layer
 from suite.pipeline.partition import StageModule, cut
 from suite.pipeline.pipedream import PipeDreamStage
 from suite.pipeline.topology import Topology
+from suite.runtime.precision import Precision
+from suite.runtime.timing import PhaseTimer
 from suite.strategies.layout import Layout
-from suite.plan import plan
-from suite.precision import Precision
-from suite.timing import PhaseTimer
+from suite.sweep.driver import run_sweep
+from suite.sweep.plan import plan
+
+pytestmark = pytest.mark.slow  # gloo ranks: spawned stages and a launched point
 
 STAGES, MINIBATCHES, BATCH, WIDTH, CLASSES = 3, 8, 4, 6, 3
 SIZES = [2, 2, 2]

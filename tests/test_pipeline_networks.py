@@ -3,8 +3,10 @@ timeout instead of a deadlock: the cells the studies lost to crashes are recorde
 
 import pytest
 
-from suite.driver import run_sweep
-from suite.plan import plan
+from suite.sweep.driver import run_sweep
+from suite.sweep.plan import plan
+
+pytestmark = pytest.mark.slow  # every point is launched: gloo ranks through the local launcher
 
 NETWORKS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenet_v2"]
 # gpipe_dist differs from 1f1b only in its torch.distributed.pipelining schedule class (same stages, same

@@ -7,7 +7,7 @@ from suite.errors import ConfigError
 from suite.models.layers import Layer
 from suite.pipeline.microbatch import MicroBatching, micro_batching
 from suite.pipeline.partition import stage_sizes
-from suite.plan import plan
+from suite.sweep.plan import plan
 
 TOKENS = ["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=16", "dataset.samples=512"]
 
@@ -62,9 +62,8 @@ def test_presets_follow_the_studies():
 def test_pipeline_point_records_its_pipeline_shape():
     (dp_pp,) = plan([["strategy=1f1b", "workers=4", "strategy.pp=2", "batch_size=16", "strategy.micro_batches=4"]])
     assert dp_pp.global_batch_size == 32  # 2 replicas x a mini-batch of 16
-    assert {k: dp_pp.layout.params()[k] for k in ("pipeline_stages", "micro_batches", "micro_batch_size",
-                                                  "pipeline_replicas")} == {"pipeline_stages": 2, "micro_batches": 4,
-                                                                            "micro_batch_size": 4, "pipeline_replicas": 2}
+    shape = {"pipeline_stages": 2, "micro_batches": 4, "micro_batch_size": 4, "pipeline_replicas": 2}
+    assert {k: dp_pp.layout.params()[k] for k in shape} == shape
     (gpipe,) = plan([["strategy=gpipe", "workers=2", "strategy.preset=study_j"]])
     assert gpipe.global_batch_size == 2048 and gpipe.processes == 1  # one process drives both devices
 

@@ -4,7 +4,9 @@ import pytest
 
 from conftest import run_suite
 from suite.errors import ConfigError
-from suite.plan import expand, plan
+from suite.strategies import build_strategy
+from suite.sweep.driver import needs_horovod
+from suite.sweep.plan import expand, plan, sweep_lines
 
 MALFORMED = {
     "unknown strategy": (["strategy=dpp"], "strategy/dpp"),
@@ -16,6 +18,19 @@ MALFORMED = {
     "real data without a path": (["dataset=wikitext103", "network=gpt2_tiny"], "path"),
     "unknown strategy knob": (["strategy=ddp", "+strategy.bucket_cap=5"], "bucket_cap"),
     "bad strategy knob": (["strategy=ddp", "strategy.bucket_cap_mb=0"], "bucket_cap_mb > 0"),
+    "word for a number knob": (["strategy=ddp", "strategy.bucket_cap_mb=abc"],
+                               "strategy ddp: bucket_cap_mb=abc is not a number"),
+    "word for a boolean knob": (["strategy=ddp", "strategy.static_graph=maybe"],
+                                "strategy ddp: static_graph=maybe is not true or false"),
+    "fraction for an integer knob": (["strategy=zero", "optimizer.name=adam", "strategy.zero_stage=1.5"],
+                                     "strategy zero: zero_stage=1.5 is not an integer"),
+    "word for an optional integer knob": (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=2",
+                                           "strategy.micro_batches=many"],
+                                          "strategy 1f1b: micro_batches=many is not an integer or null"),
+    "numbers for a list of strings": (["strategy=gpipe", "workers=2", "strategy.devices=[0,1]"],
+                                      "strategy gpipe: devices=[0, 1] is not a list of strings or null"),
+    "word for a mapping knob": (["strategy=zero", "optimizer.name=adam", "strategy.ds_config=abc"],
+                                "strategy zero: ds_config=abc is not a mapping"),
     "fewer samples than a batch": (["strategy=ddp", "workers=2", "dataset.samples=10"], "fewer than one global"),
     "more steps than the data holds": (["dataset=digits", "batch_size=64", "steps_per_epoch=30"],
                                        "steps_per_epoch=30 but 1437 samples give 22 batches"),
@@ -30,6 +45,8 @@ MALFORMED = {
                                           "fusion_threshold_mb >= 0"),
     "horovod zero cycle time": (["strategy=horovod", "strategy.cycle_time_ms=0"], "cycle_time_ms > 0"),
     "zero with sgd": (["strategy=zero", "optimizer.name=sgd"], "strategy zero does not train with optimizer.name=sgd"),
+    "zero with the default optimizer": (["strategy=zero"], "strategy zero does not train with optimizer.name=sgd (the "
+                                        "default; set optimizer.name=adam or adamw and an optimizer.lr for it)"),
     "zero with lamb": (["strategy=zero", "optimizer.name=lamb"],
                        "strategy zero does not train with optimizer.name=lamb"),
     "lamb on sharded parameters": (["strategy=fsdp", "workers=2", "optimizer.name=lamb"],
@@ -37,7 +54,7 @@ MALFORMED = {
     "bf16 on V100s": (["cluster=lassen", "cluster.job.account=x", "precision=bf16"], "not NVIDIA V100; use fp16"),
     "unknown gradient compression": (["strategy=ddp", "grad_compression.name=int8"],
                                      "grad_compression.name=int8 is not one of none, fp16, bf16, powersgd"),
-    "gradient compression beyond ddp": (["strategy=zero", "grad_compression.name=fp16"],
+    "gradient compression beyond ddp": (["strategy=zero", "optimizer.name=adam", "grad_compression.name=fp16"],
                                         "strategy zero does not compress gradients"),
     "powersgd of rank 0": (["strategy=ddp", "grad_compression.name=powersgd", "grad_compression.rank=0"],
                            "grad_compression.rank must be positive"),
@@ -47,7 +64,8 @@ MALFORMED = {
                                      "strategy megatron does not apply activation_checkpointing=every"),
     "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits GPT-2's attention"),
     "sequence parallel not dividing the sequence": (["dataset=tokens", "dataset.seq_len=33", "network=gpt2_tiny",
-                                                     "strategy=megatron", "workers=2", "strategy.sequence_parallel=true"],
+                                                     "strategy=megatron", "workers=2",
+                                                     "strategy.sequence_parallel=true"],
                                                     "sequence_parallel needs tp=2 to divide dataset.seq_len=33"),
     "megatron tp not dividing workers": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=3"],
                                          "tp=2 does not divide workers=3"),
@@ -71,6 +89,7 @@ def test_sweep_without_multirun_is_rejected():
         expand(["strategy=single,ddp"], multirun=False)
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_sweep_before_launching_anything(results):
     result = run_suite("-m", "strategy=single,ddp", "workers=2")
     assert result.returncode == 2
@@ -87,12 +106,56 @@ def test_multirun_expands_the_cartesian_product():
 
 def test_zero_point_carries_its_deepspeed_config():
     """The generated ds_config follows the point (batches, precision, Study N's Adam) and takes extra keys."""
-    (point,) = plan([["strategy=zero", "workers=2", "batch_size=4", "strategy.zero_stage=3", "strategy.offload=params",
+    (point,) = plan([["strategy=zero", "optimizer.name=adam", "optimizer.lr=0.001", "optimizer.weight_decay=0.01",
+                      "workers=2", "batch_size=4", "strategy.zero_stage=3", "strategy.offload=params",
                       "precision=bf16", "+strategy.ds_config.zero_optimization.overlap_comm=true"]])
     ds = point.config_files["ds_config.json"]
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
+    batches = (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
+    assert batches == (8, 4, 1)
     assert ds["optimizer"]["type"] == "Adam"
     assert {k: ds["optimizer"]["params"][k] for k in ("lr", "weight_decay")} == {"lr": 0.001, "weight_decay": 0.01}
     assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}
     assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                        "offload_param": {"device": "cpu"}, "overlap_comm": True}
+
+
+def test_a_problem_of_several_points_is_one_line_with_their_count():
+    with pytest.raises(ConfigError) as info:
+        plan(expand(["strategy=single,ddp", "precision=fp32,fp16", "workers=2"], multirun=True))
+    assert str(info.value).splitlines() == [
+        "strategy=single precision=fp32 workers=2: strategy single runs one process, but workers=2",
+        "precision=fp16 needs a GPU (loss scaling); use bf16 on CPU (2 of 4 points, e.g. strategy=single "
+        "precision=fp16 workers=2)",
+    ]
+
+
+def test_a_problem_of_every_point_says_so():
+    with pytest.raises(ConfigError) as info:
+        plan(expand(["strategy=single,ddp", "workers=1,2", "precision=fp8"], multirun=True))
+    assert str(info.value) == "precision=fp8 is not one of fp32, bf16, fp16 (all 4 points)"
+
+
+def test_strategies_compared_in_one_sweep_train_with_the_points_optimizer():
+    """No strategy changes the optimizer behind the point's back: `-m strategy=ddp,zero` compares like with like."""
+    ddp, zero = plan(expand(["strategy=ddp,zero", "workers=2", "optimizer.name=adam"], multirun=True))
+    assert ddp.cfg.optimizer == zero.cfg.optimizer
+
+
+@pytest.mark.parametrize("overrides, knob, value", [
+    (["strategy=ddp", "strategy.bucket_cap_mb=5"], "bucket_cap_mb", 5),  # an integer is a number
+    (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=2", "strategy.pp=null"], "pp", None),
+    (["strategy=gpipe", "workers=2", "strategy.devices=[cpu,cpu]"], "devices", ["cpu", "cpu"]),
+    (["strategy=gpipe", "workers=2", "strategy.balance=[5,5]"], "balance", [5, 5]),  # Any
+    (["strategy=zero", "optimizer.name=adam", "+strategy.ds_config.zero_optimization.overlap_comm=true"],
+     "ds_config", {"zero_optimization": {"overlap_comm": True}}),
+], ids=["int_for_float", "optional_int", "list_of_strings", "any", "mapping"])
+def test_knobs_of_their_type_are_taken(overrides, knob, value):
+    (point,) = plan([overrides])
+    assert getattr(build_strategy(point.cfg), knob) == value
+
+
+def test_only_a_sweep_with_a_horovod_point_builds_horovod():
+    """The default sweep never waits for Horovod's build; a sweep with a horovod point has the driver build it."""
+    smoke = plan([job for line in sweep_lines("smoke") for job in expand(line, multirun=True)])
+    assert not needs_horovod(smoke)
+    assert needs_horovod([*smoke, *plan([["strategy=horovod", "workers=2"]])])

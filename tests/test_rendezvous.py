@@ -8,10 +8,11 @@ import sys
 import pytest
 
 from conftest import DIGITS
+from launchers.hosts import allocation_hosts, lsf_hosts, slurm_hosts
 from suite.paths import REPO_ROOT
-from suite.plan import plan
-from suite.points import new_point_dir
-from suite.rendezvous import allocation_hosts, discover, lsf_hosts, slurm_hosts
+from suite.runtime.rendezvous import discover
+from suite.sweep.plan import plan
+from suite.sweep.point import new_point_dir
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PALS_", "LSB_", "PBS_", "MPI_")
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -51,7 +52,8 @@ def test_lsf_skips_lassens_launch_node():
 
 def test_pals_without_a_world_size_takes_the_points(tmp_path):
     (tmp_path / "nodes").write_text("x3001\nx3001\nx3002\nx3002\n")
-    env = {"PALS_RANKID": "6", "PALS_LOCAL_RANKID": "2", "PALS_LOCAL_SIZE": "4", "PBS_NODEFILE": str(tmp_path / "nodes")}
+    env = {"PALS_RANKID": "6", "PALS_LOCAL_RANKID": "2", "PALS_LOCAL_SIZE": "4",
+           "PBS_NODEFILE": str(tmp_path / "nodes")}
     r = discover(env, expected_world_size=8)
     assert (r.rank, r.world_size, r.local_rank, r.local_world_size, r.master_addr) == (6, 8, 2, 4, "x3001")
     assert allocation_hosts(env) == ["x3001", "x3002"]
@@ -64,7 +66,8 @@ def test_horovodrun_variables_win_over_the_job_scripts():
            "SLURM_JOB_ID": "77"}
     r = discover(env)
     assert (r.rank, r.world_size, r.local_rank, r.local_world_size, r.master_addr) == (5, 8, 1, 4, "gpu07")
-    assert r.source == "horovodrun" and r.master_port == discover({"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"}).master_port
+    assert r.source == "horovodrun"
+    assert r.master_port == discover({"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"}).master_port
 
 
 def launcher_env(style: str, rank: int, tmp_path) -> dict[str, str]:
@@ -82,6 +85,7 @@ def launcher_env(style: str, rank: int, tmp_path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style, source", [("jsrun", "jsrun/Open MPI"), ("pbs", "mpiexec/PMI")])
 def test_two_ranks_find_each_other_from_the_launchers_variables(store, tmp_path, style, source):
     (point,) = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2", "strategy=ddp", "workers=2"]])
@@ -94,9 +98,9 @@ def test_two_ranks_find_each_other_from_the_launchers_variables(store, tmp_path,
     job_id = "4242" if style == "jsrun" else "4242.pbs01"
     assert out.manifest()["scheduler_job_id"] == job_id and len(out.manifest()["ranks"]) == 2
 
-    recorder = subprocess.run([sys.executable, "-m", "suite.record", str(out.path), "--exit-code", "0", "--started",
-                               "0"], cwd=REPO_ROOT, env=launcher_env(style, 0, tmp_path), capture_output=True,
-                              text=True)  # as the job's last step does
+    recorder = subprocess.run([sys.executable, "-m", "suite.records.record", str(out.path), "--exit-code", "0",
+                               "--started", "0"], cwd=REPO_ROOT, env=launcher_env(style, 0, tmp_path),
+                              capture_output=True, text=True)  # as the job's last step does
     assert recorder.returncode == 0, recorder.stdout + recorder.stderr
     (run,) = store.runs("adhoc")
     assert run.data.tags["suite.status"] == "finished" and run.data.tags["suite.job_id"] == job_id

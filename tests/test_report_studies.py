@@ -9,8 +9,8 @@ import pytest
 
 from analysis.report import write_report
 from conftest import DIGITS, run_suite
-from suite.driver import record_invalid
-from suite.plan import plan
+from suite.sweep.driver import record_invalid
+from suite.sweep.plan import plan
 
 FAST = [*DIGITS, "steps_per_epoch=2", "log_every=1", "tracking.experiment=slice"]
 GPT2 = ["dataset=tokens", "dataset.seq_len=32", "dataset.samples=64", "dataset.val_samples=16", "network=gpt2_tiny",
@@ -47,7 +47,7 @@ def slice_store(tmp_path_factory):
     """Both studies' kinds of points, one made to fail, in one experiment; and one that cannot run, recorded."""
     import os
 
-    from suite.tracking import Store
+    from suite.records.store import Store
     results = tmp_path_factory.mktemp("studies") / "results"
     saved = {k: os.environ.get(k) for k in ("SUITE_RESULTS_DIR", "MLFLOW_TRACKING_URI")}
     os.environ["SUITE_RESULTS_DIR"] = str(results)

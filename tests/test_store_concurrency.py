@@ -11,10 +11,12 @@ import pytest
 
 from conftest import DIGITS, free_port, tracking_server
 from suite.paths import REPO_ROOT
-from suite.plan import plan
-from suite.point_dir import PointDir
-from suite.points import new_point_dir
-from suite.tracking import Store
+from suite.records.point_dir import PointDir
+from suite.records.store import Store
+from suite.sweep.plan import plan
+from suite.sweep.point import new_point_dir
+
+pytestmark = pytest.mark.slow  # a real rank, eight recorders and `make mlflow-server`
 
 POINTS = 8
 OUTPUTS = ("epochs.jsonl", "summary.json", "manifest.json", "logs")
@@ -46,7 +48,7 @@ def record_concurrently(worker_outputs: PointDir, tracking_uri: str) -> list[Poi
             (shutil.copytree if source.is_dir() else shutil.copy)(source, out.path / name)
         dirs.append(out)
     env = dict(os.environ, MLFLOW_TRACKING_URI=tracking_uri)
-    recorders = [subprocess.Popen([sys.executable, "-m", "suite.record", str(out.path), "--exit-code", "0",
+    recorders = [subprocess.Popen([sys.executable, "-m", "suite.records.record", str(out.path), "--exit-code", "0",
                                    "--started", str(time.time())], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True) for out in dirs]
     for recorder in recorders:

@@ -9,12 +9,12 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.config import GradCompressionConfig, OptimizerConfig
-from suite.dist import DistEnv, resolve_device
-from suite.precision import make_precision
+from suite.runtime.dist import DistEnv, resolve_device
+from suite.runtime.precision import make_precision
+from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
 from suite.strategies.ddp import DDP, apply_grad_compression
 from suite.strategies.layout import Layout
-from suite.timing import PhaseTimer
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ import pytest
 
 from conftest import DIGITS, run_suite
 
+pytestmark = pytest.mark.slow  # the driver `python -m suite` launches every point
+
 CONTRACT_PARAMS = {"dataset", "network", "strategy", "workers", "nodes", "global_batch_size", "precision", "seed",
                    "bucket_cap_mb"}
 EPOCH_METRICS = {"epoch_time_s", "throughput_samples_s", "train_loss", "val_loss", "val_accuracy"}

@@ -31,7 +31,7 @@ run_point() {  # <point dir> <label> <threads per rank> <command that starts the
         echo "suite: $$label is left to make collect"
         return
     fi
-    ${python} -m suite.record "$$dir" --exit-code "$$code" --started "$$started"
+    ${python} -m suite.records.record "$$dir" --exit-code "$$code" --started "$$started"
     # 3: the ranks were stopped by SIGTERM (a time-limit warning or a preemption): start nothing more
     if (( $$? == 3 )); then stopping=1; fi
 }

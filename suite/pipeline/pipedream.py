@@ -16,8 +16,8 @@ no cycle of waits can form.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -25,8 +25,8 @@ from torch.func import functional_call
 
 from suite.pipeline import p2p
 from suite.pipeline.topology import Topology
-from suite.precision import Precision
-from suite.timing import PhaseTimer
+from suite.runtime.precision import Precision
+from suite.runtime.timing import PhaseTimer
 
 
 @dataclass

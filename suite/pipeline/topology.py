@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from suite.dist import all_reduce_flat
+from suite.runtime.dist import all_reduce_flat
 from suite.strategies.layout import Layout
 
 

@@ -7,12 +7,13 @@ from omegaconf import OmegaConf
 
 from suite.errors import ConfigError
 from suite.strategies.base import Strategy
+from suite.strategies.knob_types import check_knob_types
 
 __all__ = ["Strategy", "build_strategy"]
 
 
 def build_strategy(cfg) -> Strategy:
-    """Instantiate the strategy of a point; an unknown knob is a ConfigError naming it."""
+    """Instantiate the strategy of a point; an unknown knob, or one of the wrong type, is a ConfigError naming it."""
     node = cfg.strategy
     try:
         strategy = instantiate(node, _convert_="all")
@@ -22,4 +23,5 @@ def build_strategy(cfg) -> Strategy:
         raise ConfigError(f"strategy {name}: {str(cause).splitlines()[0]}") from e
     if not isinstance(strategy, Strategy):
         raise ConfigError(f"strategy _target_ {node._target_} is not a suite Strategy")
+    check_knob_types(strategy)
     return strategy

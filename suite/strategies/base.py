@@ -4,7 +4,7 @@
 alone: can this point run (`check`), how do its ranks divide the work (`layout`), which library
 config files does it generate, which cross-strategy knobs does it support. In each rank,
 `Strategy.setup` wraps or splits the plain model and returns a `Runtime` built once with everything
-a step needs (model, optimizer, precision, timer, loss). The training loop (`suite.trainer`) drives
+a step needs (model, optimizer, precision, timer, loss). The training loop (`suite.worker.trainer`) drives
 every strategy through the same `Runtime` calls; `DataParallel` is the shared step of all strategies
 that run forward, backward and an optimizer step on each rank (single, ddp, fsdp, zero, horovod,
 megatron), each changing only how it reduces gradients (`backward`) and steps (`step`).
@@ -12,8 +12,9 @@ megatron), each changing only how it reduces gradients (`backward`) and steps (`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -21,12 +22,12 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from suite.dist import DistEnv
-from suite.memory import local_tensor, tensor_mb
-from suite.optim import OPTIMIZERS
-from suite.precision import PRECISIONS, Precision
+from suite.runtime.dist import DistEnv
+from suite.runtime.memory import local_tensor, tensor_mb
+from suite.runtime.precision import Precision
+from suite.runtime.timing import PhaseTimer
 from suite.strategies.layout import Layout
-from suite.timing import PhaseTimer
+from suite.vocabulary import GradCompression, OptimizerName, PrecisionName
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -35,11 +36,11 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class Supports:
     """Which values of the cross-strategy knobs a strategy applies (the rest is rejected before launch)."""
 
-    precisions: tuple[str, ...] = PRECISIONS
-    optimizers: tuple[str, ...] = OPTIMIZERS
+    precisions: tuple[str, ...] = tuple(PrecisionName)
+    optimizers: tuple[str, ...] = tuple(OptimizerName)
     activation_checkpointing: bool = True  # applied to the plain model before `setup`
-    grad_compressions: tuple[str, ...] = ("none",)
-    # True where all its communication goes through torch.distributed process groups, so that suite.comm's
+    grad_compressions: tuple[str, ...] = (GradCompression.none,)
+    # True where all its communication goes through torch.distributed process groups, so that suite.runtime.comm's
     # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
     counts_communication: bool = False
     # What starts the point's ranks: None for the cluster's own launcher (the local one here, srun, jsrun or
@@ -82,7 +83,7 @@ class Strategy:
 
     def checkpoint_fn(self) -> Callable | None:
         """The function that runs a checkpointed block (None: torch.utils.checkpoint; see
-        suite.activation_checkpointing)."""
+        suite.runtime.activation_checkpointing)."""
         return None
 
     def setup(self, model: nn.Module, rank: RankContext) -> Runtime:

@@ -10,13 +10,13 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.dist import will_use_cuda
 from suite.errors import ConfigError
-from suite.optim import build_optimizer
+from suite.placement import will_use_cuda
+from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.vocabulary import GradCompression
 
 CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
-GRAD_COMPRESSIONS = ("none", *CAST_HOOKS, "powersgd")
 
 
 def apply_grad_compression(model: DistributedDataParallel, compression) -> None:
@@ -33,7 +33,7 @@ def apply_grad_compression(model: DistributedDataParallel, compression) -> None:
 @dataclass(frozen=True)
 class DDP(Strategy):
     name: str = "ddp"
-    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=GRAD_COMPRESSIONS)
+    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=tuple(GradCompression))
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False

@@ -16,9 +16,10 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from suite.models.layers import block_layers
-from suite.optim import ELEMENTWISE_OPTIMIZERS, build_optimizer
+from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.strategies.layout import Layout
+from suite.vocabulary import ELEMENTWISE_OPTIMIZERS
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from torchgpipe import GPipe as TorchGPipe
 
 from suite.errors import ConfigError
 from suite.models.layers import Layer, flatten_layers, tied_parameters
-from suite.optim import build_optimizer
 from suite.pipeline.partition import cut, sum_grads, untie
+from suite.runtime.optim import build_optimizer
 from suite.strategies.base import RankContext, Runtime
 from suite.strategies.layout import Layout
 from suite.strategies.pipeline import Pipeline, pipeline_metrics

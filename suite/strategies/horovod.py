@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.optim import build_optimizer
+from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 
 MIB = 1024 * 1024

@@ -1,15 +1,14 @@
 """Megatron-LM's tensor (intra-layer) parallelism for GPT-2, with torch.distributed.tensor.parallel.
 
-`tp` consecutive ranks split every block: attention qkv and the MLP up-projection by columns, the
-attention output and MLP down-projection by rows, so each block does one all-reduce in forward and
-one in backward per sub-layer. With `vocab_parallel` the token embedding and the LM head tied to it
-are split by vocabulary rows too, unevenly where tp does not divide the vocabulary (GPT-2's 50257), and
-the logits are gathered for the loss; otherwise they stay whole on every rank. With `sequence_parallel` the LayerNorms and residual stream between the split layers are
-split along the sequence (Megatron-LM's sequence parallelism): each all-reduce becomes a
-reduce-scatter plus an all-gather, and activations there take 1/tp of the memory.
-`dp = workers / tp` such groups are data-parallel replicas on the `dp` axis of the point's device mesh;
-each reads its own data shard and they average gradients after backward. Study N's Megatron-intra
-is dp=1, Megatron-data is tp=1.
+`tp` consecutive ranks split every block: attention qkv and the MLP up-projection by columns, the attention
+output and MLP down-projection by rows, so each block does one all-reduce in forward and one in backward per
+sub-layer. With `vocab_parallel` the token embedding and the LM head tied to it are split by vocabulary rows
+too, unevenly where tp does not divide the vocabulary (GPT-2's 50257), and the logits are gathered for the
+loss; otherwise they stay whole on every rank. With `sequence_parallel` the LayerNorms and residual stream
+between the split layers are split along the sequence (Megatron-LM's sequence parallelism): each all-reduce
+becomes a reduce-scatter plus an all-gather, and activations there take 1/tp of the memory. `dp = workers /
+tp` such groups are data-parallel replicas on the `dp` axis of the point's device mesh; each reads its own
+data shard and they average gradients after backward. Study N's Megatron-intra is dp=1, Megatron-data is tp=1.
 """
 
 from __future__ import annotations
@@ -21,15 +20,22 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
-from suite.dist import all_reduce_flat
 from suite.errors import ConfigError
-from suite.memory import local_tensor
-from suite.optim import ELEMENTWISE_OPTIMIZERS, build_optimizer
+from suite.runtime.dist import all_reduce_flat
+from suite.runtime.memory import local_tensor
+from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.strategies.layout import Layout
+from suite.vocabulary import ELEMENTWISE_OPTIMIZERS
 
 
 def block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:

@@ -10,8 +10,9 @@ cannot go through `DataParallel`'s forward / backward / step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -20,14 +21,14 @@ from torch import nn
 from suite.errors import ConfigError
 from suite.models import build_model
 from suite.models.layers import Layer, flatten_layers, tied_parameters
-from suite.optim import build_optimizer
 from suite.pipeline import p2p
 from suite.pipeline.microbatch import MicroBatching, micro_batching
 from suite.pipeline.partition import StageModule, check_balance, cut, stage_sizes
 from suite.pipeline.topology import Topology
+from suite.runtime.optim import build_optimizer
+from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
 from suite.strategies.layout import Layout
-from suite.timing import PhaseTimer
 
 
 def layer_count(cfg) -> int:

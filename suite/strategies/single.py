@@ -8,7 +8,7 @@ from typing import ClassVar
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.optim import build_optimizer
+from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 
 

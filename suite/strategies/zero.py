@@ -9,15 +9,16 @@ optimizer; DeepSpeed's fused or CPU Adam can be chosen with `ds_config: {optimiz
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from suite.activation_checkpointing import checkpoint_interval
 from suite.errors import ConfigError
-from suite.memory import tensor_mb
+from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.runtime.memory import tensor_mb
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports, optimizer_state
 from suite.strategies.layout import Layout
 
@@ -60,7 +61,7 @@ class ZeroEngine(DataParallel):
         """Adds this rank's partition of ZeRO's fp32 master parameters, which its optimizer steps and copies
         back into the model's parameters (a copy even when those are fp32)."""
         masters = (getattr(self.optimizer, "single_partition_of_fp32_groups", None)  # stages 1 and 2
-                   or getattr(self.optimizer, "fp32_partitioned_groups_flat"))  # stage 3
+                   or self.optimizer.fp32_partitioned_groups_flat)  # stage 3
         return {**super().memory_split(), "mem_master_mb": tensor_mb(list(masters))}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,19 @@
+"""Where a point's ranks run, as both the driver (planning, launching) and the ranks see it."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def will_use_cuda(cluster) -> bool:
+    """Whether a point's ranks will run on GPUs (`auto` on a remote cluster assumes they will)."""
+    if cluster.device != "auto":
+        return cluster.device == "cuda"
+    return cluster.scheduler != "local" or torch.cuda.is_available()
+
+
+def threads_per_worker(configured: int | None, local_workers: int) -> int:
+    """CPU intra-op threads of one rank: as configured, else the cores shared out among this node's ranks."""
+    return configured or max(1, (os.cpu_count() or 1) // local_workers)

@@ -1,0 +1,68 @@
+"""What a result was measured on: packages, devices, hosts, scheduler job."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from launchers.hosts import scheduler_job_id
+
+PACKAGES = ("torch", "torchvision", "numpy", "hydra-core", "omegaconf", "mlflow", "nvidia-ml-py",
+            "scikit-learn", "deepspeed", "horovod", "torchgpipe")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def rank_info(device: torch.device) -> dict:
+    """What one rank runs on; rank 0 gathers these from all ranks."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def git_sha(repo: Path) -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment_manifest(ranks: list[dict], backend: str) -> dict:
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": packages,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+        "backend": backend,
+        "cpu_count": os.cpu_count(),
+        "hosts": sorted({r["host"] for r in ranks}),
+        "ranks": ranks,
+        "scheduler_job_id": scheduler_job_id(os.environ),
+    }

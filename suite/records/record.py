@@ -1,0 +1,110 @@
+"""A point directory becomes one MLflow run, exactly once, whoever gets there first.
+
+The local driver records a point as soon as its ranks end; a batch job records each of its points
+in its last step (`python -m suite.records.record <point dir> --exit-code N --started T`); `make collect`
+records the points of jobs that ended without doing so. Each claims the directory first, checks that
+the store has no run for it yet, and leaves `recorded.json` behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from launchers.hosts import scheduler_job_id
+from suite.records.point_dir import PointDir, error_line
+from suite.records.store import Store
+from suite.records.verdict import Ending, verdict
+from suite.vocabulary import Status
+
+TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM: start no further point
+
+
+def artifacts(out: PointDir) -> list[Path]:
+    job = out.job() or {}
+    script = [Path(job["script"])] if job.get("script") else []
+    return [out.config, out.point_file, out.job_file, *script, out.config_files, out.manifest_file, out.logs,
+            out.launcher_log, out.summary_file, out.epochs_file, *sorted(out.path.glob("error.rank*.json"))]
+
+
+def record_point(out: PointDir, store: Store, status: str, error: str | None, start: float, end: float,
+                 extra_tags: dict[str, str] | None = None) -> str | None:
+    """Record the point unless that is done already; its run id, or None while another recorder holds it."""
+    done = out.recorded()
+    if done:
+        return done["run_id"]
+    if not out.claim():
+        return None
+    try:
+        point = out.point()
+        existing = store.run_for_point_dir(point["experiment"], str(out.path))
+        if existing:  # recorded by someone who was stopped before leaving recorded.json
+            out.mark_recorded(existing.info.run_id, store.uri, existing.data.tags.get("suite.status", status))
+            return existing.info.run_id
+        job = out.job() or {}
+        tags = {"suite.status": status, "suite.config_hash": point["config_hash"], "suite.git_sha": point["git_sha"],
+                "suite.point_dir": str(out.path), "suite.label": point["label"], **(extra_tags or {})}
+        job_id = job.get("job_id") or scheduler_job_id(os.environ)
+        if job_id:
+            tags["suite.job_id"] = job_id
+        if job:
+            tags["suite.scheduler"] = job["scheduler"]
+        if error:
+            tags["suite.error"] = error
+        if point.get("parent_run_id"):
+            tags["mlflow.parentRunId"] = point["parent_run_id"]
+        run_id = store.record(point["experiment"], point["label"], point["params"], tags, out.epochs(),
+                              out.summary() or {}, artifacts(out), start, end)
+        out.mark_recorded(run_id, store.uri, status)
+        return run_id
+    finally:
+        out.release()
+
+
+@dataclass(frozen=True)
+class Recorded:
+    status: Status
+    error: str | None
+    run_id: str | None  # None while another recorder holds the point
+
+
+def finish(out: PointDir, store: Store, ended: Ending, start: float, end: float,
+           tags: dict[str, str] | None = None) -> Recorded:
+    """Judge how a point ended and record it: the one path of the local driver, a batch job's last step and
+    `make collect`."""
+    status, error = verdict(out, ended)
+    return Recorded(status, error, record_point(out, store, status, error, start, end, tags))
+
+
+def main(argv: list[str]) -> int:
+    """The last step of a batch job for one point: judge how its ranks ended and record it."""
+    parser = argparse.ArgumentParser(prog="python -m suite.records.record", description=main.__doc__)
+    parser.add_argument("point_dir")
+    parser.add_argument("--exit-code", type=int, required=True, help="exit code of the command that ran the ranks")
+    parser.add_argument("--started", type=float, required=True, help="when the ranks started (seconds since 1970)")
+    args = parser.parse_args(argv)
+    from omegaconf import OmegaConf
+
+    from launchers import LaunchResult
+    from suite.records.store import store_uri
+
+    out = PointDir(args.point_dir)
+    label = out.point()["label"]
+    ended = LaunchResult(args.exit_code, False, time.time() - args.started)
+    try:
+        done = finish(out, Store(store_uri(OmegaConf.load(out.config))), ended, args.started, time.time())
+    except Exception as e:  # e.g. the tracking server is unreachable: the results stay for `make collect`
+        print(f"suite: {label} not recorded ({error_line(e)}); its results stay in {out.path} "
+              "and `make collect` records them", flush=True)
+        return 1
+    where = f"run {done.run_id}" if done.run_id else "another process is recording it"
+    print(f"suite: {label} {done.status}" + (f": {done.error}" if done.error else "") + f" ({where})", flush=True)
+    return TIMEOUT_EXIT if done.status == Status.timeout else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

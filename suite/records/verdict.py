@@ -1,0 +1,139 @@
+"""A point's status and one error line, from what its ranks left behind and how their launcher ended.
+
+The same verdict serves a point run here (`launchers.local`), a batch job's own last step (srun, jsrun,
+mpiexec) and `make collect`, which adds what the scheduler says about a job that ended unrecorded.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
+
+from launchers import LaunchResult
+from launchers.batch import JobState
+from suite.records.point_dir import PointDir
+from suite.vocabulary import Status
+
+# Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.
+OWN_FAILURES = (Status.failed, Status.oom, Status.invalid)
+SIGTERM = -15  # how launchers stop the ranks that survive a failure: never the cause
+HOROVODRUN_EXIT = re.compile(r"^Process (\d+) exit with status code (\d+)\.$")
+HOROVODRUN_STOPS_THE_OTHERS = "Terminating remaining workers after failure of Process"
+
+
+def _horovodrun_failed_ranks(launcher_text: str) -> dict[int, int]:
+    """horovodrun's `Process <rank> exit with status code <n>` lines (a shell's code: 128 + n is signal n).
+    It stops the other ranks after the first failure, with SIGKILL once they are frozen; so a rank that
+    ends after that announcement counts as stopped by SIGTERM."""
+    found: dict[int, int] = {}
+    stopping = False
+    for line in launcher_text.splitlines():
+        ended = HOROVODRUN_EXIT.match(line)
+        if ended:
+            code = int(ended.group(2))
+            found.setdefault(int(ended.group(1)), SIGTERM if stopping else (128 - code if code > 128 else code))
+        stopping = stopping or line.startswith(HOROVODRUN_STOPS_THE_OTHERS)
+    return found
+
+
+def _failed_ranks(launcher_text: str) -> dict[int, int]:
+    """Exit code of each failed rank (negative: killed by that signal) from srun's
+    `task <rank>: Exited with exit code <n>` / `task <rank>: Killed` lines or horovodrun's."""
+    found: dict[int, int] = {}
+    for rank, code, killed in re.findall(r"task (\d+): (?:Exited with exit code (\d+)|(Killed))", launcher_text):
+        found.setdefault(int(rank), -9 if killed else int(code))
+    return {**_horovodrun_failed_ranks(launcher_text), **found}
+
+
+def _first_exception_line(launcher_text: str) -> str | None:
+    """The first `SomeError: message` a worker printed before any error report could be written."""
+    for line in launcher_text.splitlines():
+        line = line.split("]: ", 1)[-1].strip()  # the local launcher prefixes worker output with [rank<i>]:
+        line = re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line)  # horovodrun with [<rank>]<stderr>:
+        if re.match(r"^[\w.]+(Error|Exception)\b", line):
+            return line
+    return None
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    """A batch job that ended without recording its point, as its scheduler last saw it (None: forgotten)."""
+
+    state: JobState | None
+
+
+@dataclass(frozen=True)
+class NotStarted:
+    """The point's ranks never ran: the launcher broke, or the scheduler refused the job."""
+
+    error: str
+
+
+Ending = LaunchResult | JobEnded | NotStarted
+
+
+def verdict(out: PointDir, ended: Ending) -> tuple[Status, str | None]:
+    """Status and error line of a point, however it ended."""
+    if isinstance(ended, NotStarted):
+        return Status.failed, ended.error
+    cfg = OmegaConf.load(out.config)
+    if isinstance(ended, JobEnded):
+        return judge_ended_job(out, ended.state, cfg.epochs)
+    return judge(out, ended, cfg.timeout_s, cfg.epochs)
+
+
+def epochs_done(out: PointDir, epochs: int) -> str:
+    return f"after {len(out.epochs())} of {epochs} epochs"
+
+
+def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) -> tuple[str, str | None]:
+    """Status and error line of a point from what its workers left behind and how the launcher ended."""
+    if result.timed_out:
+        return Status.timeout, (f"no result after timeout_s={timeout_s:g} s; "
+                                f"the point was stopped {epochs_done(out, epochs)}")
+    if result.stopped_by == "SIGTERM":
+        return Status.timeout, f"the sweep got SIGTERM (a time limit or a preemption) {epochs_done(out, epochs)}"
+    if result.stopped_by:
+        return Status.failed, f"interrupted ({result.stopped_by}) {epochs_done(out, epochs)}: the sweep was stopped"
+    if result.returncode == 0 and out.summary() is not None:
+        return Status.finished, None
+    text = out.launcher_log.read_text(errors="replace") if out.launcher_log.exists() else ""
+    errors = out.errors()  # earliest first: the first is the root cause, the others its consequences
+    failed = result.failed_ranks or _failed_ranks(text)
+    reported = {e["rank"] for e in errors}
+    # A rank killed by a signal cannot report; the errors of the others are then consequences of its death.
+    # SIGTERM is how launchers stop the surviving ranks, so it is never the cause.
+    killed = [rank for rank, code in failed.items() if code < 0 and code != SIGTERM and rank not in reported]
+    killed.sort(key=lambda rank: (failed[rank] != -9, rank))
+    if errors and not killed:
+        first = errors[0]
+        detail = f" {epochs_done(out, epochs)}" if first["status"] == Status.timeout else ""
+        return first["status"], f"rank {first['rank']}: {first['error']}{detail}"
+    rank = killed[0] if killed else next(iter(failed), None)
+    code = failed.get(rank, result.returncode)
+    who = "a worker" if rank is None else f"rank {rank}"
+    if code == -9:
+        return Status.oom, f"{who} was killed by SIGKILL (most likely the kernel's out-of-memory killer)"
+    died = f"killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
+    exception = _first_exception_line(text)
+    detail = f": {exception}" if exception else " without an error report (see its log)"
+    return Status.failed, f"{who} {died}{detail}"
+
+
+def judge_ended_job(out: PointDir, state: JobState | None, epochs: int) -> tuple[str, str | None]:
+    """A batch job that ended without recording its point: the ranks' own evidence where it is decisive,
+    else the scheduler's verdict on the job (`state`; None when the scheduler no longer knows it)."""
+    if out.summary() is not None:
+        return Status.finished, None
+    own = [e for e in out.errors() if e["status"] in OWN_FAILURES]
+    if own:
+        return own[0]["status"], f"rank {own[0]['rank']}: {own[0]['error']}"
+    job = out.job() or {}
+    where = f"{job.get('scheduler', 'batch')} job {job.get('job_id', '?')}"
+    if state is None:
+        return Status.failed, f"{where} ended without recording the point and its scheduler no longer knows it " \
+                         f"({epochs_done(out, epochs)})"
+    status = Status.failed if state.status in (None, Status.finished) else state.status
+    return status, f"{where} ended {state.detail} {epochs_done(out, epochs)}"

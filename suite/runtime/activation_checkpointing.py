@@ -1,0 +1,45 @@
+"""Activation checkpointing (`activation_checkpointing`): a checkpointed block keeps only its input for
+backward and runs its forward again there, trading compute for activation memory.
+
+The unit is a block of `suite.models.layers` (a GPT-2 block, a ResNet block, a VGG convolution);
+`every` checkpoints each block, k every k-th one (the k-th, 2k-th, ..., as torchtitan counts). The
+checkpoint function is the strategy's: torch.utils.checkpoint, or DeepSpeed's under `zero`. The network's
+first layer, which reads the data (a VGG's or MobileNetV2's first convolution), is not a candidate: it keeps
+its input for backward either way, and under DeepSpeed's reentrant checkpoint an output computed from inputs
+that need no gradient would cut the gradient of every layer before the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from suite.errors import ConfigError
+from suite.models.layers import block_layers, flatten_layers
+
+
+def checkpoint_interval(value: str) -> int:
+    """Every how many blocks one is checkpointed: 0 for `none`, 1 for `every`, else the k given."""
+    if value == "none":
+        return 0
+    if value == "every":
+        return 1
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    raise ConfigError(f"activation_checkpointing={value} is not none, every or a block interval k >= 1")
+
+
+def apply_activation_checkpointing(model: nn.Module, interval: int, checkpoint_fn: Callable | None) -> int:
+    """Wrap every `interval`-th block of the plain model in place (0: none); return how many were wrapped.
+    `checkpoint_fn` runs a block with checkpointing (None: torch.utils.checkpoint, non-reentrant). Parameter
+    names in state dicts stay those of the plain model."""
+    first = flatten_layers(model)[0]
+    candidates = [layer for layer in block_layers(model) if layer.prefix != first.prefix]
+    chosen = [layer for i, layer in enumerate(candidates, 1) if interval and i % interval == 0]
+    for layer in chosen:
+        parent, _, name = layer.prefix.removesuffix(".").rpartition(".")
+        wrapped = checkpoint_wrapper(layer.module, checkpoint_fn=checkpoint_fn)
+        model.get_submodule(parent).register_module(name, wrapped)
+    return len(chosen)

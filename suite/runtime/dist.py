@@ -1,0 +1,75 @@
+"""Where this process sits in the job, and the process group it joins."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from suite.placement import threads_per_worker
+from suite.runtime.rendezvous import Rendezvous
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(requested: str, local_rank: int) -> torch.device:
+    """`auto` takes this rank's GPU when CUDA is available, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device(requested)
+
+
+def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous) -> DistEnv:
+    """Join the process group of the job that `rendezvous` describes (see `suite.runtime.rendezvous`).
+
+    Every strategy runs in a process group, `single` in one of size 1, so the reductions of the
+    training loop are the same code for all of them.
+    """
+    r = rendezvous
+    dev = resolve_device(device, r.local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    else:
+        torch.set_num_threads(threads_per_worker(threads, r.local_world_size))
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        # env:// so that under torchrun the ranks join its agent's store instead of opening another one.
+        os.environ.setdefault("MASTER_ADDR", r.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(r.master_port))
+        dist.init_process_group(
+            backend, rank=r.rank, world_size=r.world_size, timeout=timedelta(minutes=10),
+            device_id=dev if dev.type == "cuda" else None,
+        )
+    return DistEnv(r.rank, r.world_size, r.local_rank, r.local_world_size, dev, backend)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_flat(tensors: list[torch.Tensor], group=None, average_over: int = 1) -> None:
+    """One flattened all-reduce of `tensors` (summed, or averaged over `average_over`), written back in place."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    if average_over > 1:
+        flat /= average_over
+    for tensor, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
+        tensor.copy_(chunk.view_as(tensor))

@@ -1,0 +1,63 @@
+"""Memory of this rank: peak (CUDA allocator and NVML on GPU, peak resident set size on CPU) and the bytes
+held in parameters, gradients and optimizer states (see Strategy.memory_split)."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import torch
+from torch.distributed.tensor import DTensor
+
+# Per rank; a point reports the largest. mem_master_mb: fp32 master copies of the parameters that an
+# optimizer steps beside the model's own (ZeRO keeps its partition of them even in fp32 training).
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _nvml_process_mb(device: torch.device) -> float | None:
+    """Memory NVML sees this process hold on its GPU (allocator cache, CUDA context, NCCL buffers)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device.index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                    return proc.usedGpuMemory / 2**20
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML missing, or no permission to list processes (containers)
+        return None
+    return None
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """This rank's memory numbers in MiB; `peak_memory_mb` is the one a point reports."""
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    numbers = {"peak_rss_mb": rss_mb}
+    if device.type == "cuda":
+        numbers["peak_cuda_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        numbers["peak_cuda_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
+        nvml = _nvml_process_mb(device)
+        if nvml is not None:
+            numbers["nvml_used_mb"] = nvml
+        numbers["peak_memory_mb"] = max(numbers["peak_cuda_reserved_mb"], nvml or 0.0)
+    else:
+        numbers["peak_memory_mb"] = rss_mb
+    return numbers
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of a tensor this rank stores (a DTensor's local shard)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def tensor_mb(tensors: list[torch.Tensor]) -> float:
+    """MiB of distinct storage behind `tensors` (a tied weight counts once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.numel()}
+    return sum(storages.values()) / 2**20

@@ -1,0 +1,36 @@
+"""Numeric precision of the training step: autocast context and, for fp16, loss scaling."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Precision:
+    name: str
+    device_type: str
+    scaler: torch.amp.GradScaler | None = None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.name == "bf16" else torch.float16
+        return torch.autocast(self.device_type, dtype=dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+
+def make_precision(name: str, device: torch.device) -> Precision:
+    scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+    return Precision(name, device.type, scaler)

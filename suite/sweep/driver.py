@@ -1,0 +1,147 @@
+"""Runs a planned sweep: point by point here, or as jobs submitted to a batch scheduler.
+
+The sweep goes on past broken points: each ends as a run with its status (finished, oom,
+timeout, failed, invalid), one error line and its logs. A point that already has a finished run
+with the same config hash is skipped unless forced; one whose last run did not finish is retried
+only when asked (unless that run was cut short by stopping the sweep itself); one whose job is
+still queued or running is left to it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from launchers import LaunchResult, launch
+from suite.errors import ConfigError
+from suite.paths import REPO_ROOT
+from suite.placement import threads_per_worker
+from suite.records.manifest import git_sha
+from suite.records.point_dir import error_line
+from suite.records.record import finish
+from suite.records.store import Store, run_params
+from suite.records.verdict import NotStarted
+from suite.sweep import jobs
+from suite.sweep.plan import InvalidPoint, Point
+from suite.sweep.point import Outcome, new_point_dir
+from suite.vocabulary import Status
+
+
+def worker_env(point: Point, position: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SUITE_POINT_LABEL"] = f"[{position} {point.label}]"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = str(threads_per_worker(point.cfg.cluster.threads_per_worker, point.processes))
+    return env
+
+
+def run_point(point: Point, store: Store, position: str, parent_run_id: str | None = None) -> Outcome:
+    out = new_point_dir(point, parent_run_id)
+    start = time.time()
+    try:
+        ended = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
+                       worker_env(point, position), point.rank_launcher)
+    except Exception as exc:  # the launcher itself broke: still one recorded run, and the sweep goes on
+        ended = NotStarted(f"launcher: {error_line(exc)}")
+    stopped_by = ended.stopped_by if isinstance(ended, LaunchResult) else None
+    # A point cut short by stopping the sweep is run again when the sweep is resumed.
+    done = finish(out, store, ended, start, time.time(), {"suite.interrupted": stopped_by} if stopped_by else {})
+    if stopped_by:
+        raise KeyboardInterrupt(f"stopped during {point.label}; recorded as run {done.run_id}")
+    return Outcome(point, done.status, done.error, done.run_id, out)
+
+
+def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str | None:
+    """Why a point with this previous run needs no run now, or None."""
+    if previous is None or force:
+        return None
+    tags = previous.data.tags
+    if tags.get("suite.status") == Status.finished:
+        reason = f"finished run {previous.info.run_id} has this config"
+        measured = tags.get("suite.git_sha", "?")
+        if measured != code_now:
+            reason += (f"\n  (measured with code {measured[:10]}, now {code_now[:10]}: "
+                       "add --force / FORCE=1 to measure again)")
+        return reason
+    if retry_failed or "suite.interrupted" in tags:
+        return None
+    return (f"its last run {previous.info.run_id} ended {tags.get('suite.status', '?')}: {tags.get('suite.error', '')} "
+            "(--retry-failed / RETRY_FAILED=1 runs it again)")
+
+
+def needs_horovod(points: list[Point]) -> bool:
+    """Whether a planned point starts its ranks with horovodrun, and so needs horovod.torch."""
+    return any(point.rank_launcher == "horovodrun" for point in points)
+
+
+def ensure_horovod(points: list[Point]) -> None:
+    """Before a sweep with a Horovod point runs or submits anything (its jobs use this environment too):
+    build Horovod if it does not import yet (`make horovod`; nothing to do when it does)."""
+    if not needs_horovod(points):
+        return
+    if subprocess.run([sys.executable, "-m", "suite.tools.build_horovod"], cwd=REPO_ROOT).returncode:
+        raise ConfigError("Horovod, which strategy=horovod needs, did not build (its output is above); "
+                          "`make horovod` builds it alone")
+
+
+def run_sweep(points: list[Point], store: Store, force: bool = False, retry_failed: bool = False,
+              dry_run: bool = False, parent_run_id: str | None = None) -> list[Outcome]:
+    """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
+    the outcomes too, with the run that speaks for them. Runs made now are children of `parent_run_id`."""
+    for experiment in jobs.batch_experiments(points):
+        jobs.collect(experiment)  # jobs that ended without recording their points
+    pending = jobs.pending(points)
+    code_now = git_sha(REPO_ROOT)
+    outcomes, to_submit = [], []
+    for k, point in enumerate(points, 1):
+        position = f"{k}/{len(points)}"
+        previous = store.speaking_run(point.cfg.tracking.experiment, point.config_hash)
+        waiting = pending.get((point.cfg.tracking.experiment, point.config_hash))
+        reason = waiting.describe() if waiting else skip_reason(previous, code_now, force, retry_failed)
+        if reason:
+            print(f"[{position} {point.label}] skipped: {reason}", flush=True)
+            if waiting:
+                outcomes.append(Outcome(point, "submitted", None, None))
+            else:
+                outcomes.append(Outcome(point, previous.data.tags.get("suite.status", "?"), None, previous.info.run_id))
+        elif jobs.is_batch(point):
+            to_submit.append((position, point))
+        elif dry_run:
+            print(f"[{position} {point.label}] would run here ({' '.join(point.overrides)})", flush=True)
+        else:
+            print(f"[{position} {point.label}] starting ({' '.join(point.overrides)})", flush=True)
+            outcome = run_point(point, store, position, parent_run_id)
+            line = f"[{position} {point.label}] {outcome.status}"
+            print(line + (f": {outcome.error}" if outcome.error else "") + f" (run {outcome.run_id})", flush=True)
+            outcomes.append(outcome)
+    return outcomes + jobs.submit(to_submit, store, dry_run, parent_run_id)
+
+
+def record_invalid(invalid: list[InvalidPoint], store: Store, dry_run: bool = False,
+                   parent_run_id: str | None = None) -> list[Outcome]:
+    """Record each point that cannot run here once, as a run with status `invalid` and its reason (a study's
+    status matrix shows it beside the points that ran); nothing is launched."""
+    outcomes = []
+    code_now = git_sha(REPO_ROOT)
+    for point in invalid:
+        where = f"[invalid {point.label}]"
+        previous = store.latest_run(point.cfg.tracking.experiment, point.config_hash)
+        if previous is not None:
+            print(f"{where} recorded already (run {previous.info.run_id}): {point.error}", flush=True)
+            outcomes.append(Outcome(point, Status.invalid, point.error, previous.info.run_id))
+            continue
+        if dry_run:
+            print(f"{where} cannot run here, would be recorded as invalid: {point.error}", flush=True)
+            continue
+        params = run_params(point.cfg, {}, {})  # no layout: the strategy could not lay the point out
+        tags = {"suite.status": Status.invalid, "suite.error": point.error, "suite.config_hash": point.config_hash,
+                "suite.git_sha": code_now, "suite.label": point.label}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        now = time.time()
+        run_id = store.record(point.cfg.tracking.experiment, point.label, params, tags, [], {}, [], now, now)
+        print(f"{where} recorded as invalid (run {run_id}): {point.error}", flush=True)
+        outcomes.append(Outcome(point, Status.invalid, point.error, run_id))
+    return outcomes

@@ -1,0 +1,363 @@
+"""From command-line overrides or a sweep file to a list of validated points, before anything runs.
+
+Every point of a sweep is composed and checked first; one bad point rejects the whole sweep with
+one line per problem, so a mistake never surfaces hours into a run. A sweep file that reproduces a
+study may say `invalid_points: record`: then a point that composes but that the strategy or machine
+cannot run (torchgpipe beyond one node, more pipeline stages than layers) is kept as an
+`InvalidPoint`, recorded with its reason as the study's own failures were, while a point that does
+not compose (a misspelt key or name) still rejects the sweep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from launchers import SCHEDULERS
+from suite.config import OptimizerConfig, register_schema
+from suite.data import check_dataset, train_samples
+from suite.errors import ConfigError
+from suite.models import check_network
+from suite.paths import CONF_DIR
+from suite.placement import will_use_cuda
+from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.strategies import Strategy, build_strategy
+from suite.strategies.layout import Layout
+from suite.vocabulary import Device, FaultKind, GradCompression, OptimizerName, PrecisionName
+
+# Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
+NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
+                "cluster.tracking_uri")
+TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
+NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's V100)
+
+
+@dataclass(frozen=True)
+class Point:
+    overrides: tuple[str, ...]
+    cfg: DictConfig
+    strategy: Strategy
+    layout: Layout
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.layout.global_batch
+
+    @property
+    def processes(self) -> int:
+        """Started by the launcher; fewer than workers when one process drives several devices."""
+        return self.layout.processes
+
+    @property
+    def rank_launcher(self) -> str | None:
+        return self.strategy.supports.rank_launcher
+
+    @property
+    def config_files(self) -> dict:
+        """Generated library configs (see Strategy.config_files)."""
+        return self.strategy.config_files(self.cfg)
+
+    @property
+    def label(self) -> str:
+        return point_label(self.cfg)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.cfg)
+
+
+@dataclass(frozen=True)
+class InvalidPoint:
+    """A point that composes but cannot run here: recorded as `invalid` with `error`, never launched."""
+
+    overrides: tuple[str, ...]
+    cfg: DictConfig
+    error: str
+
+    @property
+    def label(self) -> str:
+        return point_label(self.cfg)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.cfg)
+
+
+class Unrunnable(ConfigError):
+    """A composed point that fails validation."""
+
+    def __init__(self, message: str, cfg: DictConfig) -> None:
+        super().__init__(message)
+        self.cfg = cfg
+
+
+def point_label(cfg: DictConfig) -> str:
+    label = f"{cfg.dataset.name}/{cfg.network.name}/{cfg.strategy.name}/w{cfg.workers}"
+    return label + (f"/r{cfg.repeat}" if cfg.repeat else "")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    identity = OmegaConf.to_container(cfg, resolve=True)
+    if not identity.get("repeat"):  # repeat 0 is the point as it was before repeats existed: same hash
+        identity.pop("repeat", None)
+    for key in NOT_IDENTITY:
+        *groups, name = key.split(".")
+        node = identity
+        for group in groups:
+            node = node.get(group, {})
+        node.pop(name, None)
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """Hydra's own sweep syntax: `strategy=single,ddp workers=1,2` is the cartesian product."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if not multirun:
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            raise ConfigError(f"{sweeps[0]!r} is a sweep: add -m (--multirun) to run every value")
+        return [overrides]
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+SWEEP_KEYS = ("common", "points", "repeats", "invalid_points", "report")
+
+
+def sweep_file(name: str) -> DictConfig:
+    """conf/sweep/<name>.yaml: `common` overrides, `points` (one override line each), optional `repeats` (each
+    point measured that many times, `repeat=0..N-1`), `invalid_points` (reject | record) and `report` (the
+    tables and figures of its report, see analysis.views)."""
+    path = CONF_DIR / "sweep" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise ConfigError(f"no sweep {name!r} in conf/sweep (known: {known})")
+    sweep = OmegaConf.load(path)
+    unknown = sorted(set(sweep.keys()) - set(SWEEP_KEYS))
+    if unknown:
+        raise ConfigError(f"sweep {name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(SWEEP_KEYS)})")
+    if sweep.get("invalid_points", "reject") not in ("reject", "record"):
+        raise ConfigError(f"sweep {name}: invalid_points={sweep.invalid_points} is not reject or record")
+    return sweep
+
+
+def repeat_overrides(repeats: int) -> list[str]:
+    """Each point measured `repeats` times: the repeat index is part of its identity (config hash), so that
+    resuming skips the repeats that finished and no run is overwritten."""
+    if repeats < 1:
+        raise ConfigError(f"repeats must be positive, got {repeats}")
+    return [f"repeat=range(0,{repeats})"] if repeats > 1 else []
+
+
+def sweep_lines(name: str, repeats: int | None = None) -> list[list[str]]:
+    """The override lines of a sweep file, `common` first, each repeated `repeats` times (default: the file's)."""
+    sweep = sweep_file(name)
+    common = list(sweep.get("common", []))
+    repeat = repeat_overrides(repeats or int(sweep.get("repeats", 1)))
+    return [common + line.split() + repeat for line in sweep.points]
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    try:
+        return compose(config_name="config", overrides=overrides)
+    except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
+        raise ConfigError(" ".join(str(e).split())) from e
+
+
+def _check_ranges(cfg: DictConfig) -> None:
+    positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "epochs": cfg.epochs,
+                "timeout_s": cfg.timeout_s, "log_every": cfg.log_every, "optimizer.lr": cfg.optimizer.lr,
+                "grad_compression.rank": cfg.grad_compression.rank,
+                "cluster.workers_per_node": cfg.cluster.workers_per_node}
+    job = cfg.cluster.job
+    positive.update({"cluster.job.time_limit_min": job.time_limit_min,
+                     "cluster.job.points_per_job": job.points_per_job})
+    optional = {"steps_per_epoch": cfg.steps_per_epoch, "eval_batches": cfg.eval_batches, "nodes": cfg.nodes,
+                "cluster.threads_per_worker": cfg.cluster.threads_per_worker,
+                "cluster.job.cores_per_worker": job.cores_per_worker}
+    for key, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if cfg.warmup_steps < 0:
+        raise ConfigError(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    if cfg.repeat < 0:
+        raise ConfigError(f"repeat must be >= 0, got {cfg.repeat}")
+    if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
+        raise ConfigError(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    choices = {"precision": (cfg.precision, tuple(PrecisionName)),
+               "optimizer.name": (cfg.optimizer.name, tuple(OptimizerName)),
+               "grad_compression.name": (cfg.grad_compression.name, tuple(GradCompression)),
+               "cluster.device": (cfg.cluster.device, tuple(Device)),
+               "cluster.scheduler": (cfg.cluster.scheduler, SCHEDULERS)}
+    if cfg.fault.kind is not None:
+        choices["fault.kind"] = (cfg.fault.kind, tuple(FaultKind))
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{key}={value} is not one of {', '.join(allowed)}")
+    metric = TASK_METRICS.get(cfg.dataset.kind)
+    if cfg.target.metric is not None and cfg.target.metric != metric:
+        raise ConfigError(f"target.metric={cfg.target.metric} does not fit {cfg.dataset.kind} data (use {metric})")
+    target = cfg.target.value
+    if target is not None and not (0 < target <= 1 if metric == "val_accuracy" else target >= 1):
+        raise ConfigError(f"target.value={target} is not a reachable {metric} "
+                          + ("(a fraction in (0, 1])" if metric == "val_accuracy" else "(a perplexity >= 1)"))
+    checkpoint_interval(cfg.activation_checkpointing)
+    if not 0 <= cfg.fault.rank < cfg.workers:
+        raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
+
+
+def _gpu_without_bf16(cluster: DictConfig) -> str | None:
+    """The cluster's GPU if it is known to lack bfloat16: this machine's, or one named in its hardware."""
+    if cluster.scheduler == "local" and torch.cuda.is_available():
+        return None if torch.cuda.is_bf16_supported(including_emulation=False) else torch.cuda.get_device_name()
+    gpu = cluster.hardware.gpu or ""
+    return gpu if any(name in gpu for name in NO_BF16_GPUS) else None
+
+
+def _check_device(cfg: DictConfig) -> None:
+    """The device a point will run on; the GPUs themselves only for points this machine runs."""
+    uses_cuda = will_use_cuda(cfg.cluster)
+    if cfg.precision == "fp16" and not uses_cuda:
+        raise ConfigError("precision=fp16 needs a GPU (loss scaling); use bf16 on CPU")
+    old_gpu = _gpu_without_bf16(cfg.cluster) if cfg.precision == "bf16" and uses_cuda else None
+    if old_gpu:
+        raise ConfigError(f"precision=bf16 needs a GPU with bfloat16 (compute capability 8.0+), not {old_gpu}; "
+                          "use fp16")
+    if cfg.cluster.scheduler != "local":
+        return
+    if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("cluster.device=cuda but this machine has no CUDA device")
+    if uses_cuda and cfg.workers > torch.cuda.device_count():
+        raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs")
+
+
+def _check_batches(cfg: DictConfig, layout: Layout) -> None:
+    """The data must give every shard at least one batch, and `steps_per_epoch` batches when set."""
+    global_batch = layout.global_batch
+    samples = train_samples(cfg.dataset)
+    if samples is None:  # real data: its size is checked by the workers once it is read
+        return
+    batches = (samples // layout.dp) // layout.mini_batch
+    if batches < 1:
+        raise ConfigError(f"{samples} training samples are fewer than one global batch of {global_batch}")
+    if cfg.steps_per_epoch is not None and cfg.steps_per_epoch > batches:
+        raise ConfigError(f"steps_per_epoch={cfg.steps_per_epoch} but {samples} samples give {batches} batches "
+                          f"of {global_batch}: raise dataset.samples or lower the batch")
+
+
+def validate(cfg: DictConfig) -> tuple[Strategy, Layout]:
+    """Raise ConfigError for a point that cannot run; return its strategy and layout."""
+    _check_ranges(cfg)
+    _check_choices(cfg)
+    _check_device(cfg)
+    check_dataset(cfg.dataset)
+    check_network(cfg.network, cfg.dataset)
+    strategy = build_strategy(cfg)
+    strategy.check(cfg)
+    _check_knobs(cfg, strategy)
+    layout = strategy.layout(cfg)
+    _check_batches(cfg, layout)
+    _check_placement(cfg)
+    return strategy, layout
+
+
+def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
+    """The cross-strategy knobs (precision, optimizer, activation checkpointing, gradient compression) fit the
+    strategy."""
+    supports = strategy.supports
+    if cfg.precision not in supports.precisions:
+        raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
+                          f"(use {', '.join(supports.precisions)})")
+    if cfg.optimizer.name not in supports.optimizers:
+        use = f"use {', '.join(supports.optimizers)}"
+        if cfg.optimizer.name == OptimizerConfig.name:  # perhaps not chosen at all: say how to choose
+            use = f"the default; set optimizer.name={' or '.join(supports.optimizers)} and an optimizer.lr for it"
+        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} ({use})")
+    if checkpoint_interval(cfg.activation_checkpointing) and not supports.activation_checkpointing:
+        raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
+                          f"{cfg.activation_checkpointing}; leave it none")
+    compression = cfg.grad_compression.name
+    if compression not in supports.grad_compressions:
+        raise ConfigError(f"strategy {strategy.name} does not compress gradients (grad_compression.name="
+                          f"{compression}); ddp does, through its communication hooks")
+
+
+def _check_placement(cfg: DictConfig) -> None:
+    """The point's ranks fit the nodes it asks for, the nodes fit the cluster, the scheduler gets what it needs."""
+    cluster = cfg.cluster
+    per_node = math.ceil(cfg.workers / cfg.nodes)
+    if cfg.nodes > cfg.workers:
+        raise ConfigError(f"nodes={cfg.nodes} but only workers={cfg.workers} ranks to place on them")
+    if per_node > cluster.workers_per_node:
+        raise ConfigError(f"workers={cfg.workers} on nodes={cfg.nodes} is {per_node} per node, but cluster "
+                          f"{cluster.name} has {cluster.workers_per_node} per node")
+    if cluster.scheduler == "local" and cfg.nodes != 1:
+        raise ConfigError(f"cluster local is one node, but the point needs {cfg.nodes} "
+                          f"(workers={cfg.workers}, {cluster.workers_per_node} per node)")
+    if cluster.hardware.nodes is not None and cfg.nodes > cluster.hardware.nodes:
+        raise ConfigError(f"the point needs {cfg.nodes} nodes (workers={cfg.workers}, {per_node} per node), "
+                          f"but cluster {cluster.name} has {cluster.hardware.nodes}")
+    if cluster.job.account_required and not cluster.job.account:
+        raise ConfigError(f"cluster {cluster.name} needs an account to charge: add ACCOUNT=<name> "
+                          "(or cluster.job.account=<name>)")
+
+
+def make_point(overrides: list[str], experiment: str | None) -> Point:
+    cfg = _compose(overrides)
+    if experiment and not any(o.startswith("tracking.experiment=") for o in overrides):
+        cfg.tracking.experiment = experiment
+    if cfg.nodes is None:
+        cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
+    try:
+        strategy, layout = validate(cfg)
+    except ConfigError as e:
+        raise Unrunnable(str(e), cfg) from e
+    return Point(tuple(overrides), cfg, strategy, layout)
+
+
+def problem_line(message: str, where: list[str], total: int) -> str:
+    """One line per distinct problem: a problem of one point names it, one shared by several counts them."""
+    if total == 1:
+        return message
+    if len(where) == 1:
+        return f"{where[0]}: {message}"
+    if len(where) == total:
+        return f"{message} (all {total} points)"
+    return f"{message} ({len(where)} of {total} points, e.g. {where[0]})"
+
+
+def plan(jobs: list[list[str]], experiment: str | None = None,
+         invalid: list[InvalidPoint] | None = None) -> list[Point]:
+    """Compose and validate every job; raise ConfigError listing all bad ones. With an `invalid` list, the
+    points that compose but cannot run are appended to it instead (once per config hash)."""
+    register_schema()
+    GlobalHydra.instance().clear()
+    points, unrunnable = [], {}
+    problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        for overrides in jobs:
+            try:
+                points.append(make_point(overrides, experiment))
+            except ConfigError as e:
+                if isinstance(e, Unrunnable) and invalid is not None:
+                    found = InvalidPoint(tuple(overrides), e.cfg, str(e))
+                    unrunnable.setdefault(found.config_hash, found)
+                else:
+                    problems.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
+    if problems:
+        raise ConfigError("\n".join(problem_line(message, where, len(jobs)) for message, where in problems.items()))
+    if invalid is not None:
+        invalid += unrunnable.values()
+    unique = {p.config_hash: p for p in points}
+    return list(unique.values())

@@ -1,0 +1,55 @@
+"""A planned point's directory, and what became of the point in a sweep."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from suite.paths import REPO_ROOT, results_dir
+from suite.records.manifest import git_sha
+from suite.records.point_dir import PointDir
+from suite.records.store import run_params
+from suite.sweep.plan import Point
+
+
+@dataclass(frozen=True)
+class Outcome:
+    point: Point
+    status: str
+    error: str | None
+    run_id: str | None
+    point_dir: PointDir | None = None  # None when skipped
+
+
+def point_dir_path(point: Point) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{stamp}-{point.label.replace('/', '_')}-{point.config_hash[:8]}"
+    return results_dir() / "points" / point.cfg.tracking.experiment / name
+
+
+def new_point_dir(point: Point, parent_run_id: str | None = None) -> PointDir:
+    """A fresh directory with the resolved config and what its MLflow run will carry (point.json): its run
+    is recorded as a child of `parent_run_id`, the sweep invocation's run, when given."""
+    first = point_dir_path(point)
+    for attempt in range(1000):  # never reuse a directory: earlier results stay untouched
+        path = first if attempt == 0 else first.with_name(f"{first.name}.{attempt}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        out = PointDir(path)
+        OmegaConf.save(point.cfg, out.config, resolve=True)
+        out.write_point({"label": point.label, "config_hash": point.config_hash,
+                         "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
+                         "git_sha": git_sha(REPO_ROOT),
+                         "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params()),
+                         "parent_run_id": parent_run_id})
+        for name, content in point.config_files.items():
+            out.write_config_file(name, content)
+        return out
+    raise RuntimeError(f"cannot create a point directory under {first.parent}")
+
+

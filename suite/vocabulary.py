@@ -1,0 +1,69 @@
+"""The suite's shared names, defined once: point statuses, the values of the cross-strategy choices, and the
+metric names of the MLflow contract (README, "What a run records"). Each choice is a `StrEnum`, so a member
+compares equal to the string a config or a tag holds, and a misspelt member is an AttributeError."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """How a point ended (the `suite.status` tag)."""
+
+    finished = "finished"
+    oom = "oom"
+    timeout = "timeout"
+    failed = "failed"
+    invalid = "invalid"
+
+
+class PrecisionName(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class OptimizerName(StrEnum):
+    sgd = "sgd"
+    adam = "adam"
+    adamw = "adamw"
+    lamb = "lamb"
+
+
+# Updates that are right on any shard of a parameter: LAMB's trust ratio needs the norm of the whole parameter
+# (pytorch-optimizer's LAMB does not take it across DTensor shards).
+ELEMENTWISE_OPTIMIZERS = (OptimizerName.sgd, OptimizerName.adam, OptimizerName.adamw)
+
+
+class GradCompression(StrEnum):
+    none = "none"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    powersgd = "powersgd"
+
+
+class FaultKind(StrEnum):
+    error = "error"
+    oom = "oom"
+    hang = "hang"
+    exit = "exit"
+    kill = "kill"
+
+
+class Device(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+# Per epoch (step = epoch number).
+EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss", "val_accuracy",
+                 "val_perplexity", "train_time_s")
+# What each rank holds, in MiB (largest over ranks, and per rank as <name>_rank<i>).
+MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb", "mem_master_mb")
+# Once per run; a summary entry not named here (nor a strategy metric) is an error when the run is recorded.
+SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
+                   "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
+                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step")
+# Summary entries that are not single numbers: recorded in their own form (see suite.records.store).
+SUMMARY_DETAILS = ("memory_by_rank", "strategy_metrics", "step_losses")

@@ -1,0 +1,252 @@
+"""The training loop shared by every strategy.
+
+Warm-up steps run before the first epoch and are not timed. Each epoch is `steps_per_epoch`
+steps (or one pass over this rank's shard), timed with device-synchronised clocks, followed by
+an evaluation on the validation set. Per-rank numbers are reduced explicitly once per epoch:
+max for times, mean over data-parallel replicas for losses, sums for sample counts.
+Time-to-target counts training time only (warm-up and epochs, slowest rank), not evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from suite.data import Datasets, build_datasets
+from suite.errors import ConfigError
+from suite.models import build_model
+from suite.records.point_dir import PointDir
+from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
+from suite.runtime.comm import CommVolume
+from suite.runtime.dist import DistEnv
+from suite.runtime.faults import inject_fault
+from suite.runtime.memory import peak_memory, reset_peak
+from suite.runtime.precision import make_precision
+from suite.runtime.timing import PHASES, PhaseTimer, synchronize
+from suite.strategies.base import RankContext, Strategy
+from suite.strategies.layout import Layout
+from suite.vocabulary import MEMORY_SPLIT
+
+log = logging.getLogger("suite")
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy for both tasks: [B, C] vs [B] (classification) or [B, T, V] vs [B, T] (language model)."""
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
+def target_metric(cfg, task: str) -> str:
+    return cfg.target.metric or ("val_accuracy" if task == "classification" else "val_perplexity")
+
+
+def reached(metric: str, value: float, target: float) -> bool:
+    return value <= target if metric == "val_perplexity" else value >= target
+
+
+@dataclass
+class Loaders:
+    train: DataLoader
+    val: DataLoader
+    sampler: DistributedSampler
+
+
+def make_loaders(cfg, data: Datasets, layout: Layout, env: DistEnv) -> Loaders:
+    """This rank reads its replica's shard: `layout.mini_batch` samples per step."""
+    index, count = layout.data_shard(env.rank)
+    pin = env.device.type == "cuda"
+    workers = cfg.dataset.loader_workers
+    sampler = DistributedSampler(data.train, count, index, shuffle=True, seed=cfg.seed, drop_last=True)
+    train = DataLoader(data.train, layout.mini_batch, sampler=sampler, drop_last=True,
+                       num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
+    # Validation shards are strided without padding, so every sample counts exactly once.
+    val_shard = Subset(data.val, range(index, len(data.val), count))
+    val = DataLoader(val_shard, layout.mini_batch, num_workers=workers, pin_memory=pin)
+    return Loaders(train, val, sampler)
+
+
+class Trainer:
+    def __init__(self, cfg, env: DistEnv, strategy: Strategy, out: PointDir, label: str = "") -> None:
+        self.cfg, self.env, self.out = cfg, env, out
+        self.label = label
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.data = build_datasets(cfg.dataset, cfg.seed)
+        self.layout = strategy.layout(cfg)
+        # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
+        model = build_model(cfg.network, cfg.dataset)
+        apply_activation_checkpointing(model, checkpoint_interval(cfg.activation_checkpointing),
+                                       strategy.checkpoint_fn())
+        self.timer = PhaseTimer(env.device)
+        rank = RankContext(cfg, env, self.layout, make_precision(cfg.precision, env.device), self.timer, loss_fn)
+        self.parallel = strategy.setup(model, rank)
+        self.comm = CommVolume(strategy.supports.counts_communication)  # counts the groups `setup` made too
+        self.loaders = make_loaders(cfg, self.data, self.layout, env)
+        available = len(self.loaders.train)
+        self.steps_per_epoch = min(cfg.steps_per_epoch or available, available)
+        if self.steps_per_epoch < 1 or (cfg.steps_per_epoch or 0) > available:
+            raise ConfigError(
+                f"steps_per_epoch={cfg.steps_per_epoch} but the shard holds {available} batches of "
+                f"{self.layout.mini_batch}: raise dataset.samples or lower the batch"
+            )
+        self.metric = target_metric(cfg, self.data.task)
+        self.global_step = 0
+        self.step_losses: list[float] = []
+
+    def _batches(self, epoch: int, steps: int):
+        self.loaders.sampler.set_epoch(epoch)
+        loader = iter(self.loaders.train)
+        for _ in range(steps):
+            with self.timer.phase("data"):
+                inputs, targets = next(loader)
+                inputs = inputs.to(self.env.device, non_blocking=True)
+                targets = targets.to(self.env.device, non_blocking=True)
+            yield inputs, targets
+
+    def _step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.global_step += 1
+        fault = self.cfg.fault
+        if fault.kind and fault.step == self.global_step and fault.rank == self.env.rank:
+            inject_fault(fault.kind, self.global_step)
+        with self.comm.counted(self.timer.enabled):
+            return self.parallel.train_step(inputs, targets)
+
+    def _reduce_losses(self, losses: list[torch.Tensor]) -> list[float]:
+        if not losses:
+            return []
+        return self.parallel.reduce_mean(torch.stack(losses).float()).tolist()
+
+    def _max(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.env.device)  # NCCL reduces device tensors only
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def _warm_up(self) -> float:
+        start = time.perf_counter()
+        self.parallel.model.train()
+        losses = [self._step(x, y) for x, y in self._batches(0, min(self.cfg.warmup_steps, self.steps_per_epoch))]
+        synchronize(self.env.device)
+        (elapsed,) = self._max([time.perf_counter() - start])
+        self.step_losses += self._reduce_losses(losses)
+        return elapsed
+
+    def _train_epoch(self, epoch: int) -> dict[str, float]:
+        self.parallel.model.train()
+        self.timer.enabled = True
+        losses: list[torch.Tensor] = []
+        samples = 0
+        synchronize(self.env.device)
+        dist.barrier()  # every rank starts the epoch clock together
+        start = time.perf_counter()
+        for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch), 1):
+            losses.append(self._step(inputs, targets))
+            self.timer.steps += 1
+            samples += inputs.shape[0]
+            if step % self.cfg.log_every == 0 or step == self.steps_per_epoch:
+                # Every rank reduces: under pipelines only the last stage holds the loss.
+                (loss,) = self._reduce_losses(losses[-1:])
+                rate = samples * self.layout.dp / (time.perf_counter() - start)
+                if self.env.is_main:
+                    log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
+                             self.cfg.epochs, step, self.steps_per_epoch, loss, rate)
+        with self.comm.counted(True):
+            self.parallel.finish_epoch()
+        synchronize(self.env.device)
+        elapsed = time.perf_counter() - start
+        self.timer.enabled = False
+        self.timer.collect()
+        step_losses = self._reduce_losses(losses)
+        self.step_losses += step_losses
+        (epoch_time,) = self._max([elapsed])
+        local_samples = torch.tensor([float(samples)], device=self.env.device)
+        global_samples = self.parallel.reduce_sum(local_samples).item()
+        return {
+            "epoch_time_s": epoch_time,
+            "throughput_samples_s": global_samples / epoch_time,
+            "samples": global_samples,
+            "train_loss": sum(step_losses) / len(step_losses),
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.parallel.before_evaluate()
+        self.parallel.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss sum, correct, targets
+        for batch, (inputs, targets) in enumerate(self.loaders.val):
+            if self.cfg.eval_batches is not None and batch >= self.cfg.eval_batches:
+                break
+            inputs, targets = inputs.to(self.env.device), targets.to(self.env.device)
+            with self.parallel.rank.precision.autocast():
+                logits = self.parallel.forward(inputs)
+            if logits is None:
+                continue
+            logits, targets = logits.flatten(0, -2).float(), targets.flatten()
+            totals[0] += F.cross_entropy(logits, targets, reduction="sum")
+            totals[1] += (logits.argmax(-1) == targets).sum()
+            totals[2] += targets.numel()
+        totals = self.parallel.reduce_sum(totals)
+        val_loss = (totals[0] / totals[2]).item()
+        if self.data.task == "classification":
+            return {"val_loss": val_loss, "val_accuracy": (totals[1] / totals[2]).item()}
+        return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
+
+    def run(self) -> dict[str, Any]:
+        reset_peak(self.env.device)
+        train_clock = self._warm_up()
+        epochs: list[dict[str, float]] = []
+        to_target: dict[str, float] = {}
+        for epoch in range(1, self.cfg.epochs + 1):
+            metrics = self._train_epoch(epoch)
+            train_clock += metrics["epoch_time_s"]
+            metrics.update(self.evaluate())
+            metrics.update(epoch=epoch, train_time_s=train_clock)
+            epochs.append(metrics)
+            if self.env.is_main:
+                self.out.append_epoch(metrics)
+                log.info("%s epoch %d/%d done in %.2fs, %.1f samples/s, train_loss %.4f, %s %.4f", self.label,
+                         epoch, self.cfg.epochs, metrics["epoch_time_s"], metrics["throughput_samples_s"],
+                         metrics["train_loss"], self.metric, metrics[self.metric])
+            target = self.cfg.target.value
+            if target is not None and not to_target and reached(self.metric, metrics[self.metric], target):
+                to_target = {"time_to_target_s": train_clock, "epochs_to_target": epoch}
+        return self._summary(epochs, to_target)
+
+    def _comm_metrics(self) -> dict[str, float]:
+        """MiB sent in collectives per timed step, by the rank that sends the most (see suite.runtime.comm)."""
+        if not self.comm.enabled:
+            return {}
+        (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
+        return {"comm_mb_per_step": mb}
+
+    def _summary(self, epochs: list[dict[str, float]], to_target: dict[str, float]) -> dict[str, Any]:
+        phases = self.timer.means()
+        phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
+        memory = [None] * self.env.world_size
+        dist.all_gather_object(memory, {**peak_memory(self.env.device),
+                                        **self.parallel.memory_split()})
+        total_time = sum(e["epoch_time_s"] for e in epochs)
+        summary = {
+            "epoch_time_s_mean": total_time / len(epochs),
+            "throughput_samples_s_mean": sum(e["samples"] for e in epochs) / total_time,
+            "samples_per_epoch": epochs[-1]["samples"],
+            "steps_per_epoch": self.steps_per_epoch,
+            "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),
+            **{key: max(m[key] for m in memory) for key in MEMORY_SPLIT if key in memory[0]},
+            **{f"time_{p}_s": t for p, t in phase_max.items()},
+            **self._comm_metrics(),
+            **to_target,
+            "memory_by_rank": memory,
+            "strategy_metrics": self.parallel.summary_metrics(memory),
+            "step_losses": self.step_losses,
+        }
+        if self.cfg.save_final_weights:
+            state = self.parallel.full_state_dict()
+            if self.env.is_main:
+                torch.save(state, self.out.weights_file)
+        return summary
