@@ -11,13 +11,13 @@ over that run's epochs.
 from __future__ import annotations
 
 from collections import defaultdict
-from functools import lru_cache
 
 from analysis.runs import Row
 from analysis.stats import Estimate, estimate, ratio
 
 PROTOCOLS = {
-    "suite": "s/epoch, suite protocol: mean over epochs after an untimed warm-up (first epoch dropped when a run had none)",
+    "suite": "s/epoch, suite protocol: mean over epochs after an untimed warm-up "
+             "(first epoch dropped when a run had none)",
     "study_j": "s/epoch, Study J protocol: mean of all epochs, the first included",
 }
 
@@ -27,10 +27,13 @@ class Histories:
 
     def __init__(self, client) -> None:
         self._client = client
+        self._read: dict[tuple[str, str], tuple[tuple[int, float], ...]] = {}
 
-    @lru_cache(maxsize=None)
     def get(self, run_id: str, metric: str) -> tuple[tuple[int, float], ...]:
-        return tuple(sorted((m.step, m.value) for m in self._client.get_metric_history(run_id, metric)))
+        if (run_id, metric) not in self._read:
+            history = self._client.get_metric_history(run_id, metric)
+            self._read[run_id, metric] = tuple(sorted((m.step, m.value) for m in history))
+        return self._read[run_id, metric]
 
 
 def protocol_epochs(row: Row, histories: Histories, protocol: str) -> list[float]:

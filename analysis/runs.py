@@ -53,8 +53,8 @@ def row_from_run(run) -> Row:
         epoch_time_s=m.get("epoch_time_s_mean"), throughput=m.get("throughput_samples_s_mean"),
         peak_memory_mb=m.get("peak_memory_mb"), val_metric=metric, val_value=m.get(metric) if metric else None,
         start_time=run.info.start_time, settings=settings, split={k: m[k] for k in SPLIT_METRICS if k in m},
-        label=p.get("strategy", "?"), repeat=int(p.get("repeat", 0)), config_hash=t.get("suite.config_hash", ""), error=t.get("suite.error"), params=dict(p),
-        metrics=dict(m),
+        label=p.get("strategy", "?"), repeat=int(p.get("repeat", 0)), config_hash=t.get("suite.config_hash", ""),
+        error=t.get("suite.error"), params=dict(p), metrics=dict(m),
     )
 
 

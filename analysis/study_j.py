@@ -42,7 +42,7 @@ def gpipe_config(row: Row, rows: list[Row]) -> str | None:
     same_count = sorted({int(r.params.get("micro_batch_size", 0)) for r in rows if r.strategy == "gpipe"
                          and r.workload == row.workload and r.workers == row.workers
                          and int(r.params.get("micro_batches", 0)) == count})
-    for name, (published_size, published_count) in GPIPE_CONFIGS.items():
+    for name, (_, published_count) in GPIPE_CONFIGS.items():
         if published_count != count:
             continue
         if count != 12 or len(same_count) == 1 or (name == "A") == (size == same_count[0]):
@@ -164,7 +164,7 @@ def speedup_gpus(ctx: Context) -> Section:
     dataset = study_dataset([r for r in ctx.rows if r.strategy != "single"])
     grouped = cells([r for r in ctx.rows if r.dataset == dataset and r.strategy != "single"])
     series: dict[tuple[str, str], list[tuple[int, list[Row]]]] = {}
-    for (_, network, label, workers), repeats in grouped.items():
+    for (_, network, _, workers), repeats in grouped.items():
         if repeats[0].strategy == "gpipe" and gpipe_config(repeats[0], ctx.rows) not in (None, "A"):
             continue
         series.setdefault((network, repeats[0].strategy), []).append((workers, repeats))

@@ -144,7 +144,7 @@ def single_gpu(ctx: Context) -> Section:
             values.append(t.value if t else 0)
             labels.append(f"{s.value:.2f}x on {gpus}" if s else status_of(points[1]).split(":")[0]
                           if not t else "-")
-        bars = ax.bar(range(len(names)), values, color=[f"C{i % 10}" for i in range(len(names))])
+        bars = ax.bar(range(len(names)), values, color=[colours(ctx)[name] for name in names])
         ax.bar_label(bars, labels, fontsize=7)
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
         ax.set(title=network, ylabel=f"1-GPU seconds per epoch ({ctx.protocol} timing)")
@@ -234,7 +234,7 @@ def convergence(ctx: Context) -> Section:
         higher = metric == "val_accuracy"
         reached = [max(v for *_, v in c) if higher else min(v for *_, v in c) for _, _, c in curves.values()]
         target = min(reached) if higher else max(reached)
-        for name, (workers, run, curve) in curves.items():
+        for name, (workers, _, curve) in curves.items():
             epochs, times, values = zip(*curve)
             for ax, xs in ((axes[0, col], times), (axes[1, col], epochs)):
                 ax.plot(xs, values, "o-", label=f"{name} ({workers} GPUs)", color=colours(ctx)[name])

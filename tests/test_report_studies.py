@@ -86,7 +86,7 @@ def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     report = write_report(store, "slice", sweep="study_j_mini", out_dir=results / "reports" / "j")
     check_artifacts(report.directory, J_FILES, J_FIGURES)
     matrix = table(report.directory, "status_matrix")
-    header, rows = matrix[0], {tuple(r[:3]): dict(zip(matrix[0], r)) for r in matrix[1:]}
+    rows = {tuple(r[:3]): dict(zip(matrix[0], r)) for r in matrix[1:]}
     assert rows["digits", "resnet18", "2"]["pipedream"] == "failed"
     assert rows["digits", "resnet18", "2"]["megatron"] == "invalid"
     assert rows["digits", "resnet18", "1"]["single"] == "ok"
