@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.measure import epoch_time, finished
+from analysis.measure import epoch_time, finished, speedup
 from analysis.runs import Row
 from analysis.stats import ratio
 from analysis.study_j import eq_6_1, gpipe_config, single_node_workers
@@ -78,17 +78,16 @@ def _within(value: float, claim: dict) -> bool:
 
 
 def check_speedup(ctx: Context, claim: dict) -> Verdict | None:
-    """Epoch time of `single` on one worker (same dataset and network) over the point's."""
+    """The point's throughput over `single`'s on one worker (same dataset and network): Study J's speedup."""
     point = select(ctx, claim["where"])
     if not point:
         return None
     base = [r for r in ctx.rows if r.strategy == "single" and r.workers == 1 and r.workload == point[0].workload]
-    t, b = _time(ctx, point), _time(ctx, base)
-    if t is None or b is None:
+    s = speedup(point, base, ctx.histories, ctx.protocol) if base else None
+    if s is None:
         return None
-    value = b / t
-    return Verdict(f"{value:.3g} ({point[0].network}, {point[0].workers} workers)",
-                   HOLDS if _within(value, claim) else FAILS)
+    return Verdict(f"{s.value:.3g} ({point[0].network}, {point[0].workers} workers)",
+                   HOLDS if _within(s.value, claim) else FAILS)
 
 
 def check_epoch_time(ctx: Context, claim: dict) -> Verdict | None:

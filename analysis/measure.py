@@ -36,11 +36,11 @@ class Histories:
         return self._read[run_id, metric]
 
 
-def protocol_epochs(row: Row, histories: Histories, protocol: str) -> list[float]:
-    """The epoch times of one run that the protocol averages."""
+def protocol_epochs(row: Row, histories: Histories, protocol: str, metric: str = "epoch_time_s") -> list[float]:
+    """The per-epoch values (epoch times, or throughputs) of one run that the protocol averages."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"timing protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
-    times = [value for _, value in histories.get(row.run_id, "epoch_time_s")]
+    times = [value for _, value in histories.get(row.run_id, metric)]
     if protocol == "suite" and int(row.params.get("warmup_steps", 0)) == 0 and len(times) > 1:
         return times[1:]
     return times
@@ -62,10 +62,10 @@ def finished(repeats: list[Row]) -> list[Row]:
     return [r for r in repeats if r.status == "finished"]
 
 
-def samples(repeats: list[Row], histories: Histories, protocol: str) -> list[float]:
-    """One epoch time per finished repeat; with a single repeat, its epoch times (for the interval)."""
+def samples(repeats: list[Row], histories: Histories, protocol: str, metric: str = "epoch_time_s") -> list[float]:
+    """One value per finished repeat; with a single repeat, its per-epoch values (for the interval)."""
     done = finished(repeats)
-    per_run = [protocol_epochs(r, histories, protocol) for r in done]
+    per_run = [protocol_epochs(r, histories, protocol, metric) for r in done]
     per_run = [times for times in per_run if times]
     if len(per_run) == 1:
         return per_run[0]
@@ -83,13 +83,15 @@ def epoch_time(repeats: list[Row], histories: Histories, protocol: str) -> Estim
 
 
 def speedup(repeats: list[Row], baseline: list[Row], histories: Histories, protocol: str) -> Estimate | None:
-    """Baseline epoch time over this cell's: the epoch-time ratio, as Study J reports it."""
-    mine, base = samples(repeats, histories, protocol), samples(baseline, histories, protocol)
+    """This cell's throughput (samples/s) over the baseline's: Study J's epoch-time ratio when both epochs are
+    one pass over the same data, and still a fair ratio when a sweep fixes steps_per_epoch."""
+    mine = samples(repeats, histories, protocol, "throughput_samples_s")
+    base = samples(baseline, histories, protocol, "throughput_samples_s")
     if not mine or not base:
         return None
     if _statistic(repeats) != _statistic(baseline):  # one side repeated, the other not: compare medians
-        return ratio(base, mine)
-    return ratio(base, mine, _statistic(repeats))
+        return ratio(mine, base)
+    return ratio(mine, base, _statistic(repeats))
 
 
 def status_of(repeats: list[Row]) -> str:

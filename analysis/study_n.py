@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import matplotlib.pyplot as plt
 
-from analysis.measure import PROTOCOLS, epoch_time, finished, status_of
+from analysis.measure import PROTOCOLS, epoch_time, finished, speedup, status_of
 from analysis.runs import Row
 from analysis.stats import Estimate, ratio
 from analysis.tables import Table
@@ -92,7 +92,7 @@ def epoch_time_vs_gpus(ctx: Context) -> Section:
             xs, ys, failed = [], [], []
             for workers, repeats in points.items():
                 t = epoch_time(repeats, ctx.histories, ctx.protocol)
-                own = _ratio(ctx, points.get(1), repeats)
+                own = speedup(repeats, points[1], ctx.histories, ctx.protocol) if 1 in points else None
                 to_ddp = _ratio(ctx, repeats, ddp.get(workers))
                 rows.append([network, name, str(workers), _fmt(t), _fmt(own), _fmt(to_ddp), status_of(repeats)])
                 if t is None:
@@ -138,7 +138,7 @@ def single_gpu(ctx: Context) -> Section:
                 continue
             t = epoch_time(points[1], ctx.histories, ctx.protocol)
             gpus = speedup_gpus(points)
-            s = _ratio(ctx, points[1], points[gpus]) if gpus else None
+            s = speedup(points[gpus], points[1], ctx.histories, ctx.protocol) if gpus else None
             rows.append([network, name, _fmt(t), f"x{gpus}: {_fmt(s)}" if s else "-", status_of(points[1])])
             names.append(name)
             values.append(t.value if t else 0)
