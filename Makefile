@@ -44,7 +44,7 @@ lint: setup
 
 sweep: setup
 	$(PY) -m suite --sweep $(SWEEP) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) $(if $(DRY_RUN),--dry-run) \
-		cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
+		$(if $(REPEATS),--repeats $(REPEATS)) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
 
 status: setup
 	$(PY) -m suite --status --sweep $(SWEEP) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)

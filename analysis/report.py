@@ -1,31 +1,68 @@
-"""Tables and plots of an experiment: `python -m analysis.report <experiment>`."""
+"""The report of an experiment, from the store: `python -m analysis.report <experiment>`.
+
+Writes results/reports/<experiment>/: report.md (every section, in the order the sweep file's `report.views`
+names them) and each view's tables (md, CSV, LaTeX) and figures (PNG, PDF). The sweep file of the same name,
+when there is one, chooses the views, the timing protocol, the strategies shown as an extension and the
+published claims to check; without one the report has the DEFAULT_VIEWS.
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.plots import plot_convergence, plot_speedup
+from omegaconf import OmegaConf
+
+import analysis.claims  # noqa: F401  (registers the claims view)
+import analysis.study_j  # noqa: F401  (registers Study J's views)
+import analysis.study_n  # noqa: F401  (registers Study N's views)
+from analysis.measure import PROTOCOLS, Histories
 from analysis.runs import latest_per_point
-from analysis.speedup import speedup_table
-from suite.paths import results_dir
+from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun
+from suite.errors import ConfigError
+from suite.paths import CONF_DIR, results_dir
 from suite.records.store import Store
 
 
-def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
-                 out_dir: Path | None = None) -> tuple[str, list[Path]]:
-    """Markdown speedup table (returned and written) and PNG plots for the experiment's points."""
-    out_dir = out_dir or results_dir() / "reports"
+@dataclass(frozen=True)
+class Report:
+    directory: Path
+    files: list[Path]
+    summary: str  # the first section's markdown, for the terminal
+
+
+def report_settings(sweep: str | None) -> dict:
+    """The `report` section of conf/sweep/<sweep>.yaml ({} without one), checked."""
+    path = CONF_DIR / "sweep" / f"{sweep}.yaml"
+    if not sweep or not path.exists():
+        return {}
+    section = OmegaConf.load(path).get("report")
+    settings = OmegaConf.to_container(section) if section else {}
+    unknown = [v for v in settings.get("views", []) if v not in VIEWS]
+    if unknown:
+        raise ConfigError(f"sweep {sweep}: report.views {', '.join(unknown)} unknown (known: {', '.join(VIEWS)})")
+    if settings.get("timing", "suite") not in PROTOCOLS:
+        raise ConfigError(f"sweep {sweep}: report.timing={settings['timing']} is not one of {', '.join(PROTOCOLS)}")
+    return settings
+
+
+def write_report(store: Store, experiment: str, run_ids: set[str] | None = None, out_dir: Path | None = None,
+                 sweep: str | None = None, not_run: list[NotRun] | None = None) -> Report:
+    """Every view the sweep file names (else the defaults) over the experiment's points (only `run_ids`, when
+    given), written under out_dir (default results/reports/<experiment>)."""
+    settings = report_settings(sweep or experiment)
+    directory = out_dir or results_dir() / "reports" / experiment
+    directory.mkdir(parents=True, exist_ok=True)
     runs = [r for r in store.runs(experiment) if run_ids is None or r.info.run_id in run_ids]
-    rows = latest_per_point(runs)
-    table = speedup_table(rows)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = [out_dir / f"{experiment}.md"]
-    files[0].write_text(f"# {experiment}\n\n{table}\n")
-    if rows:
-        files.append(plot_speedup(rows, out_dir / f"{experiment}_speedup.png"))
-        files.append(plot_convergence(rows, store.client, out_dir / f"{experiment}_convergence.png"))
-    return table, files
+    ctx = Context(experiment, latest_per_point(runs), Histories(store.client), store.client, directory,
+                  settings.get("timing", "suite"), tuple(settings.get("extension", ())), settings.get("claims"),
+                  not_run or [])
+    sections = [VIEWS[name](ctx) for name in settings.get("views", DEFAULT_VIEWS)] if ctx.rows else []
+    index = directory / "report.md"
+    index.write_text(f"# {experiment}\n\n" + "\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections) + "\n")
+    files = [index, *(path for s in sections for path in s.files)]
+    return Report(directory, files, sections[0].markdown if sections else "(no runs)")
 
 
 def main() -> None:
@@ -33,10 +70,9 @@ def main() -> None:
     parser.add_argument("experiment", help="MLflow experiment (a sweep's name, or 'adhoc')")
     parser.add_argument("--tracking-uri", default=None)
     args = parser.parse_args()
-    table, files = write_report(Store(args.tracking_uri), args.experiment)
-    print(table)
-    for path in files:
-        print(f"wrote {path}")
+    report = write_report(Store(args.tracking_uri), args.experiment)
+    print(report.summary)
+    print(f"wrote {len(report.files)} file(s) to {report.directory}")
 
 
 if __name__ == "__main__":

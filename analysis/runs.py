@@ -30,6 +30,11 @@ class Row:
     settings: dict[str, str] = field(default_factory=dict)  # the strategy's knobs and VARIANT_PARAMS
     split: dict[str, float] = field(default_factory=dict)  # the SPLIT_METRICS the run has
     label: str = ""  # the strategy plus the settings that differ between its rows (see `label_variants`)
+    repeat: int = 0  # index of a repeated measurement (a sweep's `repeats`)
+    config_hash: str = ""
+    error: str | None = None  # suite.error: why it did not finish
+    params: dict[str, str] = field(default_factory=dict)  # every param of the run
+    metrics: dict[str, float] = field(default_factory=dict)  # every summary metric of the run
 
     @property
     def workload(self) -> tuple[str, str]:
@@ -48,7 +53,8 @@ def row_from_run(run) -> Row:
         epoch_time_s=m.get("epoch_time_s_mean"), throughput=m.get("throughput_samples_s_mean"),
         peak_memory_mb=m.get("peak_memory_mb"), val_metric=metric, val_value=m.get(metric) if metric else None,
         start_time=run.info.start_time, settings=settings, split={k: m[k] for k in SPLIT_METRICS if k in m},
-        label=p.get("strategy", "?"),
+        label=p.get("strategy", "?"), repeat=int(p.get("repeat", 0)), config_hash=t.get("suite.config_hash", ""),
+        error=t.get("suite.error"), params=dict(p), metrics=dict(m),
     )
 
 
@@ -68,10 +74,15 @@ def label_variants(rows: list[Row]) -> list[Row]:
     return labelled
 
 
+def point_runs(runs) -> list:
+    """The runs of points, without the parent runs of sweep invocations."""
+    return [run for run in runs if "suite.sweep" not in run.data.tags]
+
+
 def latest_per_point(runs) -> list[Row]:
     """The newest finished run of each config hash, else its newest run: re-runs never hide results."""
     best: dict[str, Row] = {}
-    for run in sorted(runs, key=lambda r: r.info.start_time):
+    for run in sorted(point_runs(runs), key=lambda r: r.info.start_time):
         key = run.data.tags.get("suite.config_hash", run.info.run_id)
         row = row_from_run(run)
         if key not in best or row.status == "finished" or best[key].status != "finished":

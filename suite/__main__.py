@@ -23,6 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sweep", help="run the points of conf/sweep/<SWEEP>.yaml")
     parser.add_argument("--force", action="store_true", help="re-run points that already have a finished run")
     parser.add_argument("--retry-failed", action="store_true", help="re-run points whose last run did not finish")
+    parser.add_argument("--repeats", type=int, help="measure every point N times (default: the sweep file's, or 1)")
     parser.add_argument("--dry-run", action="store_true",
                         help="write the job scripts (batch clusters) or list the points (here); run nothing")
     parser.add_argument("--status", action="store_true", help="show each point's state and exit")
@@ -41,23 +42,31 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
+    from analysis.views import NotRun
     from launchers.batch import SchedulerError
     from suite.records.point_dir import error_line
     from suite.records.store import Store, store_uri
     from suite.signals import Stopped, raise_on_sigterm
-    from suite.sweep.driver import ensure_horovod, run_sweep
+    from suite.sweep.driver import ensure_horovod, record_invalid, run_sweep
     from suite.sweep.jobs import check_submittable, collect
-    from suite.sweep.plan import expand, plan, sweep_lines
+    from suite.sweep.plan import expand, plan, repeat_overrides, sweep_file, sweep_lines
     from suite.sweep.status import status_table
 
+    parent = None  # the sweep invocation's run in the store
     try:
         if args.collect:
             waiting = collect(args.sweep)
             print(f"{len(waiting)} job point(s) still queued or running")
             return 0
-        lines = sweep_lines(args.sweep) if args.sweep else [[]]
-        jobs = [job for line in lines for job in expand(line + args.overrides, args.multirun or bool(args.sweep))]
-        points = plan(jobs, experiment=args.sweep)
+        lines = sweep_lines(args.sweep, args.repeats) if args.sweep else [repeat_overrides(args.repeats or 1)]
+        multirun = args.multirun or bool(args.sweep) or (args.repeats or 1) > 1
+        jobs = [job for line in lines for job in expand(line + args.overrides, multirun)]
+        records_invalid = bool(args.sweep) and sweep_file(args.sweep).get("invalid_points") == "record"
+        invalid = [] if records_invalid else None
+        points = plan(jobs, experiment=args.sweep, invalid=invalid)
+        if not points:
+            raise ConfigError(f"none of the {len(invalid)} point(s) can run here: "
+                              + "; ".join(f"{p.label}: {p.error}" for p in invalid[:3]))
         if not (args.status or args.cfg):
             check_submittable(points, args.dry_run)
         store = Store(store_uri(points[0].cfg))
@@ -68,11 +77,17 @@ def main(argv: list[str]) -> int:
             for point in points:
                 print(f"# {point.label} ({point.config_hash})\n{OmegaConf.to_yaml(point.cfg)}")
             return 0
-        print(f"{len(points)} point(s); results in {store.uri}", flush=True)
+        print(f"{len(points)} point(s)" + (f", {len(invalid)} that cannot run here" if invalid else "")
+              + f"; results in {store.uri}", flush=True)
         if not args.dry_run:
             ensure_horovod(points)
+        experiment = points[0].cfg.tracking.experiment
+        parent = None if args.dry_run or not args.sweep else store.start_sweep_run(experiment, args.sweep,
+                                                                                   " ".join(argv))
         raise_on_sigterm()  # a scheduler's SIGTERM stops the sweep like Ctrl-C, and the point as `timeout`
-        outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run)
+        expected = record_invalid(invalid or [], store, args.dry_run, parent)  # the sweep file expects them
+        outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run,
+                              parent_run_id=parent)
     except (ConfigError, SchedulerError) as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
@@ -82,21 +97,28 @@ def main(argv: list[str]) -> int:
         return 2
     except (KeyboardInterrupt, Stopped) as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
+        if parent:
+            store.finish_sweep_run(parent, None, failed=True)
         return 130
     submitted = [o for o in outcomes if o.status == "submitted"]
     if submitted:
         print(f"\n{len(submitted)} point(s) submitted or waiting in jobs: `make status` shows where they are, "
               "`make report` tables them once they ran")
     by_experiment: dict[str, set[str]] = {}
-    for o in outcomes:
+    for o in expected + outcomes:
         if o.run_id and not args.dry_run:
             by_experiment.setdefault(o.point.cfg.tracking.experiment, set()).add(o.run_id)
+    not_run = [NotRun(c.dataset.name, c.network.name, c.strategy.name, c.workers)
+               for c in (o.point.cfg for o in submitted)]
+    report_dir = None
     for experiment, run_ids in by_experiment.items():
-        table, files = write_report(store, experiment, run_ids)
-        print(f"\n## {experiment}\n\n{table}\n")
-        for path in files:
-            print(f"wrote {path}")
+        report = write_report(store, experiment, run_ids, sweep=args.sweep, not_run=not_run)
+        print(f"\n## {experiment}\n\n{report.summary}\n")
+        print(f"wrote {len(report.files)} file(s) to {report.directory}")
+        report_dir = report.directory
     failed = [o for o in outcomes if o.status not in (Status.finished, "submitted")]
+    if parent:
+        store.finish_sweep_run(parent, report_dir, bool(failed))
     if failed:
         print(f"{len(failed)} of {len(outcomes)} point(s) did not finish: "
               + ", ".join(f"{o.point.label} ({o.status})" for o in failed), file=sys.stderr)

@@ -150,6 +150,7 @@ class PointConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16
     activation_checkpointing: str = "none"  # none | every (each block) | k (every k-th block: the k-th, 2k-th, ...)
     seed: int = 0
+    repeat: int = 0  # index of a repeated measurement of the same point (a sweep's `repeats`); part of its identity
     timeout_s: int = 1800  # the driver kills a point that runs longer and records `timeout`
     log_every: int = 10  # progress line every N steps
     save_final_weights: bool = False  # rank 0 writes the full state dict (used by equivalence tests)

@@ -201,7 +201,7 @@ def test_sharded_memory_split(store, tmp_path):
 
     # The report keeps the ZeRO stages apart (its label names the knobs in which they differ from the module's other
     # zero runs) and shows the split beside the times.
-    table, _ = write_report(store, "equivalence", out_dir=tmp_path)
+    table = write_report(store, "equivalence", out_dir=tmp_path).summary
     header, *lines = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| dataset")
                       or line.startswith("| tokens")]
     optim = [c.strip() for c in header].index("optim MB")

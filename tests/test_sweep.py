@@ -50,8 +50,8 @@ def test_two_point_sweep_records_contract_and_resumes(results, store):
         assert manifest["packages"]["torch"].startswith("2.14.1") and len(manifest["ranks"]) == workers
 
     assert "| speedup |" in first.stdout.replace("speedup | baseline", "speedup |")
-    assert (results / "reports" / "adhoc_speedup.png").stat().st_size > 0
-    assert (results / "reports" / "adhoc_convergence.png").stat().st_size > 0
+    assert (results / "reports" / "adhoc" / "speedup.png").stat().st_size > 0
+    assert (results / "reports" / "adhoc" / "convergence.png").stat().st_size > 0
 
     again = run_suite(*args)
     assert again.returncode == 0, again.stderr[-3000:]

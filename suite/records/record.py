@@ -55,6 +55,8 @@ def record_point(out: PointDir, store: Store, status: str, error: str | None, st
             tags["suite.scheduler"] = job["scheduler"]
         if error:
             tags["suite.error"] = error
+        if point.get("parent_run_id"):
+            tags["mlflow.parentRunId"] = point["parent_run_id"]
         run_id = store.record(point["experiment"], point["label"], point["params"], tags, out.epochs(),
                               out.summary() or {}, artifacts(out), start, end)
         out.mark_recorded(run_id, store.uri, status)

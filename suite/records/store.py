@@ -15,6 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 from suite.paths import results_dir
 from suite.vocabulary import EPOCH_METRICS, MEMORY_SPLIT, SUMMARY_DETAILS, SUMMARY_METRICS, Status
 
+# MLflow 3 opens an experiment without this tag on its GenAI overview of traces; this kind opens the runs table.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
 
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:
     """`tracking.uri=`, else $MLFLOW_TRACKING_URI, else the cluster's tracking server, else the sqlite file."""
@@ -61,12 +64,26 @@ class Store:
         if self.uri.startswith("sqlite:") or self.uri.startswith("file:") or "://" not in self.uri:
             location = (results_dir() / "artifacts" / name).as_uri()
         try:
-            return self.client.create_experiment(name, artifact_location=location)
+            return self.client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
         except MlflowException:  # another writer created it meanwhile
             found = self.client.get_experiment_by_name(name)
             if not found:
                 raise
             return found.experiment_id
+
+    def start_sweep_run(self, experiment: str, sweep: str, command: str) -> str:
+        """The parent run of one sweep invocation: its points' runs are its children, its report its artifacts."""
+        experiment_id = self.experiment_id(experiment)
+        for key, value in EXPERIMENT_KIND.items():  # experiments created before the tag existed
+            self.client.set_experiment_tag(experiment_id, key, value)
+        run = self.client.create_run(experiment_id, run_name=f"sweep {sweep} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                                     tags={"suite.sweep": sweep, "suite.command": command})
+        return run.info.run_id
+
+    def finish_sweep_run(self, run_id: str, report_dir: Path | None, failed: bool) -> None:
+        if report_dir is not None:
+            self.client.log_artifacts(run_id, str(report_dir), "report")
+        self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
 
     def runs(self, experiment: str, filter_string: str = "") -> list:
         found = self.client.get_experiment_by_name(experiment)

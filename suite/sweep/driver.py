@@ -22,10 +22,10 @@ from suite.placement import threads_per_worker
 from suite.records.manifest import git_sha
 from suite.records.point_dir import error_line
 from suite.records.record import finish
-from suite.records.store import Store
+from suite.records.store import Store, run_params
 from suite.records.verdict import NotStarted
 from suite.sweep import jobs
-from suite.sweep.plan import Point
+from suite.sweep.plan import InvalidPoint, Point
 from suite.sweep.point import Outcome, new_point_dir
 from suite.vocabulary import Status
 
@@ -38,8 +38,8 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
     return env
 
 
-def run_point(point: Point, store: Store, position: str) -> Outcome:
-    out = new_point_dir(point)
+def run_point(point: Point, store: Store, position: str, parent_run_id: str | None = None) -> Outcome:
+    out = new_point_dir(point, parent_run_id)
     mark("point_dir")
     start = time.time()
     try:
@@ -91,9 +91,9 @@ def ensure_horovod(points: list[Point]) -> None:
 
 
 def run_sweep(points: list[Point], store: Store, force: bool = False, retry_failed: bool = False,
-              dry_run: bool = False) -> list[Outcome]:
+              dry_run: bool = False, parent_run_id: str | None = None) -> list[Outcome]:
     """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
-    the outcomes too, with the run that speaks for them."""
+    the outcomes too, with the run that speaks for them. Runs made now are children of `parent_run_id`."""
     mark("planned")
     for experiment in jobs.batch_experiments(points):
         jobs.collect(experiment)  # jobs that ended without recording their points
@@ -118,8 +118,36 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
             print(f"[{position} {point.label}] would run here ({' '.join(point.overrides)})", flush=True)
         else:
             print(f"[{position} {point.label}] starting ({' '.join(point.overrides)})", flush=True)
-            outcome = run_point(point, store, position)
+            outcome = run_point(point, store, position, parent_run_id)
             line = f"[{position} {point.label}] {outcome.status}"
             print(line + (f": {outcome.error}" if outcome.error else "") + f" (run {outcome.run_id})", flush=True)
             outcomes.append(outcome)
-    return outcomes + jobs.submit(to_submit, store, dry_run)
+    return outcomes + jobs.submit(to_submit, store, dry_run, parent_run_id)
+
+
+def record_invalid(invalid: list[InvalidPoint], store: Store, dry_run: bool = False,
+                   parent_run_id: str | None = None) -> list[Outcome]:
+    """Record each point that cannot run here once, as a run with status `invalid` and its reason (a study's
+    status matrix shows it beside the points that ran); nothing is launched."""
+    outcomes = []
+    code_now = git_sha(REPO_ROOT)
+    for point in invalid:
+        where = f"[invalid {point.label}]"
+        previous = store.latest_run(point.cfg.tracking.experiment, point.config_hash)
+        if previous is not None:
+            print(f"{where} recorded already (run {previous.info.run_id}): {point.error}", flush=True)
+            outcomes.append(Outcome(point, Status.invalid, point.error, previous.info.run_id))
+            continue
+        if dry_run:
+            print(f"{where} cannot run here, would be recorded as invalid: {point.error}", flush=True)
+            continue
+        params = run_params(point.cfg, {}, {})  # no layout: the strategy could not lay the point out
+        tags = {"suite.status": Status.invalid, "suite.error": point.error, "suite.config_hash": point.config_hash,
+                "suite.git_sha": code_now, "suite.label": point.label}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        now = time.time()
+        run_id = store.record(point.cfg.tracking.experiment, point.label, params, tags, [], {}, [], now, now)
+        print(f"{where} recorded as invalid (run {run_id}): {point.error}", flush=True)
+        outcomes.append(Outcome(point, Status.invalid, point.error, run_id))
+    return outcomes

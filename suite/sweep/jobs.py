@@ -136,7 +136,8 @@ def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
                REPO_ROOT, env)
 
 
-def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool) -> list[Outcome]:
+def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool,
+           parent_run_id: str | None = None) -> list[Outcome]:
     """Submit the points (position, point) as jobs of `cluster.job.points_per_job` points of one cluster each
     and return at once; with `dry_run`, only write the job scripts. A job the scheduler refuses is recorded
     as failed."""
@@ -150,13 +151,14 @@ def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool) -> list[
     for group in by_cluster.values():
         per_job = group[0][1].cfg.cluster.job.points_per_job
         for first in range(0, len(group), per_job):
-            outcomes += _submit_job(group[first:first + per_job], store, dry_run)
+            outcomes += _submit_job(group[first:first + per_job], store, dry_run, parent_run_id)
     return outcomes
 
 
-def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool) -> list[Outcome]:
+def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool,
+                parent_run_id: str | None) -> list[Outcome]:
     scheduler = BATCH_SCHEDULERS[chunk[0][1].cfg.cluster.scheduler]
-    dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p) for _, p in chunk]
+    dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p, parent_run_id) for _, p in chunk]
     name = dirs[0].path.name + (f"+{len(chunk) - 1}" if len(chunk) > 1 else "")
     job = _job(name, [(p, out) for (_, p), out in zip(chunk, dirs)])
     script = jobscript.write(job, scheduler)

@@ -1,7 +1,11 @@
 """From command-line overrides or a sweep file to a list of validated points, before anything runs.
 
 Every point of a sweep is composed and checked first; one bad point rejects the whole sweep with
-one line per problem, so a mistake never surfaces hours into a run.
+one line per problem, so a mistake never surfaces hours into a run. A sweep file that reproduces a
+study may say `invalid_points: record`: then a point that composes but that the strategy or machine
+cannot run (torchgpipe beyond one node, more pipeline stages than layers) is kept as an
+`InvalidPoint`, recorded with its reason as the study's own failures were, while a point that does
+not compose (a misspelt key or name) still rejects the sweep.
 """
 
 from __future__ import annotations
@@ -64,16 +68,47 @@ class Point:
 
     @property
     def label(self) -> str:
-        c = self.cfg
-        return f"{c.dataset.name}/{c.network.name}/{c.strategy.name}/w{c.workers}"
+        return point_label(self.cfg)
 
     @property
     def config_hash(self) -> str:
         return config_hash(self.cfg)
 
 
+@dataclass(frozen=True)
+class InvalidPoint:
+    """A point that composes but cannot run here: recorded as `invalid` with `error`, never launched."""
+
+    overrides: tuple[str, ...]
+    cfg: DictConfig
+    error: str
+
+    @property
+    def label(self) -> str:
+        return point_label(self.cfg)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.cfg)
+
+
+class Unrunnable(ConfigError):
+    """A composed point that fails validation."""
+
+    def __init__(self, message: str, cfg: DictConfig) -> None:
+        super().__init__(message)
+        self.cfg = cfg
+
+
+def point_label(cfg: DictConfig) -> str:
+    label = f"{cfg.dataset.name}/{cfg.network.name}/{cfg.strategy.name}/w{cfg.workers}"
+    return label + (f"/r{cfg.repeat}" if cfg.repeat else "")
+
+
 def config_hash(cfg: DictConfig) -> str:
     identity = OmegaConf.to_container(cfg, resolve=True)
+    if not identity.get("repeat"):  # repeat 0 is the point as it was before repeats existed: same hash
+        identity.pop("repeat", None)
     for key in NOT_IDENTITY:
         *groups, name = key.split(".")
         node = identity
@@ -94,15 +129,40 @@ def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def sweep_lines(name: str) -> list[list[str]]:
-    """A sweep file (conf/sweep/<name>.yaml): `common` overrides plus `points`, one override line each."""
+SWEEP_KEYS = ("common", "points", "repeats", "invalid_points", "report")
+
+
+def sweep_file(name: str) -> DictConfig:
+    """conf/sweep/<name>.yaml: `common` overrides, `points` (one override line each), optional `repeats` (each
+    point measured that many times, `repeat=0..N-1`), `invalid_points` (reject | record) and `report` (the
+    tables and figures of its report, see analysis.views)."""
     path = CONF_DIR / "sweep" / f"{name}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
         raise ConfigError(f"no sweep {name!r} in conf/sweep (known: {known})")
     sweep = OmegaConf.load(path)
+    unknown = sorted(set(sweep.keys()) - set(SWEEP_KEYS))
+    if unknown:
+        raise ConfigError(f"sweep {name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(SWEEP_KEYS)})")
+    if sweep.get("invalid_points", "reject") not in ("reject", "record"):
+        raise ConfigError(f"sweep {name}: invalid_points={sweep.invalid_points} is not reject or record")
+    return sweep
+
+
+def repeat_overrides(repeats: int) -> list[str]:
+    """Each point measured `repeats` times: the repeat index is part of its identity (config hash), so that
+    resuming skips the repeats that finished and no run is overwritten."""
+    if repeats < 1:
+        raise ConfigError(f"repeats must be positive, got {repeats}")
+    return [f"repeat=range(0,{repeats})"] if repeats > 1 else []
+
+
+def sweep_lines(name: str, repeats: int | None = None) -> list[list[str]]:
+    """The override lines of a sweep file, `common` first, each repeated `repeats` times (default: the file's)."""
+    sweep = sweep_file(name)
     common = list(sweep.get("common", []))
-    return [common + line.split() for line in sweep.points]
+    repeat = repeat_overrides(repeats or int(sweep.get("repeats", 1)))
+    return [common + line.split() + repeat for line in sweep.points]
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -128,6 +188,8 @@ def _check_ranges(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if cfg.warmup_steps < 0:
         raise ConfigError(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    if cfg.repeat < 0:
+        raise ConfigError(f"repeat must be >= 0, got {cfg.repeat}")
     if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
         raise ConfigError(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
 
@@ -257,7 +319,10 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
         cfg.tracking.experiment = experiment
     if cfg.nodes is None:
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
-    strategy, layout = validate(cfg)
+    try:
+        strategy, layout = validate(cfg)
+    except ConfigError as e:
+        raise Unrunnable(str(e), cfg) from e
     return Point(tuple(overrides), cfg, strategy, layout)
 
 
@@ -272,19 +337,27 @@ def problem_line(message: str, where: list[str], total: int) -> str:
     return f"{message} ({len(where)} of {total} points, e.g. {where[0]})"
 
 
-def plan(jobs: list[list[str]], experiment: str | None = None) -> list[Point]:
-    """Compose and validate every job; raise ConfigError listing all bad ones."""
+def plan(jobs: list[list[str]], experiment: str | None = None,
+         invalid: list[InvalidPoint] | None = None) -> list[Point]:
+    """Compose and validate every job; raise ConfigError listing all bad ones. With an `invalid` list, the
+    points that compose but cannot run are appended to it instead (once per config hash)."""
     register_schema()
     GlobalHydra.instance().clear()
-    points = []
+    points, unrunnable = [], {}
     problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for overrides in jobs:
             try:
                 points.append(make_point(overrides, experiment))
             except ConfigError as e:
-                problems.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
+                if isinstance(e, Unrunnable) and invalid is not None:
+                    found = InvalidPoint(tuple(overrides), e.cfg, str(e))
+                    unrunnable.setdefault(found.config_hash, found)
+                else:
+                    problems.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
     if problems:
         raise ConfigError("\n".join(problem_line(message, where, len(jobs)) for message, where in problems.items()))
+    if invalid is not None:
+        invalid += unrunnable.values()
     unique = {p.config_hash: p for p in points}
     return list(unique.values())

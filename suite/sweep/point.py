@@ -30,8 +30,9 @@ def point_dir_path(point: Point) -> Path:
     return results_dir() / "points" / point.cfg.tracking.experiment / name
 
 
-def new_point_dir(point: Point) -> PointDir:
-    """A fresh directory with the resolved config and what its MLflow run will carry (point.json)."""
+def new_point_dir(point: Point, parent_run_id: str | None = None) -> PointDir:
+    """A fresh directory with the resolved config and what its MLflow run will carry (point.json): its run
+    is recorded as a child of `parent_run_id`, the sweep invocation's run, when given."""
     first = point_dir_path(point)
     for attempt in range(1000):  # never reuse a directory: earlier results stay untouched
         path = first if attempt == 0 else first.with_name(f"{first.name}.{attempt}")
@@ -44,7 +45,8 @@ def new_point_dir(point: Point) -> PointDir:
         out.write_point({"label": point.label, "config_hash": point.config_hash,
                          "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
                          "git_sha": git_sha(REPO_ROOT),
-                         "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params())})
+                         "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params()),
+                         "parent_run_id": parent_run_id})
         for name, content in point.config_files.items():
             out.write_config_file(name, content)
         return out

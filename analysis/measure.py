@@ -1,0 +1,102 @@
+"""Measured values of a cell (the repeats of one point) under a named timing protocol, with their uncertainty.
+
+Timing protocols (a report names its protocol in each table header):
+- `suite`: the suite's own: the mean epoch time after an untimed warm-up; a run that had no warm-up
+  (warmup_steps=0) has its first epoch dropped, when it has more than one.
+- `study_j`: Study J's: the mean over all epochs, the first included (its runs have no warm-up either).
+A cell's value is the median over its repeats with a 95% bootstrap interval; with one repeat the interval is
+over that run's epochs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from analysis.runs import Row
+from analysis.stats import Estimate, estimate, ratio
+
+PROTOCOLS = {
+    "suite": "s/epoch, suite protocol: mean over epochs after an untimed warm-up "
+             "(first epoch dropped when a run had none)",
+    "study_j": "s/epoch, Study J protocol: mean of all epochs, the first included",
+}
+
+
+class Histories:
+    """Per-epoch metric histories of runs, each read from the store once."""
+
+    def __init__(self, client) -> None:
+        self._client = client
+        self._read: dict[tuple[str, str], tuple[tuple[int, float], ...]] = {}
+
+    def get(self, run_id: str, metric: str) -> tuple[tuple[int, float], ...]:
+        if (run_id, metric) not in self._read:
+            history = self._client.get_metric_history(run_id, metric)
+            self._read[run_id, metric] = tuple(sorted((m.step, m.value) for m in history))
+        return self._read[run_id, metric]
+
+
+def protocol_epochs(row: Row, histories: Histories, protocol: str, metric: str = "epoch_time_s") -> list[float]:
+    """The per-epoch values (epoch times, or throughputs) of one run that the protocol averages."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"timing protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    times = [value for _, value in histories.get(row.run_id, metric)]
+    if protocol == "suite" and int(row.params.get("warmup_steps", 0)) == 0 and len(times) > 1:
+        return times[1:]
+    return times
+
+
+def cell_key(row: Row) -> tuple:
+    return row.dataset, row.network, row.label, row.workers
+
+
+def cells(rows: list[Row]) -> dict[tuple, list[Row]]:
+    """Rows grouped by point without its repeat index: (dataset, network, label, workers) -> repeats."""
+    grouped: dict[tuple, list[Row]] = defaultdict(list)
+    for row in rows:
+        grouped[cell_key(row)].append(row)
+    return dict(grouped)
+
+
+def finished(repeats: list[Row]) -> list[Row]:
+    return [r for r in repeats if r.status == "finished"]
+
+
+def samples(repeats: list[Row], histories: Histories, protocol: str, metric: str = "epoch_time_s") -> list[float]:
+    """One value per finished repeat; with a single repeat, its per-epoch values (for the interval)."""
+    done = finished(repeats)
+    per_run = [protocol_epochs(r, histories, protocol, metric) for r in done]
+    per_run = [times for times in per_run if times]
+    if len(per_run) == 1:
+        return per_run[0]
+    return [sum(times) / len(times) for times in per_run]
+
+
+def _statistic(repeats: list[Row]) -> str:
+    """Over repeats the median; over the epochs of a single run their mean, the run's epoch time."""
+    return "mean" if len(finished(repeats)) == 1 else "median"
+
+
+def epoch_time(repeats: list[Row], histories: Histories, protocol: str) -> Estimate | None:
+    values = samples(repeats, histories, protocol)
+    return estimate(values, _statistic(repeats)) if values else None
+
+
+def speedup(repeats: list[Row], baseline: list[Row], histories: Histories, protocol: str) -> Estimate | None:
+    """This cell's throughput (samples/s) over the baseline's: Study J's epoch-time ratio when both epochs are
+    one pass over the same data, and still a fair ratio when a sweep fixes steps_per_epoch."""
+    mine = samples(repeats, histories, protocol, "throughput_samples_s")
+    base = samples(baseline, histories, protocol, "throughput_samples_s")
+    if not mine or not base:
+        return None
+    if _statistic(repeats) != _statistic(baseline):  # one side repeated, the other not: compare medians
+        return ratio(mine, base)
+    return ratio(mine, base, _statistic(repeats))
+
+
+def status_of(repeats: list[Row]) -> str:
+    """`finished`, or the status of the newest repeat that did not finish (with its error line)."""
+    if finished(repeats):
+        return "finished"
+    last = max(repeats, key=lambda r: r.start_time)
+    return f"{last.status}: {last.error}" if last.error else last.status
