@@ -1,4 +1,4 @@
-"""The tree passes the linter configured in pyproject.toml (`make lint` also checks the formatting)."""
+"""The tree passes the linter configured in pyproject.toml, as `make lint` runs it."""
 
 import subprocess
 import sys
