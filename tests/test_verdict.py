@@ -170,8 +170,6 @@ def test_the_first_exception_in_the_launcher_log_explains_a_silent_exit(out):
         "failed", "rank 1 exited with code 1: ModuleNotFoundError: No module named 'apex'")
 
 
-@pytest.mark.xfail(strict=True, reason="without reports or killed ranks, judge blames the first failed rank, "
-                                       "which may be one the launcher stopped with SIGTERM")
 def test_a_rank_the_launcher_stopped_is_not_blamed_for_a_silent_exit(out):
     out.launcher_log.write_text(LOCAL_LOG)
     result = LaunchResult(-15, False, 5.0, failed_ranks={0: -15, 1: 1})  # as the local launcher orders them
@@ -218,6 +216,7 @@ def test_horovodrun_exit_lines():
                             "the ranks"),
     (HOROVODRUN_ERROR_LOG, "ValueError: bad shape"),
     ("[rank0]: torch.OutOfMemoryError: CUDA out of memory.\n", "torch.OutOfMemoryError: CUDA out of memory."),
+    ("[rank1]: Exception: raised bare\n", "Exception: raised bare"),
     ("[rank0]: Fatal Python error: Segmentation fault\n[rank0]:   File \"x.py\", line 1\n", None),
 ])
 def test_first_exception_line(log, line):

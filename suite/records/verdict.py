@@ -52,7 +52,7 @@ def _first_exception_line(launcher_text: str) -> str | None:
     for line in launcher_text.splitlines():
         line = line.split("]: ", 1)[-1].strip()  # the local launcher prefixes worker output with [rank<i>]:
         line = re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line)  # horovodrun with [<rank>]<stderr>:
-        if re.match(r"^[\w.]+(Error|Exception)\b", line):
+        if re.match(r"^[\w.]*(Error|Exception)\b", line):
             return line
     return None
 
@@ -111,7 +111,7 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) ->
         first = errors[0]
         detail = f" {epochs_done(out, epochs)}" if first["status"] == Status.timeout else ""
         return first["status"], f"rank {first['rank']}: {first['error']}{detail}"
-    rank = killed[0] if killed else next(iter(failed), None)
+    rank = killed[0] if killed else next((r for r, c in failed.items() if c != SIGTERM), next(iter(failed), None))
     code = failed.get(rank, result.returncode)
     who = "a worker" if rank is None else f"rank {rank}"
     if code == -9:
