@@ -1,0 +1,176 @@
+"""What a collective or a point-to-point send of n bytes costs among p ranks, from a calibration record.
+
+A calibration record (`results/calibration/<cluster>.yaml`, written by `make calibrate` on the cluster)
+holds, per collective, the time of a message of each measured size among `world_size` ranks, and the
+time of a send between two ranks. Between measured sizes the time is interpolated log-log; beyond the
+largest it grows at the largest size's bandwidth. To price the same collective among p ranks the
+measured time is split into its latency (the smallest message's time), which grows with the ring's
+steps, and the rest, which grows with the bandwidth-optimal ring's bus factor (nccl-tests: busbw is the
+same at every p): all-reduce 2(p-1)/p, all-gather and reduce-scatter (p-1)/p, broadcast 1.
+Where a cluster has no record, its `hardware` latency and bandwidth give an alpha-beta model instead.
+
+Message sizes are the whole buffer, as `suite.runtime.comm` counts them: an all-gather's output, a
+reduce-scatter's input.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from suite.errors import ConfigError
+from suite.paths import results_dir
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+P2P = "p2p"
+
+
+def bus_factor(kind: str, ranks: int) -> float:
+    """Bytes each rank sends, per byte of the buffer, in the bandwidth-optimal ring algorithm."""
+    if kind == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if kind in ("all_gather", "reduce_scatter"):
+        return (ranks - 1) / ranks
+    return 1.0  # broadcast, p2p
+
+
+def ring_steps(kind: str, ranks: int) -> int:
+    """Latency-bound steps of the ring algorithm."""
+    if kind == P2P:
+        return 1
+    return 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
+
+
+class Curve(Protocol):
+    def time(self, nbytes: float) -> float: ...
+
+    @property
+    def latency(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Times measured at increasing message sizes, interpolated log-log."""
+
+    sizes: tuple[float, ...]
+    times: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.sizes or len(self.sizes) != len(self.times) or list(self.sizes) != sorted(set(self.sizes)):
+            raise ValueError("a measured curve needs increasing, distinct sizes, one time each")
+        if min(self.sizes) <= 0 or min(self.times) <= 0:
+            raise ValueError("measured sizes and times must be positive")
+
+    @property
+    def latency(self) -> float:
+        return self.times[0]
+
+    def time(self, nbytes: float) -> float:
+        sizes, times = self.sizes, self.times
+        if nbytes <= sizes[0]:
+            return times[0]
+        if nbytes >= sizes[-1]:
+            return times[-1] * nbytes / sizes[-1]
+        i = bisect.bisect_right(sizes, nbytes)
+        x0, x1, y0, y1 = (math.log(v) for v in (sizes[i - 1], sizes[i], times[i - 1], times[i]))
+        return math.exp(y0 + (y1 - y0) * (math.log(nbytes) - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """A link of `latency_s` per ring step and `bandwidth_bps` bytes per second (the curve at 2 ranks)."""
+
+    latency_s: float
+    bandwidth_bps: float
+    kind: str
+
+    @property
+    def latency(self) -> float:
+        return ring_steps(self.kind, 2) * self.latency_s
+
+    def time(self, nbytes: float) -> float:
+        return self.latency + bus_factor(self.kind, 2) * nbytes / self.bandwidth_bps
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    curves: dict[str, Curve]  # per collective kind and "p2p"
+    world_size: int  # ranks the curves were measured among
+    source: str  # where the numbers come from, for the report
+
+    def collective(self, kind: str, nbytes: float, ranks: int) -> float:
+        """Seconds for one collective of an `nbytes` buffer among `ranks` ranks (0 for one rank or no bytes)."""
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        curve = self.curves[kind]
+        n = self.world_size
+        latency = curve.latency
+        transfer = max(curve.time(nbytes) - latency, 0.0)
+        return (latency * ring_steps(kind, ranks) / ring_steps(kind, n)
+                + transfer * bus_factor(kind, ranks) / bus_factor(kind, n))
+
+    def send(self, nbytes: float) -> float:
+        """Seconds to send `nbytes` from one rank to another."""
+        return self.curves[P2P].time(nbytes) if nbytes > 0 else 0.0
+
+    @classmethod
+    def from_calibration(cls, path: Path) -> LinkModel:
+        record = yaml.safe_load(path.read_text())
+        try:
+            world = int(record.get("world_size") or record["provenance"]["world_size"])
+            curves: dict[str, Curve] = {kind: _measured(record["collectives"][kind]) for kind in COLLECTIVES}
+            curves[P2P] = _measured(record["p2p"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"calibration record {path} is not readable: {type(e).__name__} {e}") from e
+        return cls(curves, world, f"calibration {path.name}")
+
+    @classmethod
+    def from_hardware(cls, latency_us: float, bandwidth_gbs: float, where: str) -> LinkModel:
+        curves: dict[str, Curve] = {kind: AlphaBeta(latency_us * 1e-6, bandwidth_gbs * 1e9, kind)
+                                    for kind in (*COLLECTIVES, P2P)}
+        return cls(curves, 2, f"{where} latency {latency_us} us, bandwidth {bandwidth_gbs} GB/s")
+
+
+def _measured(rows: list[dict]) -> Measured:
+    """A record's rows as a curve; a larger message is never cheaper, so a time below a smaller message's (noise)
+    is raised to it."""
+    rows = sorted(rows, key=lambda r: r["bytes"])
+    times, slowest = [], 0.0
+    for row in rows:
+        slowest = max(slowest, float(row["time_s"]))
+        times.append(slowest)
+    return Measured(tuple(float(r["bytes"]) for r in rows), tuple(times))
+
+
+def calibration_path(cluster: str) -> Path:
+    return results_dir() / "calibration" / f"{cluster}.yaml"
+
+
+def matmul_tflops(cluster: str, precision: str) -> float | None:
+    """The matrix-multiply throughput a cluster's calibration record measured, if any."""
+    path = calibration_path(cluster)
+    if not path.exists():
+        return None
+    value = (yaml.safe_load(path.read_text()).get("matmul_tflops") or {}).get(precision)
+    return float(value) if value else None
+
+
+def link_model(cluster, nodes: int) -> LinkModel:
+    """The links of a point's cluster: its calibration record, else its hardware's latency and bandwidth
+    (inter-node where the point spans nodes); ConfigError when it has neither."""
+    path = calibration_path(cluster.name)
+    if path.exists():
+        return LinkModel.from_calibration(path)
+    hw = cluster.hardware
+    scope = "inter_node" if nodes > 1 else "intra_node"
+    latency, bandwidth = hw.get(f"{scope}_latency_us"), hw.get(f"{scope}_bandwidth_gbs")
+    if latency is None or bandwidth is None:
+        raise ConfigError(f"cluster {cluster.name} has no link costs: run `make calibrate CLUSTER={cluster.name}` "
+                          f"there (writes {path}), or set cluster.hardware.{scope}_latency_us and "
+                          f"cluster.hardware.{scope}_bandwidth_gbs")
+    return LinkModel.from_hardware(latency, bandwidth, f"cluster {cluster.name} hardware ({scope})")

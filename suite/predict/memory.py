@@ -1,0 +1,166 @@
+"""Peak memory of one rank, and whether the point fits its device.
+
+A rank holds, at its peak (the end of forward, when backward starts while the previous step's buffers are
+still there): what its process holds before the model (on CPU the framework itself: the resident set of an
+interpreter that imported what a rank imports, measured), its parameters, gradients and optimizer states
+(sharded where the strategy shards them; ZeRO also keeps its partition of fp32 master parameters), the
+activations autograd keeps for backward (those of the micro-batches in flight in a pipeline; only the inputs of
+checkpointed blocks), and transient buffers: DDP's gradient buckets, the parameters of a gathered unit under
+FSDP and ZeRO-3, one batch of input. The numbers are bytes per rank; the point's peak is its largest rank's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from suite.predict.costs import checkpointed
+from suite.predict.profile import LayerProfile
+from suite.predict.step import Workload, chunks
+from suite.runtime.activation_checkpointing import checkpoint_interval
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Memory:
+    base: float
+    params: float
+    grads: float
+    optimizer: float  # optimizer states, and ZeRO's fp32 master partition
+    activations: float
+    transient: float
+
+    @property
+    def peak(self) -> float:
+        return self.base + self.params + self.grads + self.optimizer + self.activations + self.transient
+
+
+def kept_for_backward(layers: tuple[LayerProfile, ...], interval: int, first: bool = True) -> float:
+    """Bytes autograd keeps for one batch through `layers`: each layer's saved tensors, or for a checkpointed
+    block only its input (the previous layer's output)."""
+    wrapped = checkpointed(list(layers), interval) if first else [False] * len(layers)
+    kept = 0.0
+    for i, (layer, again) in enumerate(zip(layers, wrapped)):
+        kept += layers[i - 1].output_bytes if again else layer.saved_bytes
+    return kept
+
+
+def _state_ratio(w: Workload) -> float:
+    """Optimizer state bytes per parameter byte (SGD with momentum 1, Adam 2)."""
+    return w.profile.optimizer_state_bytes / max(w.profile.param_bytes, 1)
+
+
+def _input_bytes(w: Workload) -> float:
+    return w.profile.input_bytes * w.layout.mini_batch / w.profile.batch
+
+
+def replicated(w: Workload, base: float) -> Memory:
+    p = w.profile
+    params = p.param_bytes + p.buffer_bytes
+    interval = checkpoint_interval(w.cfg.activation_checkpointing)
+    buckets = 0.0
+    if w.strategy.name == "ddp" and w.layout.dp > 1 and not w.strategy.gradient_as_bucket_view:
+        buckets = p.param_bytes  # the reducer's flat buckets beside the gradients
+    return Memory(base, params, p.param_bytes, _state_ratio(w) * p.param_bytes,
+                  kept_for_backward(p.layers, interval), buckets + _input_bytes(w))
+
+
+def sharded(w: Workload, base: float) -> Memory:
+    p, shard = w.profile, w.layout.shard
+    interval = checkpoint_interval(w.cfg.activation_checkpointing)
+    zero_stage = w.strategy.zero_stage if w.strategy.name == "zero" else 3
+    params = p.param_bytes / (shard if zero_stage == 3 else 1) + p.buffer_bytes
+    grads = p.param_bytes / (shard if zero_stage >= 2 else 1)
+    optimizer = _state_ratio(w) * p.param_bytes / shard
+    if w.strategy.name == "zero":
+        optimizer += p.param_bytes / shard  # fp32 master partition
+    gathered = 0.0
+    if zero_stage == 3:
+        root = sum(layer.param_bytes for layer in p.layers if not layer.block)
+        unit = max((layer.param_bytes for layer in p.layers if layer.block), default=0)
+        gathered = root + 2 * unit  # the root unit, the unit running and the one prefetched
+    return Memory(base, params, grads, optimizer, kept_for_backward(p.layers, interval), gathered + _input_bytes(w))
+
+
+def tensor_parallel(w: Workload, base: float) -> Memory:
+    p, tp = w.profile, w.layout.tp
+    split = [layer.block or w.strategy.vocab_parallel for layer in p.layers]
+    held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
+    kept = sum(layer.saved_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
+    return Memory(base, held + p.buffer_bytes, held, _state_ratio(w) * held, kept, _input_bytes(w))
+
+
+def _in_flight(w: Workload, device: int) -> float:
+    """Micro-batches whose activations a pipeline device keeps at its peak."""
+    p, m, v = w.layout.pp, w.layout.micro_batches, w.layout.virtual_stages
+    name = w.strategy.name
+    if name in ("gpipe", "gpipe_dist"):
+        return m
+    if name == "pipedream":
+        return p - device  # mini-batches between its forward and its backward
+    if v > 1:  # interleaved 1F1B's warm-up, in chunk-micro-batches, spread over the device's v chunks
+        return min(m * v, 2 * (p - device - 1) + (v - 1) * p + 1) / v
+    return min(m, p - device)
+
+
+def pipeline(w: Workload, base: float) -> Memory:
+    """Each pipeline device; torchgpipe's devices in one process on CPU are that one process's memory."""
+    p = w.layout.pp
+    all_chunks = chunks(w)
+    per_device = []
+    for d in range(p):
+        mine = all_chunks[d::p]
+        held = sum(c.params for c in mine)
+        buffers = sum(w.profile.buffer_bytes * sum(x.param_bytes for x in c.layers) / max(w.profile.param_bytes, 1)
+                      for c in mine)
+        kept = sum(_chunk_activations(w, c.layers, d) for c in mine)
+        stash = held * (p - d - 1) if w.strategy.name == "pipedream" else 0.0  # older weight versions
+        per_device.append(Memory(0.0, held + buffers + stash, held, _state_ratio(w) * held, kept, 0.0))
+    if w.layout.stages_in_one_process and not w.stages_overlap:
+        total = Memory(base, *(sum(getattr(m, f) for m in per_device)
+                               for f in ("params", "grads", "optimizer", "activations", "transient")))
+        return _with_transient(total, _input_bytes(w))
+    largest = max(per_device, key=lambda m: m.peak)
+    return _with_transient(Memory(base, largest.params, largest.grads, largest.optimizer, largest.activations, 0.0),
+                           _input_bytes(w))
+
+
+def _chunk_activations(w: Workload, layers: tuple[LayerProfile, ...], device: int) -> float:
+    """A chunk's activations at its device's peak. torchgpipe's `checkpoint` keeps only the chunk's input for
+    the micro-batches it recomputes (all, all but the last, none)."""
+    full = kept_for_backward(layers, 0)
+    in_flight = _in_flight(w, device)
+    if w.strategy.name != "gpipe":
+        return full * in_flight
+    m = w.layout.micro_batches
+    recomputed = {"always": m, "except_last": m - 1, "never": 0}[w.strategy.checkpoint]
+    boundary = layers[0].saved_bytes  # about the chunk's input
+    return recomputed * boundary + (m - recomputed) * full + (full if recomputed else 0.0)
+
+
+def _with_transient(memory: Memory, extra: float) -> Memory:
+    return Memory(memory.base, memory.params, memory.grads, memory.optimizer, memory.activations,
+                  memory.transient + extra)
+
+
+FAMILIES = {"single": replicated, "ddp": replicated, "horovod": replicated, "zero": sharded, "fsdp": sharded,
+            "megatron": tensor_parallel, "gpipe": pipeline, "gpipe_dist": pipeline, "1f1b": pipeline,
+            "pipedream": pipeline}
+
+
+def rank_memory(w: Workload, base_bytes: float) -> Memory:
+    return FAMILIES[w.strategy.name](w, base_bytes)
+
+
+def capacity_bytes(cfg, device_type: str, processes_per_node: int) -> float | None:
+    """Memory one rank may use: the cluster's device memory per GPU (here: the GPU's), or on CPU the configured
+    `cluster.hardware.device_memory_gb` per rank, else this machine's memory shared by the node's ranks."""
+    configured = cfg.cluster.hardware.device_memory_gb
+    if configured:
+        return configured * 2**30
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory if cfg.cluster.scheduler == "local" else None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / processes_per_node

@@ -1,0 +1,128 @@
+"""From planned points to predictions: profile what each point's ranks compute (cached), price its links from
+its cluster's calibration, and compose its step time and per-rank memory; nothing is launched.
+
+A point's ranks compute at its layout's micro-batch (the whole mini-batch outside pipelines; a tensor-parallel
+group's batch under `megatron`) with the threads a rank of it gets here, and load its mini-batch each step. The
+profile is taken on this machine's device; a point for a cluster of other devices is priced from it only when
+both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pkgutil
+from dataclasses import dataclass, replace
+
+import torch
+
+import suite.strategies
+from launchers.fork_server import PRELOAD
+from suite.data import published_samples, train_samples
+from suite.errors import ConfigError
+from suite.placement import threads_per_worker, will_use_cuda
+from suite.predict.costs import StepTime
+from suite.predict.links import link_model, matmul_tflops
+from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
+from suite.predict.profile import Profile, data_profile, network_profile, process_base_mb
+from suite.predict.step import Workload, step_time
+from suite.sweep.plan import Point
+
+RANK_LIBRARIES = {"zero": ("deepspeed",), "horovod": ("horovod.torch",)}  # imported by the rank on top of PRELOAD
+
+
+@dataclass(frozen=True)
+class Prediction:
+    point: Point
+    step: StepTime
+    steps: int  # per epoch
+    memory: Memory
+    capacity: float | None  # bytes one rank may use; None: unknown
+    profiled_on: str
+
+    @property
+    def epoch_s(self) -> float:
+        return self.steps * self.step.total
+
+    @property
+    def peak_mb(self) -> float:
+        return self.memory.peak / MIB
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.capacity is None else self.memory.peak <= self.capacity
+
+    def metrics(self) -> dict[str, float]:
+        """What a run records beside its measurement."""
+        return {"predicted_epoch_time_s": self.epoch_s, "predicted_peak_memory_mb": self.peak_mb}
+
+
+def steps_per_epoch(cfg, layout) -> int:
+    """As the trainer counts them: each replica's shard in whole mini-batches, at most `steps_per_epoch`."""
+    samples = train_samples(cfg.dataset) or published_samples(cfg.dataset)[0]
+    available = (samples // layout.dp) // layout.mini_batch
+    return max(min(cfg.steps_per_epoch or available, available), 1)
+
+
+def processes_per_node(point: Point) -> int:
+    return math.ceil(point.processes / point.cfg.nodes)
+
+
+def profile_device(cfg) -> torch.device:
+    return torch.device("cuda" if will_use_cuda(cfg.cluster) and torch.cuda.is_available() else "cpu")
+
+
+def compute_scale(cfg, device: torch.device) -> float:
+    """Factor from this machine's compute to the point's cluster's: 1 where the cluster runs on this device."""
+    if will_use_cuda(cfg.cluster) == (device.type == "cuda"):
+        return 1.0
+    here, there = matmul_tflops("local", cfg.precision), matmul_tflops(cfg.cluster.name, cfg.precision)
+    if here is None or there is None:
+        raise ConfigError(f"cluster {cfg.cluster.name} computes on {cfg.cluster.hardware.gpu or 'GPUs'}, this "
+                          f"machine on its {device.type}: run the prediction on a node of {cfg.cluster.name}, or "
+                          f"calibrate both (`make calibrate` here and on {cfg.cluster.name}) to scale by their "
+                          "matmul throughput")
+    return here / there
+
+
+def _scaled(profile: Profile, factor: float) -> Profile:
+    if factor == 1.0:
+        return profile
+    layers = tuple(replace(layer, forward_s=layer.forward_s * factor, backward_s=layer.backward_s * factor)
+                   for layer in profile.layers)
+    return replace(profile, layers=layers, forward_s=profile.forward_s * factor,
+                   backward_s=profile.backward_s * factor, optimizer_s=profile.optimizer_s * factor)
+
+
+def base_bytes(point: Point, device: torch.device) -> float:
+    """What a rank's process holds before its model. On CPU: an interpreter that imported what the fork server
+    preloads (every strategy module) and the strategy's own library. On GPU not modelled (0): the CUDA context
+    and allocator reserve come on top of the prediction."""
+    if device.type == "cuda":
+        return 0.0
+    modules = [m.name for m in pkgutil.iter_modules(suite.strategies.__path__, "suite.strategies.")]
+    extra = [lib for lib in RANK_LIBRARIES.get(point.strategy.name, ()) if importlib.util.find_spec(lib.split(".")[0])]
+    return process_base_mb((*PRELOAD, *modules, *extra)) * MIB
+
+
+def workload(point: Point) -> tuple[Workload, torch.device, str]:
+    cfg, layout = point.cfg, point.layout
+    device = profile_device(cfg)
+    threads = threads_per_worker(cfg.cluster.threads_per_worker, processes_per_node(point))
+    links = link_model(cfg.cluster, cfg.nodes)
+    scale = compute_scale(cfg, device)
+    profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads)
+    data, _ = data_profile(cfg, layout.mini_batch, device, threads)
+    profiled_on = f"{profile.key['device']} x{threads} threads" + (f", compute x{scale:.3g}" if scale != 1 else "")
+    stages_overlap = will_use_cuda(cfg.cluster)
+    w = Workload(cfg, point.strategy, layout, _scaled(profile, scale), data.batch_s, links,
+                 steps_per_epoch(cfg, layout), stages_overlap)
+    return w, device, profiled_on
+
+
+def predict(point: Point, variant: str = "suite") -> Prediction:
+    w, device, profiled_on = workload(point)
+    memory = rank_memory(w, base_bytes(point, device))
+    device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
+    capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
+    return Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on)

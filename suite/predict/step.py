@@ -1,0 +1,319 @@
+"""One training step's time per strategy family, composed from `costs` and read from the point's `Layout`.
+
+Five families: replicated data parallelism (`single`, `ddp`, `horovod`), sharded data parallelism (`zero`
+stages 1-3, `fsdp`), tensor parallelism (`megatron`), flushed pipelines (`gpipe`, `gpipe_dist`, `1f1b`,
+interleaved or not) and the asynchronous pipeline (`pipedream`). Data-parallel replicas of a pipeline or of a
+tensor-parallel group come from the layout (dp x pp, dp x tp). Two families also have Study J's equations as
+the variant `study_j`: Eq. 5.1 for data parallelism and Eqs. 6.1 + 6.2 for pipelines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from suite.errors import ConfigError
+from suite.predict.costs import (
+    DeviceWork,
+    StepTime,
+    backward_s,
+    balance,
+    buckets,
+    checkpointed,
+    flushed_schedule,
+    forward_s,
+    prefetched_compute,
+    recompute_s,
+    trailing_comm,
+)
+from suite.predict.links import LinkModel
+from suite.predict.profile import LayerProfile, Profile
+from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.strategies.base import Strategy
+from suite.strategies.layout import Layout
+
+MIB = 2**20
+DDP_FIRST_BUCKET = 1 * MIB  # torch DDP closes its first gradient bucket early (dist._DEFAULT_FIRST_BUCKET_BYTES)
+PARAM_BYTES = 4  # every network's parameters are fp32 (autocast computes in lower precision, it keeps them)
+VARIANTS = ("suite", "study_j")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a step's cost is computed from."""
+
+    cfg: DictConfig
+    strategy: Strategy
+    layout: Layout
+    profile: Profile  # one rank's compute at its batch: a micro-batch in pipelines, the group's batch under tp
+    data_s: float  # one rank loading its mini-batch
+    links: LinkModel
+    steps: int  # per epoch
+    stages_overlap: bool  # torchgpipe's stages in one process run at once (GPUs), not in turn (CPU: one thread)
+
+    @property
+    def layers(self) -> tuple[LayerProfile, ...]:
+        return self.profile.layers
+
+
+def _all_reduce_exposed(w: Workload, nbytes: float, ranks: int) -> float:
+    return w.links.collective("all_reduce", nbytes, ranks)
+
+
+def data_parallel(w: Workload, variant: str) -> StepTime:
+    """single, ddp, horovod: every rank runs the whole network on its batch, gradients are all-reduced."""
+    layers, dp, name = w.layers, w.layout.dp, w.strategy.name
+    interval = checkpoint_interval(w.cfg.activation_checkpointing)
+    fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
+    grads = w.profile.param_bytes
+    comm = 0.0
+    if dp > 1 and variant == "study_j":
+        threshold = w.strategy.fusion_threshold_mb if name == "horovod" else w.strategy.bucket_cap_mb
+        fused = min(grads, threshold * MIB) if threshold else grads
+        comm = 2 * (dp - 1) * w.links.send(fused / dp)  # Eq. 5.1's ring, every step on the calibrated link
+    elif dp > 1:
+        comm = _overlapped_all_reduce(w, bwd) + _buffer_broadcast(w)
+    return StepTime(compute=fwd + bwd, comm=comm, optimizer=w.profile.optimizer_s, data=w.data_s)
+
+
+def _grads_in_backward_order(w: Workload) -> tuple[list[float], list[float]]:
+    """Each layer's gradient bytes and when backward has produced them, last layer first."""
+    interval = checkpoint_interval(w.cfg.activation_checkpointing)
+    layers = list(w.layers)
+    wrapped = checkpointed(layers, interval)
+    ready, sizes, clock = [], [], 0.0
+    for layer, again in zip(reversed(layers), reversed(wrapped)):
+        clock += layer.backward_s + (layer.forward_s if again else 0.0)
+        ready.append(clock)
+        sizes.append(float(layer.param_bytes))
+    return sizes, ready
+
+
+def _overlapped_all_reduce(w: Workload, backward: float) -> float:
+    """DDP's buckets (`bucket_cap_mb`, the first one at 1 MiB) or Horovod's fusion buffers (up to
+    `fusion_threshold_mb` of what is ready at each `cycle_time_ms` tick) all-reduced while backward runs on;
+    what ends after backward is exposed."""
+    sizes, ready = _grads_in_backward_order(w)
+    if w.strategy.name == "horovod":
+        cycle = w.strategy.cycle_time_ms / 1000
+        ticks = [math.ceil(at / cycle) * cycle for at in ready]
+        cap = w.strategy.fusion_threshold_mb * MIB or 1.0
+        groups = []
+        for tick in sorted(set(ticks)):
+            same = [i for i, t in enumerate(ticks) if t == tick]
+            groups += [[same[i] for i in group] for group in buckets([sizes[i] for i in same], cap)]
+        starts = [ticks[g[0]] for g in groups]
+    else:
+        shrink = 0.5 if w.cfg.grad_compression.name in ("fp16", "bf16") else 1.0
+        sizes = [s * shrink for s in sizes]
+        groups = buckets(sizes, w.strategy.bucket_cap_mb * MIB, DDP_FIRST_BUCKET)
+        starts = [ready[g[-1]] for g in groups]
+    comm = [_all_reduce_exposed(w, sum(sizes[i] for i in g), w.layout.dp) for g in groups]
+    return max(trailing_comm(starts, comm) - backward, 0.0)
+
+
+def _buffer_broadcast(w: Workload) -> float:
+    """DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward."""
+    if w.strategy.name != "ddp" or not w.strategy.forward_sync_buffers:
+        return 0.0
+    return w.links.collective("broadcast", w.profile.buffer_bytes, w.layout.dp)
+
+
+def sharded(w: Workload, variant: str) -> StepTime:
+    """zero 1/2: gradients all-reduced after backward, updated parameters all-gathered after the step, the
+    optimizer steps 1/shard of them. zero 3 and fsdp: each unit's parameters gathered just before it runs
+    (one unit prefetched ahead), again in backward unless kept (`reshard_after_forward=false`), gradients
+    reduce-scattered per unit behind backward; FSDP's root unit (the layers that are not blocks) is gathered
+    first and kept."""
+    layers, shard = w.layers, w.layout.shard
+    interval = checkpoint_interval(w.cfg.activation_checkpointing)
+    fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
+    params = w.profile.param_bytes
+    optimizer = w.profile.optimizer_s / shard
+    if w.strategy.name == "zero" and w.strategy.zero_stage < 3:
+        comm = (w.links.collective("all_reduce", params, shard) + w.links.collective("all_gather", params, shard))
+        return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s)
+    regather = w.strategy.name == "zero" or w.strategy.reshard_after_forward
+    gather = [w.links.collective("all_gather", layer.param_bytes if layer.block else 0, shard) for layer in layers]
+    root = sum(layer.param_bytes for layer in layers if not layer.block)
+    gather[0] += w.links.collective("all_gather", root, shard)
+    fwd_end = prefetched_compute([layer.forward_s for layer in layers], gather)
+    back = list(reversed(layers))
+    wrapped = list(reversed(checkpointed(list(layers), interval)))
+    back_compute = [layer.backward_s + (layer.forward_s if again else 0.0) for layer, again in zip(back, wrapped)]
+    back_gather = [g if regather else 0.0 for g in reversed(gather)]
+    back_gather[0] = w.links.collective("all_gather", back[0].param_bytes, shard) if regather and back[0].block else 0
+    bwd_end = prefetched_compute(back_compute, back_gather)
+    ready = [bwd_end * sum(back_compute[: i + 1]) / max(sum(back_compute), 1e-12) for i in range(len(back))]
+    scatter = [w.links.collective("reduce_scatter", layer.param_bytes if layer.block else 0, shard) for layer in back]
+    scatter[-1] += w.links.collective("reduce_scatter", root, shard)
+    tail = max(trailing_comm(ready, scatter) - bwd_end, 0.0)
+    comm = (fwd_end - fwd) + (bwd_end - bwd) + tail
+    return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s)
+
+
+def tensor_parallel(w: Workload, variant: str) -> StepTime:
+    """megatron: each block's matrices split over `tp` ranks (its compute / tp), two all-reduces of the block's
+    activations in forward and two in backward (a reduce-scatter and an all-gather each under sequence
+    parallelism); the embedding and head split too with `vocab_parallel`, the logits then all-gathered;
+    replicas all-reduce their shard's gradients after backward."""
+    tp, dp, layers = w.layout.tp, w.layout.dp, w.layers
+    vocab = w.strategy.vocab_parallel
+    split = [layer.block or vocab for layer in layers]
+    fwd = sum(layer.forward_s / (tp if s else 1) for layer, s in zip(layers, split))
+    bwd = sum(layer.backward_s / (tp if s else 1) for layer, s in zip(layers, split))
+    blocks = [layer for layer in layers if layer.block]
+    per_activation = (w.links.collective("reduce_scatter", blocks[0].output_bytes, tp)
+                      + w.links.collective("all_gather", blocks[0].output_bytes, tp)
+                      if w.strategy.sequence_parallel else w.links.collective("all_reduce", blocks[0].output_bytes, tp))
+    comm = 4 * len(blocks) * per_activation
+    if vocab:
+        data = w.cfg.dataset
+        logits = w.profile.batch * data.seq_len * data.vocab_size * 4
+        comm += w.links.collective("all_reduce", blocks[0].output_bytes, tp) + w.links.collective(
+            "all_gather", logits, tp)
+    held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(layers, split))
+    comm += _all_reduce_exposed(w, held, dp)
+    optimizer = w.profile.optimizer_s * held / max(w.profile.param_bytes, 1)
+    return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s)
+
+
+def stage_sizes(w: Workload) -> list[int]:
+    """Layers per pipeline chunk, as the strategy's `balance` cuts them: an explicit list, equal parameter
+    counts, or equal measured time (torchgpipe's balancer, here on the profile's times)."""
+    chunks = w.layout.pp * w.layout.virtual_stages
+    knob = w.strategy.balance
+    if not isinstance(knob, str):
+        return list(knob)
+    if knob == "by_params":
+        return balance([max((layer.param_bytes + layer.tied_bytes) // PARAM_BYTES, 1) for layer in w.layers], chunks)
+    return balance([layer.forward_s + layer.backward_s for layer in w.layers], chunks)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    layers: tuple[LayerProfile, ...]
+    first: bool
+    last: bool
+
+    @property
+    def params(self) -> int:
+        """Parameter bytes the chunk's rank holds: a tied weight on another stage is a copy of its own."""
+        held = sum(layer.param_bytes for layer in self.layers)
+        return held + (sum(layer.tied_bytes for layer in self.layers) if not self.first else 0)
+
+
+def chunks(w: Workload) -> list[Chunk]:
+    sizes = stage_sizes(w)
+    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    last = len(sizes) - 1
+    return [Chunk(tuple(w.layers[a:b]), i == 0, i == last) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+
+
+def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
+    sends = 0.0
+    if not chunk.last:
+        sends += w.links.send(chunk.layers[-1].output_bytes)  # the activation, forward
+    if not chunk.first:
+        sends += w.links.send(chunk.layers[0].output_bytes)  # about the size of its input's gradient, backward
+    compute = forward_s(chunk.layers) * (1 + recompute) + backward_s(chunk.layers)
+    return DeviceWork(compute, sends)
+
+
+def _devices(w: Workload, recompute: float = 0.0) -> list[tuple[DeviceWork, int]]:
+    """Per pipeline device: its chunks' work per micro-batch and the parameter bytes it holds."""
+    p, all_chunks = w.layout.pp, chunks(w)
+    out = []
+    for d in range(p):
+        mine = all_chunks[d::p]
+        work = [_chunk_work(w, c, recompute) for c in mine]
+        out.append((DeviceWork(sum(x.compute for x in work), sum(x.sends for x in work)), sum(c.params for c in mine)))
+    return out
+
+
+def _gpipe_recompute(w: Workload) -> float:
+    """Share of micro-batches whose forward torchgpipe runs again in backward (`checkpoint`)."""
+    if w.strategy.name != "gpipe":
+        return 0.0
+    m = w.layout.micro_batches
+    return {"always": 1.0, "except_last": (m - 1) / m, "never": 0.0}[w.strategy.checkpoint]
+
+
+def _after_flush(w: Workload, devices: list[tuple[DeviceWork, int]]) -> tuple[float, float]:
+    """(exposed communication, optimizer) after the schedule: each stage all-reduces its gradients over the
+    replicas and, where it holds a tied weight's copy, sums it with the other stage's; then steps."""
+    all_chunks = chunks(w)
+    tied = sum(layer.tied_bytes for c in all_chunks for layer in c.layers)
+    tie_ranks = 2 if tied and w.layout.pp > 1 and w.strategy.name != "pipedream" else 1
+    sync = max(_all_reduce_exposed(w, held, w.layout.dp) for _, held in devices)
+    sync += w.links.collective("all_reduce", tied, tie_ranks)
+    per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
+    return sync, max(per_byte * held for _, held in devices)
+
+
+def flushed_pipeline(w: Workload, variant: str) -> StepTime:
+    """gpipe, gpipe_dist, 1f1b: m micro-batches through p stages, then a flush, gradient sync and the step.
+    torchgpipe's stages in one process on CPU share one thread: they run in turn, every micro-batch on every
+    stage one after the other, with nothing to send."""
+    m = w.layout.micro_batches
+    if variant == "study_j":
+        return _study_j_pipeline(w)
+    devices = _devices(w, _gpipe_recompute(w))
+    comm, optimizer = _after_flush(w, devices)
+    if w.layout.stages_in_one_process and not w.stages_overlap:
+        work = m * sum(d.compute for d, _ in devices)
+        return StepTime(compute=work, comm=0.0, optimizer=w.profile.optimizer_s, data=w.data_s)
+    schedule = flushed_schedule([d for d, _ in devices], m, w.layout.virtual_stages)
+    return StepTime(compute=schedule.compute, comm=schedule.comm + comm, bubble=schedule.bubble,
+                    optimizer=optimizer, data=w.data_s)
+
+
+def _study_j_pipeline(w: Workload) -> StepTime:
+    """Study J's Eqs. 6.1 and 6.2 per mini-batch: T_comp = T_seq(mb) (W + m - 1) / W for the m micro-batches,
+    and T_comm = 2 (fill + steady + drain) over the boundary links in lock-step, c_j = L + mb A_j / BW."""
+    W, m = w.layout.pp, w.layout.micro_batches
+    t_mb = forward_s(w.layers) + backward_s(w.layers)
+    ideal = m * t_mb / W
+    comp = t_mb * (W + m - 1) / W
+    c = [w.links.send(chunk.layers[-1].output_bytes) for chunk in chunks(w)[:-1]]
+    fill = sum(max(c[: i + 1]) for i in range(W - 2))
+    steady = (m - (W - 2)) * max(c, default=0.0)
+    drain = sum(max(c[i:]) for i in range(1, W - 1))
+    return StepTime(compute=ideal, comm=2 * (fill + steady + drain), bubble=comp - ideal,
+                    optimizer=w.profile.optimizer_s, data=w.data_s)
+
+
+def async_pipeline(w: Workload, variant: str) -> StepTime:
+    """pipedream: no flush; in steady state every stage does one forward and one backward of a mini-batch per
+    step, then syncs its gradients over the replicas and steps, so the slowest stage sets the pace. The
+    pipeline fills and drains once per epoch, spread here over the epoch's steps."""
+    per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
+    totals = []
+    for work, held in _devices(w):
+        sync = _all_reduce_exposed(w, held, w.layout.dp)
+        totals.append((work.compute + work.sends + sync + per_byte * held, work, sync, per_byte * held))
+    total, work, sync, optimizer = max(totals, key=lambda t: t[0])
+    fill = sum(t[0] for t in totals) - total
+    return StepTime(compute=work.compute, comm=work.sends + sync, bubble=fill / w.steps, optimizer=optimizer,
+                    data=w.data_s)
+
+
+FAMILIES: dict[str, Callable[[Workload, str], StepTime]] = {
+    "single": data_parallel, "ddp": data_parallel, "horovod": data_parallel,
+    "zero": sharded, "fsdp": sharded,
+    "megatron": tensor_parallel,
+    "gpipe": flushed_pipeline, "gpipe_dist": flushed_pipeline, "1f1b": flushed_pipeline,
+    "pipedream": async_pipeline,
+}
+
+
+def step_time(w: Workload, variant: str = "suite") -> StepTime:
+    family = FAMILIES.get(w.strategy.name)
+    if family is None:
+        raise ConfigError(f"the performance model has no cost function for strategy {w.strategy.name}")
+    if variant not in VARIANTS:
+        raise ConfigError(f"variant={variant} is not one of {', '.join(VARIANTS)}")
+    return family(w, variant)
