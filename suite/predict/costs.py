@@ -23,6 +23,7 @@ class StepTime:
     bubble: float = 0.0  # pipeline fill and drain: the busiest device waiting
     optimizer: float = 0.0
     data: float = 0.0  # loading the batch
+    sent: float = 0.0  # bytes the rank sends in collectives and sends, counted as suite.runtime.comm counts them
 
     @property
     def total(self) -> float:
@@ -59,18 +60,20 @@ def trailing_comm(ready: Sequence[float], comm: Sequence[float]) -> float:
     return end
 
 
-def prefetched_compute(compute: Sequence[float], comm: Sequence[float]) -> float:
-    """When the last of a series of computations ends, computation k waiting for collective k (its unit's
+def prefetched_compute(compute: Sequence[float], comm: Sequence[float]) -> list[float]:
+    """When each of a series of computations ends, computation k waiting for collective k (its unit's
     parameters gathered) and collective k+1 issued when computation k starts (one unit prefetched ahead)."""
     comm_end = compute_end = 0.0
-    for k, (work, seconds) in enumerate(zip(compute, comm)):
+    ends = []
+    for k, work in enumerate(compute):
         if k == 0:
-            comm_end = seconds
+            comm_end = comm[0]
         start = max(compute_end, comm_end)
         if k + 1 < len(comm):
             comm_end = max(comm_end, start) + comm[k + 1]
         compute_end = start + work
-    return compute_end
+        ends.append(compute_end)
+    return ends
 
 
 def buckets(sizes: Sequence[float], cap: float, first_cap: float | None = None) -> list[list[int]]:
@@ -100,7 +103,8 @@ class DeviceWork:
     """What one pipeline device does per micro-batch: its chunks' compute, and its sends on the way."""
 
     compute: float  # forward and backward of its chunks (recomputation included)
-    sends: float  # activations out in forward, their gradients out in backward
+    sends: float  # activations out in forward, their gradients out in backward: seconds
+    sent: float = 0.0  # and their bytes
 
 
 def flushed_schedule(devices: Sequence[DeviceWork], micro_batches: int, virtual_stages: int = 1) -> StepTime:
@@ -111,7 +115,8 @@ def flushed_schedule(devices: Sequence[DeviceWork], micro_batches: int, virtual_
     per = [d.compute + d.sends for d in devices]
     busiest = max(range(len(devices)), key=per.__getitem__)
     fill = (sum(per) - per[busiest]) / virtual_stages
-    return StepTime(compute=m * devices[busiest].compute, comm=m * devices[busiest].sends, bubble=fill)
+    return StepTime(compute=m * devices[busiest].compute, comm=m * devices[busiest].sends, bubble=fill,
+                    sent=m * devices[busiest].sent)
 
 
 def balance(costs: Sequence[float], parts: int) -> list[int]:

@@ -39,6 +39,11 @@ def bus_factor(kind: str, ranks: int) -> float:
     return 1.0  # broadcast, p2p
 
 
+def sent_bytes(kind: str, nbytes: float, ranks: int) -> float:
+    """Bytes one rank sends in a collective of an `nbytes` buffer among `ranks` (suite.runtime.comm's count)."""
+    return bus_factor(kind, ranks) * nbytes if ranks > 1 else 0.0
+
+
 def ring_steps(kind: str, ranks: int) -> int:
     """Latency-bound steps of the ring algorithm."""
     if kind == P2P:

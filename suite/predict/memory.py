@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from suite.predict.costs import checkpointed
 from suite.predict.profile import LayerProfile
-from suite.predict.step import Workload, chunks
+from suite.predict.step import Chunk, Workload, chunks
 from suite.runtime.activation_checkpointing import checkpoint_interval
 
 MIB = 2**20
@@ -36,10 +36,10 @@ class Memory:
         return self.base + self.params + self.grads + self.optimizer + self.activations + self.transient
 
 
-def kept_for_backward(layers: tuple[LayerProfile, ...], interval: int, first: bool = True) -> float:
+def kept_for_backward(layers: tuple[LayerProfile, ...], interval: int) -> float:
     """Bytes autograd keeps for one batch through `layers`: each layer's saved tensors, or for a checkpointed
     block only its input (the previous layer's output)."""
-    wrapped = checkpointed(list(layers), interval) if first else [False] * len(layers)
+    wrapped = checkpointed(list(layers), interval)
     kept = 0.0
     for i, (layer, again) in enumerate(zip(layers, wrapped)):
         kept += layers[i - 1].output_bytes if again else layer.saved_bytes
@@ -114,7 +114,7 @@ def pipeline(w: Workload, base: float) -> Memory:
         held = sum(c.params for c in mine)
         buffers = sum(w.profile.buffer_bytes * sum(x.param_bytes for x in c.layers) / max(w.profile.param_bytes, 1)
                       for c in mine)
-        kept = sum(_chunk_activations(w, c.layers, d) for c in mine)
+        kept = sum(_chunk_activations(w, c, d) for c in mine)
         stash = held * (p - d - 1) if w.strategy.name == "pipedream" else 0.0  # older weight versions
         per_device.append(Memory(0.0, held + buffers + stash, held, _state_ratio(w) * held, kept, 0.0))
     if w.layout.stages_in_one_process and not w.stages_overlap:
@@ -126,16 +126,16 @@ def pipeline(w: Workload, base: float) -> Memory:
                            _input_bytes(w))
 
 
-def _chunk_activations(w: Workload, layers: tuple[LayerProfile, ...], device: int) -> float:
+def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:
     """A chunk's activations at its device's peak. torchgpipe's `checkpoint` keeps only the chunk's input for
     the micro-batches it recomputes (all, all but the last, none)."""
-    full = kept_for_backward(layers, 0)
+    full = kept_for_backward(chunk.layers, 0)
     in_flight = _in_flight(w, device)
     if w.strategy.name != "gpipe":
         return full * in_flight
     m = w.layout.micro_batches
     recomputed = {"always": m, "except_last": m - 1, "never": 0}[w.strategy.checkpoint]
-    boundary = layers[0].saved_bytes  # about the chunk's input
+    boundary = chunk.input_bytes
     return recomputed * boundary + (m - recomputed) * full + (full if recomputed else 0.0)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from omegaconf import DictConfig
 
@@ -29,7 +29,7 @@ from suite.predict.costs import (
     recompute_s,
     trailing_comm,
 )
-from suite.predict.links import LinkModel
+from suite.predict.links import LinkModel, sent_bytes
 from suite.predict.profile import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies.base import Strategy
@@ -59,24 +59,24 @@ class Workload:
         return self.profile.layers
 
 
-def _all_reduce_exposed(w: Workload, nbytes: float, ranks: int) -> float:
-    return w.links.collective("all_reduce", nbytes, ranks)
-
-
 def data_parallel(w: Workload, variant: str) -> StepTime:
     """single, ddp, horovod: every rank runs the whole network on its batch, gradients are all-reduced."""
     layers, dp, name = w.layers, w.layout.dp, w.strategy.name
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
-    grads = w.profile.param_bytes
-    comm = 0.0
+    grads = w.profile.param_bytes * (0.5 if w.cfg.grad_compression.name in ("fp16", "bf16") else 1.0)
+    comm = sent = 0.0
+    if dp > 1:
+        sent = sent_bytes("all_reduce", grads, dp)
+        if name == "ddp" and w.strategy.forward_sync_buffers:
+            sent += sent_bytes("broadcast", w.profile.buffer_bytes, dp)
     if dp > 1 and variant == "study_j":
         threshold = w.strategy.fusion_threshold_mb if name == "horovod" else w.strategy.bucket_cap_mb
         fused = min(grads, threshold * MIB) if threshold else grads
         comm = 2 * (dp - 1) * w.links.send(fused / dp)  # Eq. 5.1's ring, every step on the calibrated link
     elif dp > 1:
-        comm = _overlapped_all_reduce(w, bwd) + _buffer_broadcast(w)
-    return StepTime(compute=fwd + bwd, comm=comm, optimizer=w.profile.optimizer_s, data=w.data_s)
+        comm = _overlapped_all_reduce(w, bwd, grads / max(w.profile.param_bytes, 1)) + _buffer_broadcast(w)
+    return StepTime(compute=fwd + bwd, comm=comm, optimizer=w.profile.optimizer_s, data=w.data_s, sent=sent)
 
 
 def _grads_in_backward_order(w: Workload) -> tuple[list[float], list[float]]:
@@ -92,10 +92,10 @@ def _grads_in_backward_order(w: Workload) -> tuple[list[float], list[float]]:
     return sizes, ready
 
 
-def _overlapped_all_reduce(w: Workload, backward: float) -> float:
-    """DDP's buckets (`bucket_cap_mb`, the first one at 1 MiB) or Horovod's fusion buffers (up to
-    `fusion_threshold_mb` of what is ready at each `cycle_time_ms` tick) all-reduced while backward runs on;
-    what ends after backward is exposed."""
+def _overlapped_all_reduce(w: Workload, backward: float, shrink: float) -> float:
+    """DDP's buckets (`bucket_cap_mb`, the first one at 1 MiB; compressed by `shrink`) or Horovod's fusion
+    buffers (up to `fusion_threshold_mb` of what is ready at each `cycle_time_ms` tick) all-reduced while
+    backward runs on; what ends after backward is exposed."""
     sizes, ready = _grads_in_backward_order(w)
     if w.strategy.name == "horovod":
         cycle = w.strategy.cycle_time_ms / 1000
@@ -107,11 +107,10 @@ def _overlapped_all_reduce(w: Workload, backward: float) -> float:
             groups += [[same[i] for i in group] for group in buckets([sizes[i] for i in same], cap)]
         starts = [ticks[g[0]] for g in groups]
     else:
-        shrink = 0.5 if w.cfg.grad_compression.name in ("fp16", "bf16") else 1.0
         sizes = [s * shrink for s in sizes]
         groups = buckets(sizes, w.strategy.bucket_cap_mb * MIB, DDP_FIRST_BUCKET)
         starts = [ready[g[-1]] for g in groups]
-    comm = [_all_reduce_exposed(w, sum(sizes[i] for i in g), w.layout.dp) for g in groups]
+    comm = [w.links.collective("all_reduce", sum(sizes[i] for i in g), w.layout.dp) for g in groups]
     return max(trailing_comm(starts, comm) - backward, 0.0)
 
 
@@ -126,33 +125,38 @@ def sharded(w: Workload, variant: str) -> StepTime:
     """zero 1/2: gradients all-reduced after backward, updated parameters all-gathered after the step, the
     optimizer steps 1/shard of them. zero 3 and fsdp: each unit's parameters gathered just before it runs
     (one unit prefetched ahead), again in backward unless kept (`reshard_after_forward=false`), gradients
-    reduce-scattered per unit behind backward; FSDP's root unit (the layers that are not blocks) is gathered
-    first and kept."""
+    reduce-scattered per unit as backward produces them, on a stream of their own; FSDP's root unit (the layers
+    that are not blocks) is gathered first and kept until backward ends."""
     layers, shard = w.layers, w.layout.shard
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
     params = w.profile.param_bytes
     optimizer = w.profile.optimizer_s / shard
     if w.strategy.name == "zero" and w.strategy.zero_stage < 3:
-        comm = (w.links.collective("all_reduce", params, shard) + w.links.collective("all_gather", params, shard))
-        return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s)
-    regather = w.strategy.name == "zero" or w.strategy.reshard_after_forward
-    gather = [w.links.collective("all_gather", layer.param_bytes if layer.block else 0, shard) for layer in layers]
+        comm = w.links.collective("all_reduce", params, shard) + w.links.collective("all_gather", params, shard)
+        sent = sent_bytes("all_reduce", params, shard) + sent_bytes("all_gather", params, shard)
+        return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
+    zero = w.strategy.name == "zero"
+    regather = zero or w.strategy.reshard_after_forward
     root = sum(layer.param_bytes for layer in layers if not layer.block)
-    gather[0] += w.links.collective("all_gather", root, shard)
-    fwd_end = prefetched_compute([layer.forward_s for layer in layers], gather)
+    units = [layer.param_bytes if layer.block else 0 for layer in layers]
+    gathered = [w.links.collective("all_gather", n, shard) for n in units]
+    gathered[0] += w.links.collective("all_gather", root, shard)
+    fwd_end = prefetched_compute([layer.forward_s for layer in layers], gathered)[-1]
     back = list(reversed(layers))
     wrapped = list(reversed(checkpointed(list(layers), interval)))
     back_compute = [layer.backward_s + (layer.forward_s if again else 0.0) for layer, again in zip(back, wrapped)]
-    back_gather = [g if regather else 0.0 for g in reversed(gather)]
-    back_gather[0] = w.links.collective("all_gather", back[0].param_bytes, shard) if regather and back[0].block else 0
-    bwd_end = prefetched_compute(back_compute, back_gather)
-    ready = [bwd_end * sum(back_compute[: i + 1]) / max(sum(back_compute), 1e-12) for i in range(len(back))]
-    scatter = [w.links.collective("reduce_scatter", layer.param_bytes if layer.block else 0, shard) for layer in back]
-    scatter[-1] += w.links.collective("reduce_scatter", root, shard)
-    tail = max(trailing_comm(ready, scatter) - bwd_end, 0.0)
-    comm = (fwd_end - fwd) + (bwd_end - bwd) + tail
-    return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s)
+    regathered = list(reversed(units)) if regather else [0] * len(units)
+    if zero:  # ZeRO-3 regathers everything; FSDP's root stays gathered
+        regathered[-1] += root
+    ends = prefetched_compute(back_compute, [w.links.collective("all_gather", n, shard) for n in regathered])
+    scattered = list(reversed(units))
+    scattered[-1] += root
+    tail = max(trailing_comm(ends, [w.links.collective("reduce_scatter", n, shard) for n in scattered]) - ends[-1], 0)
+    sent = sum(sent_bytes("all_gather", n, shard) for n in (*units, root, *regathered))
+    sent += sum(sent_bytes("reduce_scatter", n, shard) for n in scattered)
+    comm = (fwd_end - fwd) + (ends[-1] - bwd) + tail
+    return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
 
 
 def tensor_parallel(w: Workload, variant: str) -> StepTime:
@@ -166,19 +170,19 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     fwd = sum(layer.forward_s / (tp if s else 1) for layer, s in zip(layers, split))
     bwd = sum(layer.backward_s / (tp if s else 1) for layer, s in zip(layers, split))
     blocks = [layer for layer in layers if layer.block]
-    per_activation = (w.links.collective("reduce_scatter", blocks[0].output_bytes, tp)
-                      + w.links.collective("all_gather", blocks[0].output_bytes, tp)
-                      if w.strategy.sequence_parallel else w.links.collective("all_reduce", blocks[0].output_bytes, tp))
-    comm = 4 * len(blocks) * per_activation
+    activation = blocks[0].output_bytes
+    kinds = ("reduce_scatter", "all_gather") if w.strategy.sequence_parallel else ("all_reduce",)
+    collectives = [(kind, activation, tp) for kind in kinds] * (4 * len(blocks))
     if vocab:
         data = w.cfg.dataset
         logits = w.profile.batch * data.seq_len * data.vocab_size * 4
-        comm += w.links.collective("all_reduce", blocks[0].output_bytes, tp) + w.links.collective(
-            "all_gather", logits, tp)
+        collectives += [("all_reduce", activation, tp), ("all_gather", logits, tp)]
     held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(layers, split))
-    comm += _all_reduce_exposed(w, held, dp)
+    collectives.append(("all_reduce", held, dp))
+    comm = sum(w.links.collective(*c) for c in collectives)
+    sent = sum(sent_bytes(*c) for c in collectives)
     optimizer = w.profile.optimizer_s * held / max(w.profile.param_bytes, 1)
-    return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s)
+    return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
 
 
 def stage_sizes(w: Workload) -> list[int]:
@@ -196,6 +200,7 @@ def stage_sizes(w: Workload) -> list[int]:
 @dataclass(frozen=True)
 class Chunk:
     layers: tuple[LayerProfile, ...]
+    input_bytes: int  # the previous chunk's output, received per micro-batch (its gradient goes back)
     first: bool
     last: bool
 
@@ -210,27 +215,33 @@ def chunks(w: Workload) -> list[Chunk]:
     sizes = stage_sizes(w)
     bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     last = len(sizes) - 1
-    return [Chunk(tuple(w.layers[a:b]), i == 0, i == last) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    inputs = [w.profile.input_bytes, *(layer.output_bytes for layer in w.layers)]
+    return [Chunk(tuple(w.layers[a:b]), inputs[a], i == 0, i == last)
+            for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
-    sends = 0.0
-    if not chunk.last:
-        sends += w.links.send(chunk.layers[-1].output_bytes)  # the activation, forward
-    if not chunk.first:
-        sends += w.links.send(chunk.layers[0].output_bytes)  # about the size of its input's gradient, backward
+    """A chunk's compute per micro-batch and its sends: its output forward, its input's gradient backward."""
+    sizes = ([] if chunk.last else [chunk.layers[-1].output_bytes]) + ([] if chunk.first else [chunk.input_bytes])
     compute = forward_s(chunk.layers) * (1 + recompute) + backward_s(chunk.layers)
-    return DeviceWork(compute, sends)
+    return DeviceWork(compute, sum(w.links.send(n) for n in sizes), sum(sizes))
 
 
-def _devices(w: Workload, recompute: float = 0.0) -> list[tuple[DeviceWork, int]]:
+@dataclass(frozen=True)
+class Device:
+    work: DeviceWork  # per micro-batch
+    params: int  # bytes it holds
+
+
+def devices(w: Workload, recompute: float = 0.0) -> list[Device]:
     """Per pipeline device: its chunks' work per micro-batch and the parameter bytes it holds."""
     p, all_chunks = w.layout.pp, chunks(w)
     out = []
     for d in range(p):
         mine = all_chunks[d::p]
         work = [_chunk_work(w, c, recompute) for c in mine]
-        out.append((DeviceWork(sum(x.compute for x in work), sum(x.sends for x in work)), sum(c.params for c in mine)))
+        out.append(Device(DeviceWork(*(sum(getattr(x, f) for x in work) for f in ("compute", "sends", "sent"))),
+                          sum(c.params for c in mine)))
     return out
 
 
@@ -242,33 +253,31 @@ def _gpipe_recompute(w: Workload) -> float:
     return {"always": 1.0, "except_last": (m - 1) / m, "never": 0.0}[w.strategy.checkpoint]
 
 
-def _after_flush(w: Workload, devices: list[tuple[DeviceWork, int]]) -> tuple[float, float]:
-    """(exposed communication, optimizer) after the schedule: each stage all-reduces its gradients over the
-    replicas and, where it holds a tied weight's copy, sums it with the other stage's; then steps."""
-    all_chunks = chunks(w)
-    tied = sum(layer.tied_bytes for c in all_chunks for layer in c.layers)
-    tie_ranks = 2 if tied and w.layout.pp > 1 and w.strategy.name != "pipedream" else 1
-    sync = max(_all_reduce_exposed(w, held, w.layout.dp) for _, held in devices)
-    sync += w.links.collective("all_reduce", tied, tie_ranks)
-    per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
-    return sync, max(per_byte * held for _, held in devices)
+def _stage_sync(w: Workload, device: Device, tied_ranks: int) -> tuple[float, float]:
+    """(seconds, bytes sent) of a stage's gradient sync: an all-reduce over the replicas, and one of a tied
+    weight's copies among the stages that hold one."""
+    tied = sum(layer.tied_bytes for c in chunks(w) for layer in c.layers)
+    collectives = [("all_reduce", device.params, w.layout.dp), ("all_reduce", tied, tied_ranks)]
+    return sum(w.links.collective(*c) for c in collectives), sum(sent_bytes(*c) for c in collectives)
 
 
 def flushed_pipeline(w: Workload, variant: str) -> StepTime:
-    """gpipe, gpipe_dist, 1f1b: m micro-batches through p stages, then a flush, gradient sync and the step.
-    torchgpipe's stages in one process on CPU share one thread: they run in turn, every micro-batch on every
-    stage one after the other, with nothing to send."""
+    """gpipe, gpipe_dist, 1f1b: m micro-batches through p stages, then a flush, each stage's gradient sync and
+    its optimizer step. torchgpipe's stages in one process on CPU share one thread: they run in turn, every
+    micro-batch on every stage one after the other, with nothing to send."""
     m = w.layout.micro_batches
     if variant == "study_j":
         return _study_j_pipeline(w)
-    devices = _devices(w, _gpipe_recompute(w))
-    comm, optimizer = _after_flush(w, devices)
+    stages = devices(w, _gpipe_recompute(w))
     if w.layout.stages_in_one_process and not w.stages_overlap:
-        work = m * sum(d.compute for d, _ in devices)
+        work = m * sum(d.work.compute for d in stages)
         return StepTime(compute=work, comm=0.0, optimizer=w.profile.optimizer_s, data=w.data_s)
-    schedule = flushed_schedule([d for d, _ in devices], m, w.layout.virtual_stages)
-    return StepTime(compute=schedule.compute, comm=schedule.comm + comm, bubble=schedule.bubble,
-                    optimizer=optimizer, data=w.data_s)
+    schedule = flushed_schedule([d.work for d in stages], m, w.layout.virtual_stages)
+    tied_ranks = 2 if w.layout.pp > 1 else 1
+    sync, sent = max(_stage_sync(w, d, tied_ranks) for d in stages)
+    per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
+    return StepTime(compute=schedule.compute, comm=schedule.comm + sync, bubble=schedule.bubble,
+                    optimizer=max(per_byte * d.params for d in stages), data=w.data_s, sent=schedule.sent + sent)
 
 
 def _study_j_pipeline(w: Workload) -> StepTime:
@@ -288,17 +297,19 @@ def _study_j_pipeline(w: Workload) -> StepTime:
 
 def async_pipeline(w: Workload, variant: str) -> StepTime:
     """pipedream: no flush; in steady state every stage does one forward and one backward of a mini-batch per
-    step, then syncs its gradients over the replicas and steps, so the slowest stage sets the pace. The
-    pipeline fills and drains once per epoch, spread here over the epoch's steps."""
+    step, then syncs its gradients over the replicas (tied weights are trained as two copies, not summed) and
+    steps, so the slowest stage sets the pace. The pipeline fills and drains once per epoch, spread here over
+    the epoch's steps."""
     per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
-    totals = []
-    for work, held in _devices(w):
-        sync = _all_reduce_exposed(w, held, w.layout.dp)
-        totals.append((work.compute + work.sends + sync + per_byte * held, work, sync, per_byte * held))
-    total, work, sync, optimizer = max(totals, key=lambda t: t[0])
-    fill = sum(t[0] for t in totals) - total
-    return StepTime(compute=work.compute, comm=work.sends + sync, bubble=fill / w.steps, optimizer=optimizer,
-                    data=w.data_s)
+    paces = []
+    for d in devices(w):
+        sync, sent = _stage_sync(w, d, tied_ranks=1)
+        pace = StepTime(compute=d.work.compute, comm=d.work.sends + sync, optimizer=per_byte * d.params,
+                        data=w.data_s, sent=d.work.sent + sent)
+        paces.append(pace)
+    slowest = max(paces, key=lambda pace: pace.total)
+    fill = sum(pace.total - pace.data for pace in paces) - (slowest.total - slowest.data)
+    return replace(slowest, bubble=fill / w.steps)
 
 
 FAMILIES: dict[str, Callable[[Workload, str], StepTime]] = {

@@ -1,0 +1,200 @@
+"""The performance model's analytic pieces against hand-computed cases, its profile and its cache."""
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from suite.predict.costs import (
+    DeviceWork,
+    bubble_fraction,
+    buckets,
+    flushed_schedule,
+    prefetched_compute,
+    trailing_comm,
+)
+from suite.predict.links import LinkModel, Measured
+from suite.predict.memory import rank_memory
+from suite.predict.predictor import workload
+from suite.predict.profile import LayerProfile, Profile, network_profile
+from suite.predict.step import Workload, step_time
+from suite.strategies.ddp import DDP
+from suite.strategies.fsdp import FSDP
+from suite.strategies.horovod import Horovod
+from suite.strategies.layout import Layout
+from suite.strategies.one_f_one_b import OneFOneB
+from suite.strategies.zero import Zero
+from suite.sweep.plan import plan
+
+GB = 1e9
+LINK = LinkModel.from_hardware(latency_us=10, bandwidth_gbs=1, where="test")  # 10 us per ring step, 1 GB/s
+
+
+def test_ring_all_reduce_from_an_alpha_beta_link():
+    """Ring all-reduce of S bytes among p ranks: 2(p - 1) steps of alpha + S / (p B)."""
+    size = 100e6
+    for p in (2, 4, 8):
+        expected = 2 * (p - 1) * (10e-6 + size / p / GB)
+        assert LINK.collective("all_reduce", size, p) == pytest.approx(expected)
+    assert LINK.collective("all_gather", size, 4) == pytest.approx(3 * (10e-6 + size / 4 / GB))
+    assert LINK.collective("all_reduce", size, 1) == 0.0
+    assert LINK.send(1e6) == pytest.approx(10e-6 + 1e-3)
+
+
+def test_measured_curve_interpolates_log_log_and_extrapolates_at_the_last_bandwidth():
+    curve = Measured((1e3, 1e6), (1e-4, 1e-2))
+    assert curve.time(10**4.5) == pytest.approx(1e-3)
+    assert curve.time(1e2) == pytest.approx(1e-4)  # below the smallest: its latency
+    assert curve.time(2e6) == pytest.approx(2e-2)
+
+
+def calibration_record(tmp_path, world_size: int = 2, name: str = "test"):
+    """A calibration record in the schema of `make calibrate` (results/calibration/<cluster>.yaml): every
+    collective at two sizes on a 10 us, 1 GB/s ring of `world_size` ranks, one time noisy below the smaller."""
+    def rows(kind: str) -> list[dict]:
+        return [{"bytes": n, "time_s": LINK.collective(kind, n, world_size), "busbw_gbs": 1.0} for n in (1024, 2**26)]
+    record = {"world_size": world_size,
+              "collectives": {k: rows(k) for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")},
+              "p2p": [{"bytes": 2**26, "time_s": LINK.send(2**26)}, {"bytes": 1024, "time_s": LINK.send(1024)},
+                      {"bytes": 4096, "time_s": LINK.send(1024) / 2}],
+              "matmul_tflops": {"fp32": 1.0}, "provenance": {"tool": "test"}}
+    path = tmp_path / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(record))
+    return path
+
+
+def test_link_model_reads_a_calibration_record(tmp_path):
+    links = LinkModel.from_calibration(calibration_record(tmp_path, world_size=4))
+    assert links.world_size == 4
+    assert links.collective("all_reduce", 2**26, 4) == pytest.approx(LINK.collective("all_reduce", 2**26, 4))
+    # At 8 ranks: the latency grows with the ring's steps, the rest with the bus factor.
+    alpha = LINK.collective("all_reduce", 1024, 4)
+    rest = LINK.collective("all_reduce", 2**26, 4) - alpha
+    assert links.collective("all_reduce", 2**26, 8) == pytest.approx(alpha * 14 / 6 + rest * (14 / 8) / (6 / 4))
+    assert links.send(4096) == pytest.approx(links.send(1024))  # a time below a smaller message's is noise
+
+
+def test_bubble_formula():
+    """GPipe and 1F1B: (p - 1) / (m + p - 1); Study J's Eq. 6.1 factor (W + m - 1) / (W m) is 0.31 for W=4, m=12."""
+    assert bubble_fraction(4, 12) == pytest.approx(3 / 15)
+    assert bubble_fraction(4, 12, virtual_stages=2) == pytest.approx(3 / 27)
+    step = flushed_schedule([DeviceWork(1.0, 0.0)] * 4, micro_batches=12)
+    assert step.total == pytest.approx(15.0) and step.bubble / step.total == pytest.approx(bubble_fraction(4, 12))
+    assert step.total / (12 * 4) == pytest.approx(0.3125)
+    uneven = flushed_schedule([DeviceWork(1.0, 0.1), DeviceWork(2.0, 0.1)], micro_batches=4)
+    assert (uneven.compute, uneven.comm, uneven.bubble) == pytest.approx((8.0, 0.4, 1.1))
+
+
+def test_overlap_of_communication_with_compute():
+    assert trailing_comm([1, 2, 3], [0.5, 0.5, 2]) == pytest.approx(5.0)
+    # Unit k computes once its parameters arrived; unit k+1's are fetched while unit k computes.
+    assert prefetched_compute([1, 1, 1], [0.5, 2, 0.1]) == pytest.approx([1.5, 3.5, 4.5])
+    mib = 2**20
+    assert buckets([0.5 * mib, 0.6 * mib, mib, mib, 3 * mib], cap=2 * mib, first_cap=mib) == [[0, 1], [2, 3], [4]]
+
+
+def synthetic(strategy, layout: Layout, layers: list[LayerProfile], optimizer_s: float = 0.0) -> Workload:
+    """A workload from a hand-made profile (no measurement), on LINK."""
+    cfg = OmegaConf.create({"activation_checkpointing": "none", "grad_compression": {"name": "none"},
+                            "dataset": {"seq_len": 1, "vocab_size": 1}})
+    profile = Profile(key={"batch": layout.micro_batch_size, "device": "test"}, layers=tuple(layers), input_bytes=0,
+                      forward_s=0.0, backward_s=0.0, optimizer_s=optimizer_s, optimizer_state_bytes=0,
+                      buffer_bytes=0)
+    return Workload(cfg, strategy, layout, profile, data_s=0.0, links=LINK, steps=1, stages_overlap=True)
+
+
+def layer(params: float, forward: float = 0.0, backward: float = 0.0, out: int = 0, block: bool = True):
+    return LayerProfile("l", forward, backward, 0, 0, out, 0, int(params), 0, block)
+
+
+def test_zero_volumes_per_stage():
+    """Bytes one rank sends per step: ZeRO-1/2 all-reduce the gradients and all-gather the parameters, ZeRO-3
+    gathers parameters in forward and again in backward and reduce-scatters the gradients: 2 (p - 1) / p +
+    (p - 1) / p = 3 (p - 1) / p of the parameters either way (DeepSpeed's, measured in the README); FSDP2 keeps
+    its root unit gathered through backward, and with `reshard_after_forward=false` every unit."""
+    params = 256e6
+    root = params / 2
+    for p in (2, 4):
+        layout = Layout(dp=p, mini_batch=8, shard=p)
+        ends = [layer(params / 4, block=False) for _ in range(2)]
+        layers = [ends[0], *(layer(params / 4) for _ in range(2)), ends[1]]
+        share = (p - 1) / p
+        for stage in (1, 2, 3):
+            step = step_time(synthetic(Zero(zero_stage=stage), layout, layers))
+            assert step.sent == pytest.approx(3 * share * params)
+            if stage < 3:  # nothing to hide behind: all exposed
+                assert step.comm == pytest.approx(3 * share * params / GB + 3 * (p - 1) * 10e-6)
+        fsdp = step_time(synthetic(FSDP(reshard_after_forward=True), layout, layers))
+        assert fsdp.sent == pytest.approx(share * (3 * params - root))
+        kept = step_time(synthetic(FSDP(reshard_after_forward=False), layout, layers))
+        assert kept.sent == pytest.approx(2 * share * params)
+
+
+def test_ddp_hides_buckets_behind_backward_and_exposes_the_tail():
+    """Four layers of 8 MiB gradients, 1 s of backward each, a 16 MiB bucket cap: the first bucket (1 MiB cap)
+    closes on the last layer's 8 MiB, the next on two layers, the last with the first layer, at the end of
+    backward, so its all-reduce (8 MiB over 1 GB/s among 2) is exposed."""
+    mib = 2**20
+    layers = [layer(8 * mib, backward=1.0) for _ in range(4)]
+    w = synthetic(DDP(bucket_cap_mb=16, forward_sync_buffers=False), Layout(dp=2, mini_batch=8), layers)
+    assert step_time(w).comm == pytest.approx(2 * 10e-6 + 8 * mib / GB)
+    eq51 = step_time(w, "study_j").comm  # Eq. 5.1: 2 (W - 1) (L + min(G, th) / (W BW)), th = the bucket cap
+    assert eq51 == pytest.approx(2 * (10e-6 + 16 * mib / 2 / GB))
+    hvd = synthetic(Horovod(fusion_threshold_mb=0, cycle_time_ms=1), Layout(dp=2, mini_batch=8), layers)
+    assert step_time(hvd).comm == pytest.approx(2 * 10e-6 + 8 * mib / GB)
+
+
+def test_pipeline_step_from_the_partition():
+    """Two stages of two layers (explicit balance), 4 micro-batches: the busier stage works 4 times, the other
+    fills and drains once; sends of the boundary activation each way are not hidden."""
+    layers = [layer(4, 1.0, 2.0, out=1000), layer(4, 1.0, 2.0, out=10**6), layer(4, 0.5, 1.0, out=1000),
+              layer(4, 0.5, 1.0, out=4)]
+    w = synthetic(OneFOneB(balance=[2, 2], micro_batches=4), Layout(dp=1, pp=2, mini_batch=4, micro_batches=4),
+                  layers)
+    step = step_time(w)
+    send = LINK.send(10**6)
+    assert step.compute == pytest.approx(4 * 6.0)
+    assert step.comm == pytest.approx(4 * send)
+    assert step.bubble == pytest.approx(3.0 + send)
+
+
+TINY_GPT = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "network.n_head=1", "network.n_embd=8",
+            "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=64", "batch_size=2", "optimizer.name=adam"]
+
+
+@pytest.fixture
+def calibrated(results):
+    """This machine's calibration record (the links of cluster=local) in the test's results directory."""
+    return calibration_record(results / "calibration", name="local")
+
+
+def tiny_point(*overrides: str):
+    (point,) = plan([[*TINY_GPT, *overrides]])
+    return point
+
+
+def test_memory_of_a_known_network(calibrated):
+    """GPT-2 with one block of width 8, vocabulary 16, 4 tokens: 16x8 + 4x8 embeddings, 12x8^2 + 13x8 in the
+    block, 2x8 in the final LayerNorm, the head tied: 1048 fp32 parameters; Adam keeps two moments each and a
+    step count per tensor (16 tensors)."""
+    params = 16 * 8 + 4 * 8 + 12 * 64 + 13 * 8 + 2 * 8
+    w, _, _ = workload(tiny_point("strategy=single"))
+    assert w.profile.param_bytes == 4 * params
+    memory = rank_memory(w, base_bytes=0.0)
+    assert (memory.params, memory.grads, memory.optimizer) == (4 * params, 4 * params, 8 * params + 16 * 4)
+    assert memory.activations == sum(layer.saved_bytes for layer in w.profile.layers) > 0
+    sharded, _, _ = workload(tiny_point("strategy=fsdp", "workers=2"))
+    split = rank_memory(sharded, base_bytes=0.0)
+    assert (split.params, split.grads) == (2 * params, 2 * params)
+
+
+def test_profile_is_cached(results):
+    point = tiny_point("strategy=single")
+    import torch
+
+    first, hit = network_profile(point.cfg, 2, torch.device("cpu"), 1)
+    assert not hit and len(first.layers) == 3 and first.flops > 0
+    assert [layer.block for layer in first.layers] == [False, True, False]
+    again, hit = network_profile(point.cfg, 2, torch.device("cpu"), 1)
+    assert hit and again == first
+    assert len(list((results / "profiles").glob("net-gpt2_tiny-b2-fp32-t1-*.json"))) == 1
