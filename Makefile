@@ -13,7 +13,8 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch
+.PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch \
+	predict recommend bench-model
 
 setup: $(STAMP)
 
@@ -71,6 +72,16 @@ slurm-local: setup
 
 report: setup
 	$(PY) -m analysis.report $(SWEEP)
+
+# The performance model (suite/predict), nothing launched: ARGS are a sweep's overrides, comma lists expanded, e.g.
+# ARGS="dataset=imagenet network=resnet50 cluster=lassen workers=4,8,16 strategy=ddp,gpipe" (`--variant study_j`
+# for Study J's equations). `recommend` ranks every strategy and its main knobs for ARGS="dataset=... network=...
+# cluster=... workers=...".
+predict: setup
+	$(PY) -m suite.tools.predict $(ARGS)
+
+recommend: setup
+	$(PY) -m suite.tools.recommend $(ARGS)
 
 # ARGS: the benchmark's options and overrides, e.g. ARGS='--rounds 1 steps_per_epoch=2' (its smoke test).
 bench-overhead: setup

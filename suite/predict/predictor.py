@@ -22,7 +22,7 @@ from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
 from suite.predict.costs import StepTime
-from suite.predict.links import link_model, matmul_tflops
+from suite.predict.links import calibration_path, link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
 from suite.predict.profile import Profile, data_profile, network_profile, process_base_mb
 from suite.predict.step import Workload, step_time
@@ -38,7 +38,8 @@ class Prediction:
     steps: int  # per epoch
     memory: Memory
     capacity: float | None  # bytes one rank may use; None: unknown
-    profiled_on: str
+    profiled_on: str  # the device, threads and any compute scaling
+    priced_by: str  # where the link costs come from
 
     @property
     def epoch_s(self) -> float:
@@ -106,6 +107,7 @@ def base_bytes(point: Point, device: torch.device) -> float:
 
 
 def workload(point: Point) -> tuple[Workload, torch.device, str]:
+    """What the point's step is priced from, the device it was profiled on, and how (for the report)."""
     cfg, layout = point.cfg, point.layout
     device = profile_device(cfg)
     threads = threads_per_worker(cfg.cluster.threads_per_worker, processes_per_node(point))
@@ -125,4 +127,15 @@ def predict(point: Point, variant: str = "suite") -> Prediction:
     memory = rank_memory(w, base_bytes(point, device))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
-    return Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on)
+    return Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+
+
+def recorded_prediction(point: Point) -> dict[str, float]:
+    """The prediction a sweep records with a point's run: none where its cluster has no calibration record
+    (`make calibrate`), so that a sweep never waits on profiling it did not ask for."""
+    if not calibration_path(point.cfg.cluster.name).exists():
+        return {}
+    try:
+        return predict(point).metrics()
+    except ConfigError:  # e.g. a cluster of other devices that no record scales this machine's compute to
+        return {}

@@ -57,8 +57,9 @@ def record_point(out: PointDir, store: Store, status: str, error: str | None, st
             tags["suite.error"] = error
         if point.get("parent_run_id"):
             tags["mlflow.parentRunId"] = point["parent_run_id"]
-        run_id = store.record(point["experiment"], point["label"], point["params"], tags, out.epochs(),
-                              out.summary() or {}, artifacts(out), start, end)
+        summary = {**(out.summary() or {}), **point.get("predictions", {})}  # predicted even if it did not run
+        run_id = store.record(point["experiment"], point["label"], point["params"], tags, out.epochs(), summary,
+                              artifacts(out), start, end)
         out.mark_recorded(run_id, store.uri, status)
         return run_id
     finally:

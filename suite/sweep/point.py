@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from suite.paths import REPO_ROOT, results_dir
+from suite.predict.predictor import recorded_prediction
 from suite.records.manifest import git_sha
 from suite.records.point_dir import PointDir
 from suite.records.store import run_params
@@ -46,7 +47,7 @@ def new_point_dir(point: Point, parent_run_id: str | None = None) -> PointDir:
                          "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
                          "git_sha": git_sha(REPO_ROOT),
                          "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params()),
-                         "parent_run_id": parent_run_id})
+                         "predictions": recorded_prediction(point), "parent_run_id": parent_run_id})
         for name, content in point.config_files.items():
             out.write_config_file(name, content)
         return out

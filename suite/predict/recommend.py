@@ -1,0 +1,89 @@
+"""The recommender: every strategy, with its main knobs, that could train a cell (dataset x network x cluster x
+workers), ranked by predicted epoch time; those that cannot run or do not fit listed apart with the reason.
+
+Candidates on W workers: `single` (W = 1), `ddp`, `horovod`, `zero` stages 1-3, `fsdp` resharding or not,
+`megatron` with every tp dividing W, and for every pipeline depth pp >= 2 dividing W: `gpipe` (pp = W, one
+process), `gpipe_dist`, `1f1b` and interleaved `1f1b` (2 chunks per rank) with pp, 2 pp and 4 pp micro-batches
+where they divide the batch, and `pipedream`; dp = W / pp replicas of each pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from suite.config import PointConfig
+from suite.predict.predictor import Prediction, predict
+from suite.sweep.plan import InvalidPoint, Point, plan
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(workers: int, batch: int) -> list[list[str]]:
+    """Strategy overrides of every candidate for a cell of `workers` with the point's `batch_size`."""
+    found = [["strategy=single"]] if workers == 1 else []
+    found += [["strategy=ddp"], ["strategy=horovod"]]
+    found += [["strategy=zero", f"strategy.zero_stage={stage}"] for stage in (1, 2, 3)]
+    found += [["strategy=fsdp", f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
+    found += [["strategy=megatron", f"strategy.tp={tp}"] for tp in divisors(workers)]
+    for pp in (d for d in divisors(workers) if d > 1):
+        for m in (c for c in (pp, 2 * pp, 4 * pp) if batch % c == 0):
+            micro = f"strategy.micro_batches={m}"
+            if pp == workers:
+                found.append(["strategy=gpipe", micro])
+            found += [[f"strategy={name}", f"strategy.pp={pp}", micro] for name in ("gpipe_dist", "1f1b")]
+            found.append(["strategy=1f1b", f"strategy.pp={pp}", micro, "strategy.virtual_stages=2"])
+        found.append(["strategy=pipedream", f"strategy.pp={pp}"])
+    return found
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    label: str  # the candidate, as its overrides name it
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ranking:
+    workers: int
+    ranked: list[Prediction]  # feasible, fastest first
+    infeasible: list[Infeasible]
+
+    @property
+    def pick(self) -> Prediction | None:
+        return self.ranked[0] if self.ranked else None
+
+    @property
+    def margin(self) -> float | None:
+        """How much slower the next strategy (another strategy, not another knob of the pick's) is predicted."""
+        if not self.ranked:
+            return None
+        others = [p for p in self.ranked if p.point.strategy.name != self.ranked[0].point.strategy.name]
+        return others[0].epoch_s / self.ranked[0].epoch_s - 1 if others else None
+
+
+def strategy_overrides(overrides: tuple[str, ...]) -> str:
+    return " ".join(o.removeprefix("strategy.") for o in overrides
+                    if o.startswith("strategy") and not o.startswith("strategy.name"))
+
+
+def rank_cell(base: list[str], workers: int, variant: str = "suite", progress=None) -> Ranking:
+    """Plan every candidate of the cell (`base` overrides, e.g. dataset, network, cluster, batch), predict those
+    that can run and rank them; raises ConfigError for overrides that do not compose at all."""
+    batch = next((int(o.split("=", 1)[1]) for o in base if o.startswith("batch_size=")), PointConfig.batch_size)
+    jobs = [[*base, f"workers={workers}", *c] for c in candidates(workers, batch)]
+    invalid: list[InvalidPoint] = []
+    points: list[Point] = plan(jobs, experiment="recommend", invalid=invalid)
+    infeasible = [Infeasible(strategy_overrides(i.overrides), i.error) for i in invalid]
+    feasible = []
+    for k, point in enumerate(points, 1):
+        if progress:
+            progress(k, len(points), point)
+        prediction = predict(point, variant)
+        if prediction.fits is False:
+            infeasible.append(Infeasible(strategy_overrides(point.overrides), f"peak {prediction.peak_mb:.0f} MB per "
+                                         f"rank > {prediction.capacity / 2**20:.0f} MB"))
+        else:
+            feasible.append(prediction)
+    return Ranking(workers, sorted(feasible, key=lambda p: p.epoch_s), infeasible)

@@ -1,0 +1,95 @@
+"""`make predict`: every point's predicted epoch time, step split and peak memory per rank, nothing launched.
+
+    python -m suite.tools.predict [--variant suite|study_j] override ...
+
+Overrides are the sweep's (`dataset=imagenet network=resnet50 cluster=lassen workers=4,8,16 strategy=ddp,gpipe`);
+comma lists expand to every combination. Each point is planned as a sweep plans it (a bad one is one line,
+exit 2); nothing is submitted, so a cluster's account is not asked for. Profiles are taken here, once per
+network, batch, precision, optimizer and thread count, and kept in results/profiles/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from analysis.tables import Table
+from suite.errors import ConfigError
+from suite.predict.predictor import Prediction, predict
+from suite.predict.profile import STEPS, WARMUP
+from suite.predict.step import VARIANTS
+from suite.sweep.plan import Point, expand, plan
+
+NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
+
+
+def parse_args(argv: list[str], description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", choices=VARIANTS, default="suite",
+                        help="the suite's model, or Study J's equations (Eq. 5.1, Eqs. 6.1/6.2) where it has them")
+    parser.add_argument("overrides", nargs="*")
+    return parser.parse_intermixed_args(argv)
+
+
+def plan_points(overrides: list[str]) -> list[Point]:
+    return plan([job + NOTHING_SUBMITTED for job in expand(overrides, multirun=True)], experiment="predict")
+
+
+def describe(point: Point) -> str:
+    """The strategy and the knobs it was given other than their defaults, e.g. `zero zero_stage=3`."""
+    strategy = point.strategy
+    defaults = type(strategy)().knobs()
+    return " ".join([strategy.name, *(f"{k}={v}" for k, v in strategy.knobs().items() if defaults.get(k) != v)])
+
+
+def layout_text(point: Point) -> str:
+    layout = point.layout
+    text = f"dp{layout.dp} pp{layout.pp} tp{layout.tp}" + (f" shard{layout.shard}" if layout.shard > 1 else "")
+    return text + (f" m{layout.micro_batches}x{layout.micro_batch_size}" if layout.micro_batches > 1 else "")
+
+
+def fits_text(prediction: Prediction) -> str:
+    if prediction.fits is None:
+        return "unknown"
+    return "yes" if prediction.fits else f"no (> {prediction.capacity / 2**20:.0f} MB)"
+
+
+def prediction_row(p: Prediction) -> list[str]:
+    s = p.step
+    return [p.point.label, describe(p.point), layout_text(p.point), str(p.point.global_batch_size), str(p.steps),
+            f"{p.epoch_s:.3f}", f"{s.total:.4f}", f"{s.compute:.4f}", f"{s.comm:.4f}", f"{s.bubble:.4f}",
+            f"{s.optimizer:.4f}", f"{s.data:.4f}", f"{s.sent / 2**20:.2f}", f"{p.peak_mb:.0f}", fits_text(p)]
+
+
+COLUMNS = ["point", "strategy", "layout", "global batch", "steps/epoch", "epoch (s)", "step (s)", "compute",
+           "exposed comm", "bubble", "optimizer", "data", "comm MiB/step", "peak MB/rank", "fits"]
+
+
+def notes(predictions: list[Prediction], variant: str) -> list[str]:
+    profiled = sorted({p.profiled_on for p in predictions})
+    priced = sorted({p.priced_by for p in predictions})
+    return [f"Model: {variant}. Profiled on {'; '.join(profiled)}: {WARMUP} warm-up steps, then the median of "
+            f"{STEPS} timed steps per layer and for the whole network (results/profiles/). Links: {'; '.join(priced)}."]
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv, __doc__)
+    try:
+        points = plan_points(args.overrides)
+        predictions = []
+        for k, point in enumerate(points, 1):
+            print(f"[{k}/{len(points)} {point.label}] {describe(point)}", file=sys.stderr, flush=True)
+            predictions.append(predict(point, args.variant))
+    except ConfigError as e:
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    links = sorted({p.point.cfg.cluster.name for p in predictions})
+    table = Table("predict", f"Predicted epoch time and memory ({', '.join(links)})", COLUMNS,
+                  [prediction_row(p) for p in predictions], notes(predictions, args.variant))
+    print(table.markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
