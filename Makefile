@@ -93,3 +93,9 @@ bench-pipeline: setup
 # The fixed cost of a point run here (driver start to recorded run), split into its parts; e.g. ARGS='--points 1'.
 bench-launch: setup
 	$(PY) -m suite.tools.benchmarks.launch $(ARGS)
+
+# The performance model against the measured grid of conf/sweep/model_bench.yaml: errors per strategy, memory,
+# fits, recommender top-1 / regret / Kendall tau; needs this machine's calibration record (`make calibrate`).
+# ARGS='--strategies single,ddp steps_per_epoch=2 ...' shrinks it (its smoke test).
+bench-model: setup
+	$(PY) -m suite.tools.benchmarks.model $(ARGS)

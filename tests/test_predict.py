@@ -98,7 +98,7 @@ def synthetic(strategy, layout: Layout, layers: list[LayerProfile], optimizer_s:
     cfg = OmegaConf.create({"activation_checkpointing": "none", "grad_compression": {"name": "none"},
                             "dataset": {"seq_len": 1, "vocab_size": 1}})
     profile = Profile(key={"batch": layout.micro_batch_size, "device": "test"}, layers=tuple(layers), input_bytes=0,
-                      forward_s=0.0, backward_s=0.0, optimizer_s=optimizer_s, optimizer_state_bytes=0,
+                      forward_s=0.0, backward_s=0.0, optimizer_s=optimizer_s, optimizer_state_bytes=0, train_bytes=0,
                       buffer_bytes=0)
     return Workload(cfg, strategy, layout, profile, data_s=0.0, links=LINK, steps=1, stages_overlap=True)
 
@@ -173,6 +173,7 @@ def tiny_point(*overrides: str):
     return point
 
 
+@pytest.mark.slow  # profiles in a child interpreter
 def test_memory_of_a_known_network(calibrated):
     """GPT-2 with one block of width 8, vocabulary 16, 4 tokens: 16x8 + 4x8 embeddings, 12x8^2 + 13x8 in the
     block, 2x8 in the final LayerNorm, the head tied: 1048 fp32 parameters; Adam keeps two moments each and a
@@ -188,6 +189,7 @@ def test_memory_of_a_known_network(calibrated):
     assert (split.params, split.grads) == (2 * params, 2 * params)
 
 
+@pytest.mark.slow  # profiles in a child interpreter
 def test_profile_is_cached(results):
     point = tiny_point("strategy=single")
     import torch

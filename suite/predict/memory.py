@@ -12,7 +12,7 @@ FSDP and ZeRO-3, one batch of input. The numbers are bytes per rank; the point's
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from suite.predict.costs import checkpointed
 from suite.predict.profile import LayerProfile
@@ -51,6 +51,15 @@ def _state_ratio(w: Workload) -> float:
     return w.profile.optimizer_state_bytes / max(w.profile.param_bytes, 1)
 
 
+def _workspace(w: Workload, share: float = 1.0) -> float:
+    """What training the network on one device held at its peak beyond its parameters, gradients, optimizer
+    states and saved activations (temporaries of backward and the optimizer, the allocator's slack: measured,
+    see `Profile.train_bytes`), for a rank that computes `share` of it."""
+    p = w.profile
+    accounted = 2 * p.param_bytes + p.optimizer_state_bytes + sum(layer.saved_bytes for layer in p.layers)
+    return max(p.train_bytes - accounted, 0) * share
+
+
 def _input_bytes(w: Workload) -> float:
     return w.profile.input_bytes * w.layout.mini_batch / w.profile.batch
 
@@ -63,7 +72,7 @@ def replicated(w: Workload, base: float) -> Memory:
     if w.strategy.name == "ddp" and w.layout.dp > 1 and not w.strategy.gradient_as_bucket_view:
         buckets = p.param_bytes  # the reducer's flat buckets beside the gradients
     return Memory(base, params, p.param_bytes, _state_ratio(w) * p.param_bytes,
-                  kept_for_backward(p.layers, interval), buckets + _input_bytes(w))
+                  kept_for_backward(p.layers, interval), buckets + _input_bytes(w) + _workspace(w))
 
 
 def sharded(w: Workload, base: float) -> Memory:
@@ -80,7 +89,8 @@ def sharded(w: Workload, base: float) -> Memory:
         root = sum(layer.param_bytes for layer in p.layers if not layer.block)
         unit = max((layer.param_bytes for layer in p.layers if layer.block), default=0)
         gathered = root + 2 * unit  # the root unit, the unit running and the one prefetched
-    return Memory(base, params, grads, optimizer, kept_for_backward(p.layers, interval), gathered + _input_bytes(w))
+    return Memory(base, params, grads, optimizer, kept_for_backward(p.layers, interval),
+                  gathered + _input_bytes(w) + _workspace(w))
 
 
 def tensor_parallel(w: Workload, base: float) -> Memory:
@@ -88,7 +98,9 @@ def tensor_parallel(w: Workload, base: float) -> Memory:
     split = [layer.block or w.strategy.vocab_parallel for layer in p.layers]
     held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
     kept = sum(layer.saved_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
-    return Memory(base, held + p.buffer_bytes, held, _state_ratio(w) * held, kept, _input_bytes(w))
+    share = kept / max(sum(layer.saved_bytes for layer in p.layers), 1)
+    return Memory(base, held + p.buffer_bytes, held, _state_ratio(w) * held, kept,
+                  _input_bytes(w) + _workspace(w, share))
 
 
 def _in_flight(w: Workload, device: int) -> float:
@@ -116,14 +128,15 @@ def pipeline(w: Workload, base: float) -> Memory:
                       for c in mine)
         kept = sum(_chunk_activations(w, c, d) for c in mine)
         stash = held * (p - d - 1) if w.strategy.name == "pipedream" else 0.0  # older weight versions
-        per_device.append(Memory(0.0, held + buffers + stash, held, _state_ratio(w) * held, kept, 0.0))
+        share = sum(x.saved_bytes for c in mine for x in c.layers) / max(sum(x.saved_bytes for x in w.layers), 1)
+        per_device.append(Memory(0.0, held + buffers + stash, held, _state_ratio(w) * held, kept,
+                                 _workspace(w, share)))
     if w.layout.stages_in_one_process and not w.stages_overlap:
         total = Memory(base, *(sum(getattr(m, f) for m in per_device)
                                for f in ("params", "grads", "optimizer", "activations", "transient")))
         return _with_transient(total, _input_bytes(w))
     largest = max(per_device, key=lambda m: m.peak)
-    return _with_transient(Memory(base, largest.params, largest.grads, largest.optimizer, largest.activations, 0.0),
-                           _input_bytes(w))
+    return _with_transient(replace(largest, base=base), _input_bytes(w))
 
 
 def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:

@@ -9,26 +9,20 @@ both machines' calibration records give their matrix-multiply throughput, by whi
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pkgutil
 from dataclasses import dataclass, replace
 
 import torch
 
-import suite.strategies
-from launchers.fork_server import PRELOAD
 from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
 from suite.predict.costs import StepTime
 from suite.predict.links import calibration_path, link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
-from suite.predict.profile import Profile, data_profile, network_profile, process_base_mb
+from suite.predict.profile import Profile, data_profile, network_profile, rank_base_mb
 from suite.predict.step import Workload, step_time
 from suite.sweep.plan import Point
-
-RANK_LIBRARIES = {"zero": ("deepspeed",), "horovod": ("horovod.torch",)}  # imported by the rank on top of PRELOAD
 
 
 @dataclass(frozen=True)
@@ -95,15 +89,11 @@ def _scaled(profile: Profile, factor: float) -> Profile:
                    backward_s=profile.backward_s * factor, optimizer_s=profile.optimizer_s * factor)
 
 
-def base_bytes(point: Point, device: torch.device) -> float:
-    """What a rank's process holds before its model. On CPU: an interpreter that imported what the fork server
-    preloads (every strategy module) and the strategy's own library. On GPU not modelled (0): the CUDA context
-    and allocator reserve come on top of the prediction."""
-    if device.type == "cuda":
-        return 0.0
-    modules = [m.name for m in pkgutil.iter_modules(suite.strategies.__path__, "suite.strategies.")]
-    extra = [lib for lib in RANK_LIBRARIES.get(point.strategy.name, ()) if importlib.util.find_spec(lib.split(".")[0])]
-    return process_base_mb((*PRELOAD, *modules, *extra)) * MIB
+def base_bytes(point: Point, threads: int) -> float:
+    """What a rank of the point's strategy holds before its model: measured on a rank of the same library
+    (torch alone, DeepSpeed under `zero`, Horovod) with a negligible network, here."""
+    library = point.strategy.name if point.strategy.name in ("zero", "horovod") else "ddp"
+    return rank_base_mb(library, threads) * MIB
 
 
 def workload(point: Point) -> tuple[Workload, torch.device, str]:
@@ -123,8 +113,9 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
 
 
 def predict(point: Point, variant: str = "suite") -> Prediction:
-    w, device, profiled_on = workload(point)
-    memory = rank_memory(w, base_bytes(point, device))
+    w, _, profiled_on = workload(point)
+    threads = threads_per_worker(point.cfg.cluster.threads_per_worker, processes_per_node(point))
+    memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
     return Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)

@@ -19,15 +19,16 @@ device, threads) once.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
+import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
 from suite.data import build_datasets
+from suite.errors import ConfigError
 from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.paths import REPO_ROOT, results_dir
@@ -47,9 +49,15 @@ from suite.runtime.timing import synchronize
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn
 
+VERSION = 2  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
 STEPS = 5  # timed steps; each time is their median
 DATA_BATCHES = 5  # batches loaded to time the data phase (after one untimed)
+# A point whose network is negligible: what its rank holds is the framework's (see `rank_base_mb`).
+NEGLIGIBLE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "network.n_head=1", "network.n_embd=8",
+              "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=8", "dataset.val_samples=2",
+              "batch_size=2", "epochs=1", "steps_per_epoch=1", "warmup_steps=1", "eval_batches=1",
+              "optimizer.name=adam", "workers=1", "cluster=local"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,8 @@ class Profile:
     backward_s: float
     optimizer_s: float  # the point's optimizer stepping every parameter
     optimizer_state_bytes: int  # after the first step
+    train_bytes: int  # what training the whole network added to the process at its peak (all of the above, and
+    # the allocator's and the kernels' workspace): peak resident set growth on CPU, peak allocation on GPU
     buffer_bytes: int  # BatchNorm statistics and the like
     warmup: int = WARMUP
     steps: int = STEPS
@@ -128,7 +138,7 @@ def _key(cfg, batch: int, device: torch.device, threads: int, parts: tuple[str, 
     # How many samples there are, and where they are read from, changes neither shape nor cost of a batch.
     key["dataset"] = {k: v for k, v in key["dataset"].items() if k not in ("path", "samples", "val_samples")}
     return {**key, "batch": batch, "precision": cfg.precision, "device": f"{device.type}:{device_name(device)}",
-            "threads": threads, "torch": torch.__version__}
+            "threads": threads, "torch": torch.__version__, "version": VERSION}
 
 
 def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
@@ -147,35 +157,36 @@ def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]]) 
     return data, False
 
 
-@contextlib.contextmanager
-def _threads(threads: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def network_profile(cfg, batch: int, device: torch.device, threads: int) -> tuple[Profile, bool]:
     """The profile of the point's network at `batch` (and whether it came from the cache)."""
     key = _key(cfg, batch, device, threads, ("network", "dataset", "optimizer"))
-
-    def take() -> dict[str, Any]:
-        with _threads(threads):
-            return _profile_network(cfg, batch, device)
-    data, hit = _cached("net", key, take)
+    data, hit = _cached("net", key, lambda: _in_child("network", cfg, batch, device, threads))
     return Profile.from_json(data), hit
 
 
 def data_profile(cfg, batch: int, device: torch.device, threads: int) -> tuple[DataProfile, bool]:
     key = _key(cfg, batch, device, threads, ("dataset",))
-
-    def take() -> dict[str, Any]:
-        with _threads(threads):
-            return {"batch_s": _time_data(cfg, batch, device)}
-    data, hit = _cached("data", key, take)
+    data, hit = _cached("data", key, lambda: _in_child("data", cfg, batch, device, threads))
     return DataProfile.from_json(data), hit
+
+
+def _in_child(what: str, cfg, batch: int, device: torch.device, threads: int) -> dict[str, Any]:
+    """Profile in a fresh interpreter with the threads a rank gets (OMP_NUM_THREADS, read when torch loads), so
+    that neither this process's threads nor its memory enter the measurement."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    result = subprocess.run([sys.executable, "-m", "suite.predict.profile", what, str(batch), str(device)],
+                            input=OmegaConf.to_yaml(cfg, resolve=True), env=env, cwd=REPO_ROOT,
+                            capture_output=True, text=True)
+    if result.returncode:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        raise ConfigError(f"profiling {cfg.network.name} at batch {batch} failed: {lines[-1] if lines else '?'}")
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def _status_bytes(field: str) -> int:
+    """This process's VmRSS or VmHWM (peak resident set since it started), from /proc."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
+    return int(line.split()[1]) * 1024
 
 
 def _phase_times(phases: list[Callable[[Any], Any]], device: torch.device) -> list[float]:
@@ -224,6 +235,7 @@ class _SavedBytes:
 
 def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
+    before = _status_bytes("VmRSS")
     model = build_model(cfg.network, cfg.dataset).to(device).train()
     layers = flatten_layers(model)
     precision = make_precision(cfg.precision, device)
@@ -240,6 +252,8 @@ def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
 
     forward_s, backward_s, optimizer_s = _phase_times([forward, precision.backward, step], device)
+    train_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                   else _status_bytes("VmHWM") - before)
     state_bytes = sum(_nbytes(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
     raw = _profile_layers(layers, inputs, targets, precision, device, param_storages)
     fwd_scale = forward_s / max(sum(r["forward_s"] for r in raw), 1e-12)
@@ -248,7 +262,7 @@ def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
         r["forward_s"] *= fwd_scale
         r["backward_s"] *= bwd_scale
     return {"layers": raw, "input_bytes": _nbytes(inputs), "forward_s": forward_s, "backward_s": backward_s,
-            "optimizer_s": optimizer_s, "optimizer_state_bytes": state_bytes,
+            "optimizer_s": optimizer_s, "optimizer_state_bytes": state_bytes, "train_bytes": train_bytes,
             "buffer_bytes": sum(_nbytes(b) for b in model.buffers())}
 
 
@@ -312,19 +326,47 @@ def _time_data(cfg, batch: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
-def process_base_mb(imports: tuple[str, ...]) -> float:
-    """Peak resident set of a fresh interpreter that imported `imports` (what a rank holds before its model:
-    the framework itself, on CPU); cached per interpreter and import list."""
-    key = {"imports": list(imports), "python": sys.version, "torch": torch.__version__,
-           "device": f"cpu:{device_name(torch.device('cpu'))}", "batch": 0, "precision": "-", "threads": 1,
-           "dataset": {"name": "process"}}
-    # VmHWM, not ru_maxrss: the latter keeps the parent's peak across exec (this process's, after profiling).
-    code = ("import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
-            "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])")
+def rank_base_mb(strategy: str, threads: int) -> float:
+    """Peak memory of a rank of `strategy` training a negligible network (a one-block GPT-2 of width 8), one step
+    on one worker, started here as a sweep starts its ranks: what the framework, its libraries and the rank's
+    own machinery hold before a model (on CPU the resident set, on GPU the CUDA context and allocator)."""
+    from launchers import launch
+    from suite.sweep.plan import plan
+    from suite.sweep.point import new_point_dir
+
+    key = {"strategy": strategy, "threads": threads, "device": f"{'cuda' if torch.cuda.is_available() else 'cpu'}:"
+           f"{device_name(torch.device('cuda' if torch.cuda.is_available() else 'cpu'))}", "torch": torch.__version__,
+           "python": sys.version, "batch": 0, "precision": "fp32", "dataset": {"name": "rank"}}
 
     def take() -> dict[str, Any]:
-        result = subprocess.run([sys.executable, "-c", code, *imports], cwd=REPO_ROOT, capture_output=True,
-                                text=True, check=True)
-        return {"rss_mb": float(result.stdout.split()[-1]) / 1024}
-    data, _ = _cached("process", key, take)
-    return data["rss_mb"]
+        (point,) = plan([[*NEGLIGIBLE, f"strategy={strategy}", f"cluster.threads_per_worker={threads}"]],
+                        experiment="rank-base")
+        out = new_point_dir(point)
+        try:
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+                   "SUITE_POINT_LABEL": f"[base memory of a {strategy} rank]"}
+            launch("local", out.path, point.processes, point.cfg.timeout_s, env, point.rank_launcher)
+            summary = out.summary()
+            if not summary:
+                raise ConfigError(f"a one-step {strategy} rank with a negligible network did not finish here, so its "
+                                  f"base memory is unknown: see {out.path}")
+            return {"peak_mb": summary["peak_memory_mb"]}
+        finally:
+            if out.summary():
+                shutil.rmtree(out.path, ignore_errors=True)
+    data, _ = _cached("base", key, take)
+    return data["peak_mb"]
+
+
+def main(argv: list[str]) -> int:
+    """`python -m suite.predict.profile network|data BATCH DEVICE` with the point's config on stdin: one
+    profile as JSON on stdout (what `network_profile` and `data_profile` run in a fresh interpreter)."""
+    what, batch, device = argv[0], int(argv[1]), torch.device(argv[2])
+    cfg = OmegaConf.create(sys.stdin.read())
+    result = _profile_network(cfg, batch, device) if what == "network" else {"batch_s": _time_data(cfg, batch, device)}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

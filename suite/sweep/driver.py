@@ -19,6 +19,7 @@ from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.paths import REPO_ROOT
 from suite.placement import threads_per_worker
+from suite.predict.predictor import recorded_prediction
 from suite.records.manifest import git_sha
 from suite.records.point_dir import error_line
 from suite.records.record import finish
@@ -39,7 +40,7 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
 
 
 def run_point(point: Point, store: Store, position: str, parent_run_id: str | None = None) -> Outcome:
-    out = new_point_dir(point, parent_run_id)
+    out = new_point_dir(point, parent_run_id, recorded_prediction(point))
     mark("point_dir")
     start = time.time()
     try:

@@ -18,6 +18,7 @@ from launchers import BATCH_SCHEDULERS, jobscript
 from launchers.batch import ENDED, Job, JobState, SchedulerError, Step, cores_per_rank
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
+from suite.predict.predictor import recorded_prediction
 from suite.records.point_dir import PointDir, error_line
 from suite.records.record import finish
 from suite.records.store import Store, store_uri
@@ -158,7 +159,8 @@ def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool,
 def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool,
                 parent_run_id: str | None) -> list[Outcome]:
     scheduler = BATCH_SCHEDULERS[chunk[0][1].cfg.cluster.scheduler]
-    dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p, parent_run_id) for _, p in chunk]
+    dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p, parent_run_id, recorded_prediction(p))
+            for _, p in chunk]
     name = dirs[0].path.name + (f"+{len(chunk) - 1}" if len(chunk) > 1 else "")
     job = _job(name, [(p, out) for (_, p), out in zip(chunk, dirs)])
     script = jobscript.write(job, scheduler)

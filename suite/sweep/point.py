@@ -9,7 +9,6 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from suite.paths import REPO_ROOT, results_dir
-from suite.predict.predictor import recorded_prediction
 from suite.records.manifest import git_sha
 from suite.records.point_dir import PointDir
 from suite.records.store import run_params
@@ -31,9 +30,11 @@ def point_dir_path(point: Point) -> Path:
     return results_dir() / "points" / point.cfg.tracking.experiment / name
 
 
-def new_point_dir(point: Point, parent_run_id: str | None = None) -> PointDir:
+def new_point_dir(point: Point, parent_run_id: str | None = None,
+                  predictions: dict[str, float] | None = None) -> PointDir:
     """A fresh directory with the resolved config and what its MLflow run will carry (point.json): its run
-    is recorded as a child of `parent_run_id`, the sweep invocation's run, when given."""
+    is recorded as a child of `parent_run_id`, the sweep invocation's run, when given, with the performance
+    model's `predictions` for it."""
     first = point_dir_path(point)
     for attempt in range(1000):  # never reuse a directory: earlier results stay untouched
         path = first if attempt == 0 else first.with_name(f"{first.name}.{attempt}")
@@ -47,7 +48,7 @@ def new_point_dir(point: Point, parent_run_id: str | None = None) -> PointDir:
                          "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
                          "git_sha": git_sha(REPO_ROOT),
                          "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params()),
-                         "predictions": recorded_prediction(point), "parent_run_id": parent_run_id})
+                         "predictions": predictions or {}, "parent_run_id": parent_run_id})
         for name, content in point.config_files.items():
             out.write_config_file(name, content)
         return out
