@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from suite.predict.costs import checkpointed
 from suite.predict.profile import LayerProfile
-from suite.predict.step import Chunk, Workload, chunks
+from suite.predict.step import Chunk, Workload, chunks, regathers
 from suite.runtime.activation_checkpointing import checkpoint_interval
 
 MIB = 2**20
@@ -85,10 +85,12 @@ def sharded(w: Workload, base: float) -> Memory:
     if w.strategy.name == "zero":
         optimizer += p.param_bytes / shard  # fp32 master partition
     gathered = 0.0
-    if zero_stage == 3:
+    if zero_stage == 3 and regathers(w):
         root = sum(layer.param_bytes for layer in p.layers if not layer.block)
         unit = max((layer.param_bytes for layer in p.layers if layer.block), default=0)
         gathered = root + 2 * unit  # the root unit, the unit running and the one prefetched
+    elif zero_stage == 3:
+        gathered = p.param_bytes  # what forward gathered stays for backward
     return Memory(base, params, grads, optimizer, kept_for_backward(p.layers, interval),
                   gathered + _input_bytes(w) + _workspace(w))
 

@@ -39,6 +39,7 @@ MIB = 2**20
 DDP_FIRST_BUCKET = 1 * MIB  # torch DDP closes its first gradient bucket early (dist._DEFAULT_FIRST_BUCKET_BYTES)
 PARAM_BYTES = 4  # every network's parameters are fp32 (autocast computes in lower precision, it keeps them)
 VARIANTS = ("suite", "study_j")
+ZERO3_REUSE_DISTANCE = 1e9  # DeepSpeed's stage3_max_reuse_distance default, in parameters
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,11 @@ def _buffer_broadcast(w: Workload) -> float:
 def sharded(w: Workload, variant: str) -> StepTime:
     """zero 1/2: gradients all-reduced after backward, updated parameters all-gathered after the step, the
     optimizer steps 1/shard of them. zero 3 and fsdp: each unit's parameters gathered just before it runs
-    (one unit prefetched ahead), again in backward unless kept (`reshard_after_forward=false`), gradients
-    reduce-scattered per unit as backward produces them, on a stream of their own; FSDP's root unit (the layers
-    that are not blocks) is gathered first and kept until backward ends."""
+    (one unit prefetched ahead; FSDP's root unit, the layers that are not blocks, first), gradients
+    reduce-scattered per unit as backward produces them, on a stream of their own. Parameters are gathered again
+    for backward by FSDP with `reshard_after_forward`, and by ZeRO-3 only for a network larger than its reuse
+    distance (`stage3_max_reuse_distance`, DeepSpeed's default 1e9 parameters): below it DeepSpeed keeps what
+    it gathered in forward for backward."""
     layers, shard = w.layers, w.layout.shard
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
@@ -136,8 +139,7 @@ def sharded(w: Workload, variant: str) -> StepTime:
         comm = w.links.collective("all_reduce", params, shard) + w.links.collective("all_gather", params, shard)
         sent = sent_bytes("all_reduce", params, shard) + sent_bytes("all_gather", params, shard)
         return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
-    zero = w.strategy.name == "zero"
-    regather = zero or w.strategy.reshard_after_forward
+    regather = regathers(w)
     root = sum(layer.param_bytes for layer in layers if not layer.block)
     units = [layer.param_bytes if layer.block else 0 for layer in layers]
     gathered = [w.links.collective("all_gather", n, shard) for n in units]
@@ -147,8 +149,7 @@ def sharded(w: Workload, variant: str) -> StepTime:
     wrapped = list(reversed(checkpointed(list(layers), interval)))
     back_compute = [layer.backward_s + (layer.forward_s if again else 0.0) for layer, again in zip(back, wrapped)]
     regathered = list(reversed(units)) if regather else [0] * len(units)
-    if zero:  # ZeRO-3 regathers everything; FSDP's root stays gathered
-        regathered[-1] += root
+    regathered[-1] += root if regather else 0
     ends = prefetched_compute(back_compute, [w.links.collective("all_gather", n, shard) for n in regathered])
     scattered = list(reversed(units))
     scattered[-1] += root
@@ -157,6 +158,14 @@ def sharded(w: Workload, variant: str) -> StepTime:
     sent += sum(sent_bytes("reduce_scatter", n, shard) for n in scattered)
     comm = (fwd_end - fwd) + (ends[-1] - bwd) + tail
     return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
+
+
+def regathers(w: Workload) -> bool:
+    """Whether ZeRO-3 or FSDP gathers the parameters again for backward (see `sharded`)."""
+    if w.strategy.name == "fsdp":
+        return w.strategy.reshard_after_forward
+    zero = w.strategy.ds_config.get("zero_optimization", {})
+    return w.profile.param_bytes // PARAM_BYTES > zero.get("stage3_max_reuse_distance", ZERO3_REUSE_DISTANCE)
 
 
 def tensor_parallel(w: Workload, variant: str) -> StepTime:

@@ -1,0 +1,71 @@
+"""`make predict`, `make recommend` and `make bench-model` as a user types them, and the predictions a sweep's runs
+carry: each on a small point, with a calibration record of this machine in the test's results directory."""
+
+import re
+
+import pytest
+from test_predict import TINY_GPT, calibration_record
+
+from conftest import run_make, run_suite
+
+pytestmark = pytest.mark.slow  # make, profiling interpreters, ranks
+
+
+@pytest.fixture
+def calibrated(results):
+    return calibration_record(results / "calibration", name="local")
+
+
+def test_predict_prints_each_points_prediction(calibrated):
+    result = run_make("predict", f"ARGS={' '.join(TINY_GPT)} strategy=ddp,1f1b workers=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = re.findall(r"^\| tokens/gpt2_tiny/(ddp|1f1b)/w2 \|.*\| (\d+\.\d+) \|.*\| (\d+) \| (yes|no.*) \|$",
+                      result.stdout, re.M)
+    assert [row[0] for row in rows] == ["ddp", "1f1b"], result.stdout
+    assert all(float(epoch) > 0 and int(peak) > 0 for _, epoch, peak, _ in rows)
+    assert "Profiled on cpu:" in result.stdout and "Links: calibration local.yaml" in result.stdout
+
+
+def test_predict_rejects_bad_input_with_one_line(calibrated):
+    result = run_make("predict", f"ARGS={' '.join(TINY_GPT)} strategy=ddp network=nosuch")
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "nosuch" in errors[0], result.stderr
+
+
+def test_predict_without_link_costs_says_how_to_get_them(results):
+    result = run_make("predict", f"ARGS={' '.join(TINY_GPT)} strategy=ddp workers=2")
+    assert result.returncode != 0
+    assert "error: cluster local has no link costs: run `make calibrate CLUSTER=local`" in result.stderr
+
+
+def test_recommend_ranks_the_strategies_of_a_cell(calibrated):
+    result = run_make("recommend", f"ARGS={' '.join(TINY_GPT)} optimizer.name=sgd workers=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranked = re.findall(r"^\| (\d+) \| ([^|]+) \|.*\| (\d+\.\d+) \|", result.stdout, re.M)
+    assert len(ranked) >= 5, result.stdout
+    times = [float(epoch) for _, _, epoch in ranked]
+    assert times == sorted(times)
+    assert "- zero zero_stage=1: strategy zero does not train with optimizer.name=sgd" in result.stdout
+    pick = re.search(r"^recommendation for 2 workers: (.+) \((\d+\.\d+) s/epoch\), (\d+\.\d+)% faster than the next "
+                     r"strategy, (.+)$", result.stdout, re.M)
+    assert pick and pick.group(1) == ranked[0][1].strip(), result.stdout
+
+
+def test_a_sweeps_runs_carry_their_prediction(calibrated, store):
+    result = run_suite(*TINY_GPT, "strategy=ddp", "workers=2", "epochs=1", "steps_per_epoch=2", "eval_batches=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = store.runs("adhoc")
+    metrics = run.data.metrics
+    assert metrics["predicted_epoch_time_s"] > 0 and metrics["predicted_peak_memory_mb"] > 0
+    assert metrics["epoch_time_s_mean"] > 0
+
+
+def test_bench_model_prints_its_scores(calibrated):
+    result = run_make("bench-model", "ARGS=--strategies single,ddp steps_per_epoch=1 epochs=1 warmup_steps=1 "
+                                     "dataset.samples=64 network.n_layer=1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"^\| tokens/gpt2_tiny local w2 \| ddp \| finished \| \d+\.\d+ \| \d+\.\d+ \|", result.stdout,
+                     re.M), result.stdout
+    assert re.search(r"^\| ddp \| 4 \| \d+\.\d%", result.stdout, re.M), result.stdout
+    assert re.search(r"^Top-1 right in \d of 2 cells", result.stdout, re.M), result.stdout
