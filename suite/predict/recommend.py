@@ -64,8 +64,9 @@ class Ranking:
 
 
 def strategy_overrides(overrides: tuple[str, ...]) -> str:
-    return " ".join(o.removeprefix("strategy.") for o in overrides
-                    if o.startswith("strategy") and not o.startswith("strategy.name"))
+    """A candidate named by its strategy overrides: `strategy=zero strategy.zero_stage=3` is `zero zero_stage=3`."""
+    named = [o for o in overrides if o.startswith("strategy")]
+    return " ".join(o.removeprefix("strategy=").removeprefix("strategy.") for o in named)
 
 
 def rank_cell(base: list[str], workers: int, variant: str = "suite", progress=None) -> Ranking:
