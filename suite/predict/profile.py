@@ -311,14 +311,21 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
 
 
 def _time_data(cfg, batch: int, device: torch.device) -> float:
+    """Loading one batch as the trainer does (its DataLoader settings), the loader started again when the data
+    runs out."""
     data = build_datasets(cfg.dataset, cfg.seed)
     workers = cfg.dataset.loader_workers
-    loader = iter(DataLoader(data.train, batch, shuffle=True, drop_last=True, num_workers=workers,
-                             generator=torch.Generator().manual_seed(cfg.seed)))
+    loader = DataLoader(data.train, batch, shuffle=True, drop_last=True, num_workers=workers,
+                        generator=torch.Generator().manual_seed(cfg.seed))
+    batches = iter(())
     times = []
     for index in range(DATA_BATCHES + 1):
         start = time.perf_counter()
-        inputs, targets = next(loader)
+        try:
+            inputs, targets = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            inputs, targets = next(batches)
         inputs.to(device), targets.to(device)
         synchronize(device)
         if index:
