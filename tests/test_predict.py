@@ -47,17 +47,21 @@ def test_measured_curve_interpolates_log_log_and_extrapolates_at_the_last_bandwi
     assert curve.time(2e6) == pytest.approx(2e-2)
 
 
-def calibration_record(tmp_path, world_size: int = 2, name: str = "test"):
+def calibration_record(directory, world_size: int = 2, name: str = "test"):
     """A calibration record in the schema of `make calibrate` (results/calibration/<cluster>.yaml): every
-    collective at two sizes on a 10 us, 1 GB/s ring of `world_size` ranks, one time noisy below the smaller."""
+    collective at two sizes on a 10 us, 1 GB/s ring of `world_size` ranks of one node, and the send curve with one
+    time below a smaller message's (noise)."""
     def rows(kind: str) -> list[dict]:
-        return [{"bytes": n, "time_s": LINK.collective(kind, n, world_size), "busbw_gbs": 1.0} for n in (1024, 2**26)]
-    record = {"world_size": world_size,
-              "collectives": {k: rows(k) for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")},
-              "p2p": [{"bytes": 2**26, "time_s": LINK.send(2**26)}, {"bytes": 1024, "time_s": LINK.send(1024)},
-                      {"bytes": 4096, "time_s": LINK.send(1024) / 2}],
-              "matmul_tflops": {"fp32": 1.0}, "provenance": {"tool": "test"}}
-    path = tmp_path / f"{name}.yaml"
+        return [{"bytes": n, "time_s": LINK.collective(kind, n, world_size), "algbw_gbs": 1.0, "busbw_gbs": 1.0,
+                 "iterations": 10} for n in (1024, 2**26)]
+    sends = [{"bytes": n, "time_s": t, "bandwidth_gbs": n / t / GB, "iterations": 10}
+             for n, t in ((2**26, LINK.send(2**26)), (1024, LINK.send(1024)), (4096, LINK.send(1024) / 2))]
+    record = {"cluster": name, "provenance": {"world_size": world_size, "nodes": 1, "ranks_per_node": world_size},
+              "matmul": {"n": 64, "threads": 2, "tflops": {"fp32": 1.0}},
+              "collectives": {"intra_node": {"ranks": world_size, **{
+                  k: rows(k) for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}}},
+              "p2p": {"intra_node": {"ranks": [0, 1], "latency_s": 10e-6, "bandwidth_gbs": 1.0, "curve": sends}}}
+    path = directory / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(record))
     return path

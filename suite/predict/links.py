@@ -1,12 +1,15 @@
 """What a collective or a point-to-point send of n bytes costs among p ranks, from a calibration record.
 
 A calibration record (`results/calibration/<cluster>.yaml`, written by `make calibrate` on the cluster)
-holds, per collective, the time of a message of each measured size among `world_size` ranks, and the
-time of a send between two ranks. Between measured sizes the time is interpolated log-log; beyond the
-largest it grows at the largest size's bandwidth. To price the same collective among p ranks the
-measured time is split into its latency (the smallest message's time), which grows with the ring's
-steps, and the rest, which grows with the bandwidth-optimal ring's bus factor (nccl-tests: busbw is the
-same at every p): all-reduce 2(p-1)/p, all-gather and reduce-scatter (p-1)/p, broadcast 1.
+holds, per scope (`intra_node`: the ranks of a node; `inter_node`: all ranks of several nodes) and collective,
+the time of a message of each measured size among the scope's `ranks`, and the one-way time of a send between
+two ranks (`p2p.<scope>.curve`). A point on one node is priced by the `intra_node` curves, one on several
+nodes by the `inter_node` ones (the slowest link of its rings). Between measured sizes the time is
+interpolated log-log; beyond the largest it grows at the largest size's bandwidth. To price the same
+collective among p ranks the measured time is split into its latency (the smallest message's time), which
+grows with the ring's steps, and the rest, which grows with the bandwidth-optimal ring's bus factor
+(nccl-tests: busbw is the same at every p): all-reduce 2(p-1)/p, all-gather and reduce-scatter (p-1)/p,
+broadcast 1.
 Where a cluster has no record, its `hardware` latency and bandwidth give an alpha-beta model instead.
 
 Message sizes are the whole buffer, as `suite.runtime.comm` counts them: an all-gather's output, a
@@ -124,15 +127,20 @@ class LinkModel:
         return self.curves[P2P].time(nbytes) if nbytes > 0 else 0.0
 
     @classmethod
-    def from_calibration(cls, path: Path) -> LinkModel:
+    def from_calibration(cls, path: Path, nodes: int = 1) -> LinkModel:
+        """The curves of the scope a point of `nodes` nodes communicates in (intra-node where the record has
+        no inter-node curves: a record taken on one node)."""
         record = yaml.safe_load(path.read_text())
         try:
-            world = int(record.get("world_size") or record["provenance"]["world_size"])
-            curves: dict[str, Curve] = {kind: _measured(record["collectives"][kind]) for kind in COLLECTIVES}
-            curves[P2P] = _measured(record["p2p"])
+            scopes = record["collectives"]
+            scope = "inter_node" if nodes > 1 and "inter_node" in scopes else "intra_node"
+            collectives = scopes[scope]
+            curves: dict[str, Curve] = {kind: _measured(collectives[kind]) for kind in COLLECTIVES}
+            curves[P2P] = _measured(record["p2p"][scope]["curve"])
+            world = int(collectives["ranks"])
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"calibration record {path} is not readable: {type(e).__name__} {e}") from e
-        return cls(curves, world, f"calibration {path.name}")
+        return cls(curves, world, f"calibration {path.name} ({scope}, {world} ranks)")
 
     @classmethod
     def from_hardware(cls, latency_us: float, bandwidth_gbs: float, where: str) -> LinkModel:
@@ -161,7 +169,7 @@ def matmul_tflops(cluster: str, precision: str) -> float | None:
     path = calibration_path(cluster)
     if not path.exists():
         return None
-    value = (yaml.safe_load(path.read_text()).get("matmul_tflops") or {}).get(precision)
+    value = ((yaml.safe_load(path.read_text()).get("matmul") or {}).get("tflops") or {}).get(precision)
     return float(value) if value else None
 
 
@@ -170,7 +178,7 @@ def link_model(cluster, nodes: int) -> LinkModel:
     (inter-node where the point spans nodes); ConfigError when it has neither."""
     path = calibration_path(cluster.name)
     if path.exists():
-        return LinkModel.from_calibration(path)
+        return LinkModel.from_calibration(path, nodes)
     hw = cluster.hardware
     scope = "inter_node" if nodes > 1 else "intra_node"
     latency, bandwidth = hw.get(f"{scope}_latency_us"), hw.get(f"{scope}_bandwidth_gbs")
