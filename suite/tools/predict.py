@@ -3,8 +3,9 @@
     python -m suite.tools.predict [--variant suite|study_j] override ...
 
 Overrides are the sweep's (`dataset=imagenet network=resnet50 cluster=lassen workers=4,8,16 strategy=ddp,gpipe`);
-comma lists expand to every combination. Each point is planned as a sweep plans it (a bad one is one line,
-exit 2); nothing is submitted, so a cluster's account is not asked for. Profiles are taken here, once per
+comma lists expand to every combination. Each point is planned as a sweep plans it: one that does not compose
+(a misspelt name or key) is one line and exit 2, one that composes but cannot run (gpipe beyond a node) is
+listed with the reason; nothing is submitted, so a cluster's account is not asked for. Profiles are taken here, once per
 network, batch, precision, optimizer and thread count, and kept in results/profiles/.
 """
 
@@ -18,7 +19,7 @@ from suite.errors import ConfigError
 from suite.predict.predictor import Prediction, predict
 from suite.predict.profile import STEPS, WARMUP
 from suite.predict.step import VARIANTS
-from suite.sweep.plan import Point, expand, plan
+from suite.sweep.plan import InvalidPoint, Point, expand, plan
 
 NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
 
@@ -31,8 +32,9 @@ def parse_args(argv: list[str], description: str) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
-def plan_points(overrides: list[str]) -> list[Point]:
-    return plan([job + NOTHING_SUBMITTED for job in expand(overrides, multirun=True)], experiment="predict")
+def plan_points(overrides: list[str], invalid: list[InvalidPoint] | None = None) -> list[Point]:
+    return plan([job + NOTHING_SUBMITTED for job in expand(overrides, multirun=True)], experiment="predict",
+                invalid=invalid)
 
 
 def describe(point: Point) -> str:
@@ -74,8 +76,9 @@ def notes(predictions: list[Prediction], variant: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv, __doc__)
+    invalid: list[InvalidPoint] = []
     try:
-        points = plan_points(args.overrides)
+        points = plan_points(args.overrides, invalid)
         predictions = []
         for k, point in enumerate(points, 1):
             print(f"[{k}/{len(points)} {point.label}] {describe(point)}", file=sys.stderr, flush=True)
@@ -84,9 +87,10 @@ def main(argv: list[str]) -> int:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
-    links = sorted({p.point.cfg.cluster.name for p in predictions})
+    links = sorted({p.point.cfg.cluster.name for p in predictions} | {i.cfg.cluster.name for i in invalid})
+    cannot = [[i.label, f"cannot run: {i.error}", *[""] * (len(COLUMNS) - 2)] for i in invalid]
     table = Table("predict", f"Predicted epoch time and memory ({', '.join(links)})", COLUMNS,
-                  [prediction_row(p) for p in predictions], notes(predictions, args.variant))
+                  [prediction_row(p) for p in predictions] + cannot, notes(predictions, args.variant))
     print(table.markdown())
     return 0
 
