@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 
 from analysis.model_score import Scored, point_table, recommender_table, strategy_table
 from suite.errors import ConfigError
@@ -26,6 +27,7 @@ from suite.tools.predict import describe
 from suite.vocabulary import Status
 
 SWEEP = "model_bench"
+STUDY_J_STRATEGIES = ("ddp", "horovod", "gpipe", "gpipe_dist", "1f1b")  # where --variant study_j has equations
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -58,6 +60,23 @@ def measured(store: Store, points: list[Point]) -> tuple[str, float | None, floa
     return Status.finished, statistics.median(r.data.metrics["epoch_time_s_mean"] for r in done), memory, spread
 
 
+def scored_points(points: list[Point], store: Store, variant: str) -> list[Scored]:
+    """Each point (its repeats together) with the model's prediction and the measurement."""
+    groups: dict[tuple[str, ...], list[Point]] = {}
+    for point in points:
+        groups.setdefault(identity(point), []).append(point)
+    scored = []
+    for same in groups.values():
+        first = same[0]
+        prediction = predict(first, variant)
+        status, seconds, memory, spread = measured(store, same)
+        cfg = first.cfg
+        cell = f"{cfg.dataset.name}/{cfg.network.name} {cfg.cluster.name} w{cfg.workers}"
+        scored.append(Scored(describe(first), first.strategy.name, cell, prediction.epoch_s, prediction.peak_mb,
+                             prediction.fits, status, seconds, memory, spread))
+    return scored
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
@@ -65,29 +84,23 @@ def main(argv: list[str]) -> int:
         points = plan([job for line in lines for job in expand(line + args.overrides, multirun=True)], experiment=SWEEP)
         if args.strategies:
             points = [p for p in points if p.strategy.name in args.strategies.split(",")]
-        predictions = {p.config_hash: predict(p) for p in points}  # fails early without a calibration record
+        first = predict(points[0])  # fails early without a calibration record
     except ConfigError as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
     store = Store()
     run_sweep(points, store, force=args.force)
-    groups: dict[tuple[str, ...], list[Point]] = {}
-    for point in points:
-        groups.setdefault(identity(point), []).append(point)
-    scored = []
-    for same in groups.values():
-        first = same[0]
-        prediction = predictions[first.config_hash]
-        status, seconds, memory, spread = measured(store, same)
-        cfg = first.cfg
-        cell = f"{cfg.dataset.name}/{cfg.network.name} {cfg.cluster.name} w{cfg.workers}"
-        scored.append(Scored(describe(first), first.strategy.name, cell, prediction.epoch_s, prediction.peak_mb,
-                             prediction.fits, status, seconds, memory, spread))
+    scored = scored_points(points, store, "suite")
     for table in (point_table(scored), strategy_table(scored), recommender_table(scored)):
         print(f"\n{table.markdown()}")
-    print(f"\nmodel: {next(iter(predictions.values())).profiled_on}; links: "
-          f"{next(iter(predictions.values())).priced_by}; nothing fitted to these measurements (all held out)")
+    study_j = [p for p in points if p.strategy.name in STUDY_J_STRATEGIES]
+    if study_j:
+        table = strategy_table(scored_points(study_j, store, "study_j"))
+        title = "Study J's equations (Eq. 5.1; Eqs. 6.1 + 6.2) on the same points"
+        print(f"\n{replace(table, title=title).markdown()}")
+    print(f"\nmodel: {first.profiled_on}; links: {first.priced_by}; nothing fitted to these measurements "
+          "(all held out)")
     return 0
 
 
