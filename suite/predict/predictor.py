@@ -103,9 +103,11 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
     threads = threads_per_worker(cfg.cluster.threads_per_worker, processes_per_node(point))
     links = link_model(cfg.cluster, cfg.nodes)
     scale = compute_scale(cfg, device)
-    profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads)
-    data, _ = data_profile(cfg, layout.mini_batch, device, threads)
-    profiled_on = f"{profile.key['device']} x{threads} threads" + (f", compute x{scale:.3g}" if scale != 1 else "")
+    together = processes_per_node(point) if device.type == "cpu" else 1  # a node's ranks share its cores
+    profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
+    data, _ = data_profile(cfg, layout.mini_batch, device, threads, together)
+    profiled_on = (f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
+                   + (f", compute x{scale:.3g}" if scale != 1 else ""))
     stages_overlap = will_use_cuda(cfg.cluster)
     w = Workload(cfg, point.strategy, layout, _scaled(profile, scale), data.batch_s, links,
                  steps_per_epoch(cfg, layout), stages_overlap)

@@ -157,30 +157,53 @@ def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]]) 
     return data, False
 
 
-def network_profile(cfg, batch: int, device: torch.device, threads: int) -> tuple[Profile, bool]:
-    """The profile of the point's network at `batch` (and whether it came from the cache)."""
-    key = _key(cfg, batch, device, threads, ("network", "dataset", "optimizer"))
-    data, hit = _cached("net", key, lambda: _in_child("network", cfg, batch, device, threads))
+def network_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1) -> tuple[Profile, bool]:
+    """The profile of the point's network at `batch` (and whether it came from the cache), taken by `together`
+    processes at once (see `_in_children`)."""
+    key = {**_key(cfg, batch, device, threads, ("network", "dataset", "optimizer")), "together": together}
+    data, hit = _cached("net", key, lambda: _in_children("network", cfg, batch, device, threads, together))
     return Profile.from_json(data), hit
 
 
-def data_profile(cfg, batch: int, device: torch.device, threads: int) -> tuple[DataProfile, bool]:
-    key = _key(cfg, batch, device, threads, ("dataset",))
-    data, hit = _cached("data", key, lambda: _in_child("data", cfg, batch, device, threads))
+def data_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1) -> tuple[DataProfile, bool]:
+    key = {**_key(cfg, batch, device, threads, ("dataset",)), "together": together}
+    data, hit = _cached("data", key, lambda: _in_children("data", cfg, batch, device, threads, together))
     return DataProfile.from_json(data), hit
 
 
-def _in_child(what: str, cfg, batch: int, device: torch.device, threads: int) -> dict[str, Any]:
-    """Profile in a fresh interpreter with the threads a rank gets (OMP_NUM_THREADS, read when torch loads), so
-    that neither this process's threads nor its memory enter the measurement."""
+def _in_children(what: str, cfg, batch: int, device: torch.device, threads: int, together: int) -> dict[str, Any]:
+    """Profile in `together` fresh interpreters at once, each with the threads a rank gets (OMP_NUM_THREADS, read
+    when torch loads): as many as the point's ranks that share this node's cores, so that what they take from each
+    other (cores, caches, memory bandwidth) is in the times, and neither this process's threads nor its memory
+    are. Each time is the median over the children; the rest is the first child's."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    result = subprocess.run([sys.executable, "-m", "suite.predict.profile", what, str(batch), str(device)],
-                            input=OmegaConf.to_yaml(cfg, resolve=True), env=env, cwd=REPO_ROOT,
-                            capture_output=True, text=True)
-    if result.returncode:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        raise ConfigError(f"profiling {cfg.network.name} at batch {batch} failed: {lines[-1] if lines else '?'}")
-    return json.loads(result.stdout.splitlines()[-1])
+    children = [subprocess.Popen([sys.executable, "-m", "suite.predict.profile", what, str(batch), str(device)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                 cwd=REPO_ROOT, text=True) for _ in range(together)]
+    config = OmegaConf.to_yaml(cfg, resolve=True)
+    for child in children:
+        child.stdin.write(config)
+        child.stdin.close()
+    results = []
+    for child in children:
+        out, err = child.communicate()
+        if child.returncode:
+            lines = [line for line in err.splitlines() if line.strip()]
+            raise ConfigError(f"profiling {cfg.network.name} at batch {batch} failed: {lines[-1] if lines else '?'}")
+        results.append(json.loads(out.splitlines()[-1]))
+    return _median_times(results)
+
+
+def _median_times(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first result, each of its times (`*_s`, also per layer) the median over all results."""
+    first = dict(results[0])
+    for name in (k for k in first if k.endswith("_s")):
+        first[name] = statistics.median(r[name] for r in results)
+    if "layers" in first:
+        first["layers"] = [{**layer, **{k: statistics.median(r["layers"][i][k] for r in results)
+                                        for k in layer if k.endswith("_s")}}
+                           for i, layer in enumerate(first["layers"])]
+    return first
 
 
 def _status_bytes(field: str) -> int:
