@@ -4,6 +4,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from analysis.model_score import Scored, cell_scores, fits_accuracy, kendall_tau, strategy_errors
 from suite.predict.costs import (
     DeviceWork,
     bubble_fraction,
@@ -15,7 +16,7 @@ from suite.predict.costs import (
 from suite.predict.links import LinkModel, Measured
 from suite.predict.memory import rank_memory
 from suite.predict.predictor import workload
-from suite.predict.profile import LayerProfile, Profile, network_profile
+from suite.predict.profile import LayerProfile, Profile, _median_times, network_profile
 from suite.predict.step import Workload, step_time
 from suite.strategies.ddp import DDP
 from suite.strategies.fsdp import FSDP
@@ -206,3 +207,31 @@ def test_profile_is_cached(results):
     again, hit = network_profile(point.cfg, 2, torch.device("cpu"), 1)
     assert hit and again == first
     assert len(list((results / "profiles").glob("net-gpt2_tiny-b2-fp32-t1-*.json"))) == 1
+
+
+def scored(label: str, predicted: float, measured: float | None, status: str = "finished", fits: bool = True,
+           spread: float = 0.01) -> Scored:
+    return Scored(label, label.split()[0], "cell", predicted, 100.0, fits, status, measured,
+                  None if measured is None else 110.0, spread)
+
+
+def test_scoring_of_predictions_and_of_the_recommender():
+    grid = [scored("ddp", 1.0, 1.02), scored("zero", 2.0, 1.0), scored("gpipe", 3.0, 3.0),
+            scored("fsdp", 0.5, None, status="oom", fits=False)]
+    assert kendall_tau([1, 2, 3], [1, 2, 3]) == 1.0 and kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
+    (cell,) = cell_scores(grid)
+    assert (cell.pick.label, cell.best.label) == ("ddp", "zero")  # fsdp is predicted not to fit: never picked
+    assert cell.regret == pytest.approx(0.02) and cell.right  # within 3% of the fastest
+    assert cell.tau == pytest.approx(1 / 3)  # ddp/zero swapped, the other two pairs in order
+    errors = strategy_errors(grid)
+    assert errors["zero"]["median"] == pytest.approx(1.0) and errors["zero"]["bias"] == pytest.approx(1.0)
+    assert errors["ddp"]["bias"] == pytest.approx(1.0 / 1.02 - 1)
+    assert errors["ddp"]["memory"] == pytest.approx(1 - 100 / 110)
+    assert fits_accuracy(grid) == (4, 4)  # three finished and fit, one ran out of memory and did not fit
+
+
+def test_profiles_of_processes_at_once_take_the_median_time():
+    results = [{"forward_s": t, "train_bytes": 7 * i, "layers": [{"name": "a", "backward_s": 2 * t}]}
+               for i, t in enumerate((1.0, 3.0, 2.0))]
+    merged = _median_times(results)
+    assert merged == {"forward_s": 2.0, "train_bytes": 0, "layers": [{"name": "a", "backward_s": 4.0}]}
