@@ -3,7 +3,9 @@ max and bias beside the measurement's own run-to-run spread, memory errors, fits
 per cell (workload x cluster x worker count) the recommender's pick against the measured fastest: regret,
 top-1 (a pick within max(3%, 2 x spread) of the best counts as right), Kendall tau of the two orders.
 
-Signed error = predicted / measured - 1 (positive: the model is pessimistic), Study J's convention.
+Signed error = predicted / measured - 1 (positive: the model is pessimistic), Study J's convention. The view
+`model` of a sweep's report scores the predictions its runs recorded (`predicted_epoch_time_s`,
+`predicted_peak_memory_mb`); `make bench-model` predicts afresh (also with Study J's equations).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.measure import Histories, cells, finished, samples, status_of
+from analysis.runs import Row
 from analysis.tables import Table
+from analysis.views import Context, Section, view
 
 TOP1_FLOOR = 0.03  # a pick this close to the measured fastest counts as right, or 2 x the spread where larger
 
@@ -150,3 +155,36 @@ def recommender_table(points: list[Scored]) -> Table:
                      f"infeasible picks {sum(c.regret == float('inf') for c in cells)}.")
     return Table("model_recommender", "Recommender per cell: its pick against the measured fastest",
                  ["cell", "candidates", "pick", "measured fastest", "regret", "top-1", "Kendall tau"], rows, notes)
+
+
+def scored_rows(rows: list[Row], histories: Histories, protocol: str) -> list[Scored]:
+    """A sweep's cells (repeats together) that recorded a prediction, scored against their measurement: the
+    cell's epoch time under the report's protocol, its spread the coefficient of variation of its samples."""
+    scored = []
+    for (dataset, network, label, workers), repeats in cells(rows).items():
+        predicted = [r for r in repeats if "predicted_epoch_time_s" in r.metrics]
+        if not predicted:
+            continue
+        values = samples(repeats, histories, protocol)
+        done = finished(repeats)
+        first = predicted[0]
+        cell = f"{dataset}/{network} {first.params.get('cluster.name', '?')} w{workers}"
+        measured_s = (statistics.mean(values) if len(done) == 1 else statistics.median(values)) if values else None
+        spread = statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else None
+        memory = statistics.median(r.peak_memory_mb for r in done) if done else None
+        scored.append(Scored(label, first.strategy, cell, first.metrics["predicted_epoch_time_s"],
+                             first.metrics["predicted_peak_memory_mb"], None, status_of(repeats).split(":")[0],
+                             measured_s, memory, spread))
+    return scored
+
+
+@view("model")
+def model_view(ctx: Context) -> Section:
+    """The performance model against this sweep's measurements, from the predictions its runs recorded."""
+    scored = scored_rows(ctx.rows, ctx.histories, ctx.protocol)
+    if not scored:
+        return Section("Performance model", "No run of this sweep recorded a prediction (its cluster had no "
+                       "calibration record when it ran: `make calibrate`).")
+    tables = [point_table(scored), strategy_table(scored), recommender_table(scored)]
+    return Section("Performance model", "\n\n".join(t.markdown() for t in tables),
+                   [path for t in tables for path in t.write(ctx.directory)])

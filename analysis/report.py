@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 import analysis.claims  # noqa: F401  (registers the claims view)
+import analysis.model_score  # noqa: F401  (registers the performance model's view)
 import analysis.study_j  # noqa: F401  (registers Study J's views)
 import analysis.study_n  # noqa: F401  (registers Study N's views)
 from analysis.measure import PROTOCOLS, Histories

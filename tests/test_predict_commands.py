@@ -61,7 +61,7 @@ def test_a_sweeps_runs_carry_their_prediction(calibrated, store):
     assert metrics["epoch_time_s_mean"] > 0
 
 
-def test_bench_model_prints_its_scores(calibrated):
+def test_bench_model_prints_its_scores(calibrated, results):
     result = run_make("bench-model", "ARGS=--strategies single,ddp steps_per_epoch=1 epochs=1 warmup_steps=1 "
                                      "dataset.samples=64 network.n_layer=1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -69,3 +69,8 @@ def test_bench_model_prints_its_scores(calibrated):
                      re.M), result.stdout
     assert re.search(r"^\| ddp \| 4 \| \d+\.\d%", result.stdout, re.M), result.stdout
     assert re.search(r"^Top-1 right in \d of 2 cells", result.stdout, re.M), result.stdout
+    # The runs recorded their predictions: the sweep's report scores them (the `model` view).
+    report = run_make("report", "SWEEP=model_bench")
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert re.search(r"^\| ddp \| 4 \| \d+\.\d%", report.stdout, re.M), report.stdout
+    assert (results / "reports" / "model_bench" / "model_strategies.csv").exists()
