@@ -27,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -177,16 +178,15 @@ def _in_children(what: str, cfg, batch: int, device: torch.device, threads: int,
     other (cores, caches, memory bandwidth) is in the times, and neither this process's threads nor its memory
     are. Each time is the median over the children; the rest is the first child's."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    children = [subprocess.Popen([sys.executable, "-m", "suite.predict.profile", what, str(batch), str(device)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                 cwd=REPO_ROOT, text=True) for _ in range(together)]
-    config = OmegaConf.to_yaml(cfg, resolve=True)
-    for child in children:
-        child.stdin.write(config)
-        child.stdin.close()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
+        config.write(OmegaConf.to_yaml(cfg, resolve=True))
+        config.flush()
+        command = [sys.executable, "-m", "suite.predict.profile", what, str(batch), str(device), config.name]
+        children = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT,
+                                     text=True) for _ in range(together)]
+        ended = [child.communicate() for child in children]
     results = []
-    for child in children:
-        out, err = child.communicate()
+    for child, (out, err) in zip(children, ended):
         if child.returncode:
             lines = [line for line in err.splitlines() if line.strip()]
             raise ConfigError(f"profiling {cfg.network.name} at batch {batch} failed: {lines[-1] if lines else '?'}")
@@ -389,10 +389,10 @@ def rank_base_mb(strategy: str, threads: int) -> float:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m suite.predict.profile network|data BATCH DEVICE` with the point's config on stdin: one
-    profile as JSON on stdout (what `network_profile` and `data_profile` run in a fresh interpreter)."""
+    """`python -m suite.predict.profile network|data BATCH DEVICE CONFIG` (the point's resolved config, a yaml
+    file): one profile as JSON on stdout (what `network_profile` and `data_profile` run in fresh interpreters)."""
     what, batch, device = argv[0], int(argv[1]), torch.device(argv[2])
-    cfg = OmegaConf.create(sys.stdin.read())
+    cfg = OmegaConf.load(argv[3])
     result = _profile_network(cfg, batch, device) if what == "network" else {"batch_s": _time_data(cfg, batch, device)}
     print(json.dumps(result))
     return 0
