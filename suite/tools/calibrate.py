@@ -214,9 +214,11 @@ def apply_record(record: dict, config: Path, source: Path) -> dict[str, float]:
     comment = (f"{CALIBRATED} {', '.join(values)} from {source}: send/recv ping-pong measured {p['date']} on "
                f"{p['hosts'][0]} ({p['device']}), {p['backend']}, torch {p['torch']}, git {p['git_sha'][:10]}")
     lines = [line for line in config.read_text().splitlines() if not line.strip().startswith(CALIBRATED)]
-    if "hardware:" not in lines:
+    block = next((i for i, line in enumerate(lines) if re.match(r"hardware:\s*(#.*)?$", line)), None)
+    if block is None:
         lines.append("hardware:")
-    start = lines.index("hardware:") + 1
+        block = len(lines) - 1
+    start = block + 1
     end = next((i for i in range(start, len(lines)) if lines[i] and not lines[i].startswith((" ", "#"))), len(lines))
     indent = next((re.match(r"\s+", line).group() for line in lines[start:end] if re.match(r"\s+\w", line)), "  ")
     first = end
@@ -250,7 +252,9 @@ def main(argv: list[str]) -> int:
                 raise ConfigError(f"no calibration record {record_path(name)}: run `make calibrate CLUSTER={name}` "
                                   "first")
             config = CONF_DIR / "cluster" / f"{name}.yaml"
-            values = apply_record(record, config, record_path(name))
+            source = record_path(name)
+            values = apply_record(record, config, source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT)
+                                  else source)
             print(f"wrote {', '.join(f'{k}={v}' for k, v in values.items())} into {config}")
             return 0
         check(cfg, args.dry_run)
