@@ -40,6 +40,18 @@ def test_a_convolutional_network_counts_its_multiply_adds():
     assert count_step(model, inputs.detach(), targets, loss_fn) == (forward, 3 * forward - first)
 
 
+@pytest.mark.parametrize("groups", [1, 2, 8])
+def test_a_grouped_convolution_counts_its_groups_multiply_adds(groups):
+    """Depthwise (groups = channels) as MobileNetV2's: each output element meets channels / groups inputs."""
+    channels, side, kernel = 8, 6, 3
+    conv = nn.Conv2d(channels, channels, kernel, padding=1, groups=groups)
+    model = nn.Sequential(conv, nn.Flatten(), nn.Linear(channels * side**2, N))
+    inputs, targets = torch.randn(M, channels, side, side, requires_grad=True), torch.randint(0, N, (M,))
+    convolution = 2 * M * channels * side**2 * channels // groups * kernel**2
+    head = 2 * M * channels * side**2 * N
+    assert count_step(model, inputs, targets, loss_fn) == (convolution + head, 3 * (convolution + head))
+
+
 GPT = OmegaConf.create({"arch": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "dropout": 0.0, "width": 1.0})
 TOKENS = OmegaConf.create({"kind": "tokens", "vocab_size": 512, "seq_len": 32})
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import prod
 
 import torch
 from torch import nn
@@ -23,6 +24,19 @@ from suite.models import build_model
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing
 
 META = torch.device("meta")
+
+
+def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                       _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """A convolution's backward: each gradient asked for (input, weight) takes as many multiply-adds as the
+    forward, where each output element (of a transposed convolution: each input element) meets
+    prod(w_shape[1:]) weights. torch 2.14's own formula counts the weight gradient of a grouped convolution as
+    if every input channel met every output channel, a depthwise convolution's channels times over (the fix is
+    pytorch/pytorch#183405); counted so, MobileNetV2's backward was 20 times its forward."""
+    return sum(output_mask[:2]) * 2 * prod(x_shape if transposed else grad_out_shape) * prod(w_shape[1:])
+
+
+FORMULAS = {torch.ops.aten.convolution_backward: conv_backward_flop}  # over torch's own
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,7 @@ class StepFlops:
 def count_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[int, int]:
     """FLOPs of the forward pass and of forward and backward together, of one step of `model` on this batch."""
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=FORMULAS) as counter:
         loss = loss_fn(model(inputs), targets)
         forward = counter.get_total_flops()
         loss.backward()
