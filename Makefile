@@ -13,7 +13,8 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch
+.PHONY: setup horovod test test-fast lint sweep status collect calibrate ui mlflow-server slurm-local report bench-overhead \
+	bench-pipeline bench-launch
 
 setup: $(STAMP)
 
@@ -53,6 +54,14 @@ status: setup
 # Every batch job that ended without recording its points (all sweeps, or SWEEP=<name> only).
 collect: setup
 	$(PY) -m suite --collect $(if $(filter command line,$(origin SWEEP)),--sweep $(SWEEP))
+
+# The machine's matmul peak, collectives and send/recv, as a job of its own ranks (suite/tools/calibrate.py):
+# results/calibration/$(CLUSTER).yaml and an MLflow run in the experiment `calibration`. NODES= on a batch cluster,
+# DRY_RUN=1 writes its job script only; APPLY=1 measures nothing and copies the record's bandwidths and latencies
+# into conf/cluster/$(CLUSTER).yaml.
+calibrate: setup
+	$(PY) -m suite.tools.calibrate $(if $(APPLY),--apply) $(if $(DRY_RUN),--dry-run) cluster=$(CLUSTER) \
+		$(if $(NODES),nodes=$(NODES)) $(JOB_ARGS) $(ARGS)
 
 ui: setup
 	$(VENV)/bin/mlflow ui --port $(or $(PORT),5000) --backend-store-uri $(STORE_URI)

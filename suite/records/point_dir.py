@@ -61,6 +61,14 @@ class PointDir:
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
 
+    def artifacts(self) -> list[Path]:
+        """What its MLflow run keeps (the paths that exist)."""
+        job = self.job() or {}
+        script = [Path(job["script"])] if job.get("script") else []
+        return [self.config, self.point_file, self.job_file, *script, self.config_files, self.manifest_file,
+                self.logs, self.launcher_log, self.summary_file, self.epochs_file,
+                *sorted(self.path.glob("error.rank*.json"))]
+
     def append_epoch(self, metrics: dict[str, Any]) -> None:
         with self.epochs_file.open("a") as f:
             f.write(json.dumps(metrics) + "\n")

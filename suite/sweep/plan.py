@@ -32,7 +32,7 @@ from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies import Strategy, build_strategy
 from suite.strategies.layout import Layout
-from suite.vocabulary import Device, FaultKind, GradCompression, OptimizerName, PrecisionName
+from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, OptimizerName, PrecisionName
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
@@ -213,6 +213,9 @@ def _check_choices(cfg: DictConfig) -> None:
         raise ConfigError(f"target.value={target} is not a reachable {metric} "
                           + ("(a fraction in (0, 1])" if metric == "val_accuracy" else "(a perplexity >= 1)"))
     checkpoint_interval(cfg.activation_checkpointing)
+    for dtype in cfg.cluster.hardware.peak_tflops or {}:
+        if dtype not in tuple(MathDtype):
+            raise ConfigError(f"cluster.hardware.peak_tflops.{dtype} is not one of {', '.join(MathDtype)}")
     if not 0 <= cfg.fault.rank < cfg.workers:
         raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
 

@@ -24,14 +24,17 @@ from suite.data import Datasets, build_datasets
 from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.models import build_model
-from suite.records.point_dir import PointDir
+from suite.records.manifest import rank_info
+from suite.records.point_dir import PointDir, error_line
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
 from suite.runtime.comm import CommVolume
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
+from suite.runtime.flops import StepFlops, step_flops
 from suite.runtime.memory import peak_memory, reset_peak
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
+from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
 from suite.vocabulary import MEMORY_SPLIT
@@ -79,6 +82,7 @@ class Trainer:
         self.label = label
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.data = build_datasets(cfg.dataset, cfg.seed)
+        self.strategy = strategy
         self.layout = strategy.layout(cfg)
         # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
         model = build_model(cfg.network, cfg.dataset)
@@ -99,6 +103,7 @@ class Trainer:
         self.metric = target_metric(cfg, self.data.task)
         self.global_step = 0
         self.step_losses: list[float] = []
+        self.flops: StepFlops | str | None = None  # rank 0's count, or why there is none
 
     def _batches(self, epoch: int, steps: int):
         self.loaders.sampler.set_epoch(epoch)
@@ -200,8 +205,25 @@ class Trainer:
             return {"val_loss": val_loss, "val_accuracy": (totals[1] / totals[2]).item()}
         return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
 
+    def count_flops(self) -> StepFlops | str:
+        """FLOPs of one replica's step, counted on the meta device (suite.runtime.flops); else why not."""
+        try:
+            flops = step_flops(self.cfg.network, self.cfg.dataset, self.data.train[0], self.layout.mini_batch,
+                               checkpoint_interval(self.cfg.activation_checkpointing),
+                               self.strategy.recomputed_forward_share(self.layout), loss_fn)
+        except Exception as e:  # a network the counter cannot run on the meta device: no MFU, and the run says why
+            log.warning("%s FLOPs not counted: %s", self.label, error_line(e))
+            return f"FLOPs not counted: {error_line(e)}"
+        log.info("%s FLOPs per step of one replica: %.4g TFLOP (%.4g with recomputation)", self.label,
+                 flops.model / 1e12, flops.hardware / 1e12)
+        return flops
+
     def run(self) -> dict[str, Any]:
         mark("built", self.env.rank)
+        # Counted before the warm-up, which the other ranks start only when rank 0 is done with it.
+        if self.env.is_main:
+            self.flops = self.count_flops()
+        dist.barrier()
         reset_peak(self.env.device)
         train_clock = self._warm_up()
         epochs: list[dict[str, float]] = []
@@ -229,6 +251,21 @@ class Trainer:
         (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
         return {"comm_mb_per_step": mb}
 
+    def _utilisation(self, seconds: float, steps: int) -> dict[str, Any]:
+        """MFU and HFU of `steps` global steps in `seconds` (rank 0; see suite.runtime.utilisation)."""
+        if isinstance(self.flops, str):
+            return {"run_tags": {"suite.mfu_missing": self.flops}}
+        device = self.env.device
+        if device.type == "cuda":
+            devices, measured = self.layout.devices, Device(rank_info(device)["device"])
+        else:  # the ranks of a node share its cores: the node is the device
+            devices = self.env.world_size // self.env.local_world_size
+            measured = Device(rank_info(device)["device"], torch.get_num_threads() * self.env.local_world_size)
+        dtype = math_dtype(self.cfg.precision, device, convolutional=self.cfg.dataset.kind == "image")
+        peak = find_peak(self.cfg.cluster, dtype, measured)
+        metrics, tags = utilisation(self.flops, self.layout.dp, steps, seconds, devices, peak)
+        return {**metrics, "run_tags": tags}
+
     def _summary(self, epochs: list[dict[str, float]], to_target: dict[str, float]) -> dict[str, Any]:
         phases = self.timer.means()
         phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
@@ -245,6 +282,7 @@ class Trainer:
             **{key: max(m[key] for m in memory) for key in MEMORY_SPLIT if key in memory[0]},
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **self._comm_metrics(),
+            **(self._utilisation(total_time, self.steps_per_epoch * len(epochs)) if self.env.is_main else {}),
             **to_target,
             "memory_by_rank": memory,
             "strategy_metrics": self.parallel.summary_metrics(memory),
