@@ -61,9 +61,12 @@ EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss
                  "val_perplexity", "train_time_s")
 # What each rank holds, in MiB (largest over ranks, and per rank as <name>_rank<i>).
 MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb", "mem_master_mb")
+# Mean per traced step, from each rank's profiler trace (suite.runtime.trace_breakdown): largest over ranks, and per
+# rank as <name>_rank<i>.
+TRACE_BREAKDOWN = ("time_comm_s", "time_comm_exposed_s", "time_compute_s", "time_idle_s", "comm_fraction")
 # Once per run; a summary entry not named here (nor a strategy metric) is an error when the run is recorded.
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step")
+                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step", *TRACE_BREAKDOWN)
 # Summary entries that are not single numbers: recorded in their own form (see suite.records.store).
-SUMMARY_DETAILS = ("memory_by_rank", "strategy_metrics", "step_losses")
+SUMMARY_DETAILS = ("memory_by_rank", "breakdown_by_rank", "strategy_metrics", "step_losses")

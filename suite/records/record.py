@@ -28,7 +28,7 @@ def artifacts(out: PointDir) -> list[Path]:
     job = out.job() or {}
     script = [Path(job["script"])] if job.get("script") else []
     return [out.config, out.point_file, out.job_file, *script, out.config_files, out.manifest_file, out.logs,
-            out.launcher_log, out.summary_file, out.epochs_file, *sorted(out.path.glob("error.rank*.json"))]
+            out.launcher_log, out.summary_file, out.epochs_file, out.traces, *sorted(out.path.glob("error.rank*.json"))]
 
 
 def record_point(out: PointDir, store: Store, status: str, error: str | None, start: float, end: float,

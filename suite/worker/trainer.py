@@ -31,10 +31,12 @@ from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
 from suite.runtime.memory import peak_memory, reset_peak
 from suite.runtime.precision import make_precision
+from suite.runtime.profile import StepTrace
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
+from suite.runtime.trace_breakdown import breakdown
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
-from suite.vocabulary import MEMORY_SPLIT
+from suite.vocabulary import MEMORY_SPLIT, TRACE_BREAKDOWN
 
 log = logging.getLogger("suite")
 
@@ -97,13 +99,16 @@ class Trainer:
                 f"{self.layout.mini_batch}: raise dataset.samples or lower the batch"
             )
         self.metric = target_metric(cfg, self.data.task)
+        self.trace = StepTrace(cfg.profile.steps, self.timer, out.rank_trace(env.rank)) if cfg.profile.steps else None
         self.global_step = 0
         self.step_losses: list[float] = []
 
-    def _batches(self, epoch: int, steps: int):
+    def _batches(self, epoch: int, steps: int, trace: StepTrace | None = None):
         self.loaders.sampler.set_epoch(epoch)
         loader = iter(self.loaders.train)
         for _ in range(steps):
+            if trace:
+                trace.step()
             with self.timer.phase("data"):
                 inputs, targets = next(loader)
                 inputs = inputs.to(self.env.device, non_blocking=True)
@@ -145,10 +150,13 @@ class Trainer:
         self.timer.enabled = True
         losses: list[torch.Tensor] = []
         samples = 0
+        trace = self.trace if epoch == 1 else None
+        if trace:
+            trace.prepare()  # before the clock starts
         synchronize(self.env.device)
         dist.barrier()  # every rank starts the epoch clock together
         start = time.perf_counter()
-        for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch), 1):
+        for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch, trace), 1):
             losses.append(self._step(inputs, targets))
             self.timer.steps += 1
             samples += inputs.shape[0]
@@ -164,6 +172,8 @@ class Trainer:
         synchronize(self.env.device)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
+        if trace:
+            trace.finish()
         self.timer.collect()
         step_losses = self._reduce_losses(losses)
         self.step_losses += step_losses
@@ -229,6 +239,15 @@ class Trainer:
         (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
         return {"comm_mb_per_step": mb}
 
+    def _breakdown_metrics(self) -> dict[str, Any]:
+        """Communication, computation and idle time per traced step, from each rank's trace; for the strategies
+        whose communication all goes through torch.distributed, so that the trace shows all of it."""
+        if self.trace is None or not self.comm.enabled:
+            return {}
+        by_rank = [None] * self.env.world_size
+        dist.all_gather_object(by_rank, breakdown(self.trace.path))
+        return {**{key: max(rank[key] for rank in by_rank) for key in TRACE_BREAKDOWN}, "breakdown_by_rank": by_rank}
+
     def _summary(self, epochs: list[dict[str, float]], to_target: dict[str, float]) -> dict[str, Any]:
         phases = self.timer.means()
         phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
@@ -245,6 +264,7 @@ class Trainer:
             **{key: max(m[key] for m in memory) for key in MEMORY_SPLIT if key in memory[0]},
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **self._comm_metrics(),
+            **self._breakdown_metrics(),
             **to_target,
             "memory_by_rank": memory,
             "strategy_metrics": self.parallel.summary_metrics(memory),
