@@ -1,11 +1,13 @@
 """A torch.profiler trace of the first `profile.steps` timed steps of one rank, for Perfetto or chrome://tracing.
 
-The profiler is set up before the first epoch's clock starts, so the epoch starts with the profiler already
-prepared (its warm-up: the wait at the epoch's starting barrier, which is not recorded). It then records steps
-1..N of the first epoch as `ProfilerStep#1` ... `ProfilerStep#N` and stops as step N+1 begins, or with the epoch.
-While it records, each timed phase (`PhaseTimer.phase`: data, forward, backward, optimizer, a pipeline's schedule)
-is a named range, on CUDA also an NVTX range, so that Nsight Systems shows the same phases. The trace is written
-after the epoch's clock stops, as gzip-compressed JSON.
+The profiler starts before the first epoch's clock, records steps 1..N of the first epoch as `ProfilerStep#1` ...
+`ProfilerStep#N` (a step from the start of its data phase to the start of the next step's), and records nothing
+from step N+1 on. It is stopped, and the trace written as gzip-compressed JSON, only after the epoch's clock:
+stopping torch's profiler while a collective it recorded the start of is still running (a pipeline's send, on
+gloo's thread) corrupts its memory. While it records, each timed phase (`PhaseTimer.phase`: data, forward,
+backward, optimizer, a pipeline's schedule) is a named range, on CUDA also an NVTX range, so that Nsight Systems
+shows the same phases. On a GPU the device is synchronised once, as step N ends, so that the trace holds the
+kernels of step N.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerAction, ProfilerActivity, profile, record_function, schedule
+from torch.profiler import ProfilerActivity, profile, record_function
 
-from suite.runtime.timing import PhaseTimer
+from suite.runtime.timing import PhaseTimer, synchronize
+
+# Collection is toggled off for every kind of activity: torch warns for any set without both GPU kinds.
+ALL_ACTIVITIES = (ProfilerActivity.CPU, ProfilerActivity.CUDA, ProfilerActivity.XPU)
 
 
 @contextmanager
@@ -31,33 +36,42 @@ def phase_ranges(device: torch.device) -> Callable[[str], AbstractContextManager
 
 
 class StepTrace:
-    """Traces `steps` training steps into `path`: `prepare` before the epoch's clock, `step` as each step begins,
-    `finish` once the epoch's clock stopped."""
+    """Traces the first `steps` steps of an epoch into `path`: `start` before the epoch's clock, `step` as each
+    step begins, `finish` once the epoch's clock stopped."""
 
     def __init__(self, steps: int, timer: PhaseTimer, path: Path) -> None:
-        self.timer, self.path = timer, path
+        self.steps, self.timer, self.path = steps, timer, path
         activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (timer.device.type == "cuda")
-        self.profiler = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1))
-        self.recording = False
+        self.profiler = profile(activities=activities)
+        self.begun = 0  # steps begun since `start`
+        self.step_range: record_function | None = None
 
-    def prepare(self) -> None:
+    def start(self) -> None:
         self.profiler.start()
 
     def step(self) -> None:
-        """A step begins (and the one before it ends)."""
-        if self.profiler.current_action == ProfilerAction.NONE:
+        """A step begins, and the one before it ends."""
+        if self.begun > self.steps:
             return
-        self.profiler.step()
-        self.recording = self.profiler.current_action != ProfilerAction.NONE
-        self.timer.ranges = phase_ranges(self.timer.device) if self.recording else None
-        if not self.recording:
-            self.profiler.stop()
+        self.begun += 1
+        self._end_step()
+        if self.begun <= self.steps:
+            self.step_range = record_function(f"ProfilerStep#{self.begun}")
+            self.step_range.__enter__()
+            self.timer.ranges = phase_ranges(self.timer.device)
+        else:
+            synchronize(self.timer.device)
+            self.profiler.toggle_collection_dynamic(False, ALL_ACTIVITIES)
 
     def finish(self) -> None:
-        """Stop recording if the epoch ended first, and write the trace."""
-        if self.recording:
-            self.profiler.stop()
-            self.recording = False
-            self.timer.ranges = None
+        """Stop the profiler (the epoch's collectives have ended) and write the trace."""
+        self._end_step()
+        self.profiler.stop()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.profiler.export_chrome_trace(str(self.path))
+
+    def _end_step(self) -> None:
+        if self.step_range is not None:
+            self.step_range.__exit__(None, None, None)
+            self.step_range = None
+            self.timer.ranges = None

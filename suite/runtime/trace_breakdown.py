@@ -10,11 +10,12 @@ the communication intervals in the step and P the union of the computation inter
     time_idle_s         step - |C u P|     framework and Python time between operators
     comm_fraction       |C| / step
 
-On CPU the timeline is the host's. Every operator (`cpu_op`) on any thread is computation, except the collectives
-(`c10d::*`, the functional collectives, `record_param_comms`) and what runs inside them, which are communication,
-as are gloo's own ranges (`gloo:all_reduce`, ...). Gloo runs a collective on a thread of its own, so DDP's
-all-reduce of one bucket overlaps the backward of the next; a rank that waits for a collective to end (a blocking
-all-reduce, a pipeline's receive, which includes the wait for the stage that sends) is exposed.
+On CPU the timeline is the host's. Every operator (`cpu_op`) on any thread is computation, except the calls of
+collectives (`c10d::*`, the functional collectives and their waits, `record_param_comms`) and what runs inside
+them, which are communication. So are gloo's own ranges (`gloo:all_reduce`, `gloo:send`, ...) where their thread
+computes nothing: gloo runs a collective on a thread of its own, so that DDP's all-reduce of one bucket overlaps
+the backward of the next, while a send or receive is a range on the thread that posted it, until it is waited
+for (a blocking receive, in a pipeline, includes the wait for the stage that sends).
 On a GPU the timeline is the device's: NCCL's kernels are communication, every other kernel, memory copy and
 memory set computation, and a step starts with its first device activity (the profiler's `gpu_user_annotation`
 copy of `ProfilerStep#<k>`).
@@ -105,17 +106,28 @@ def step_windows(events: list[dict[str, Any]], category: str) -> Intervals:
 
 def host_intervals(events: list[dict[str, Any]]) -> tuple[Intervals, Intervals]:
     """Communication and computation on the host's threads (the CPU timeline)."""
-    comm: dict[tuple, Intervals] = defaultdict(list)
+    calls: dict[tuple, Intervals] = defaultdict(list)  # a collective's call, and what runs inside it
+    pending: dict[tuple, Intervals] = defaultdict(list)  # gloo's ranges: from a collective's start to its end
     ops: dict[tuple, Intervals] = defaultdict(list)
     for e in events:
         thread = (e.get("pid"), e.get("tid"))
-        if e.get("cat") in ("cpu_op", "user_annotation") and e["name"].startswith(COMM_PREFIXES):
-            comm[thread].append(seconds(e))
+        if not e["name"].startswith(COMM_PREFIXES):
+            if e.get("cat") == "cpu_op":
+                ops[thread].append(seconds(e))
         elif e.get("cat") == "cpu_op":
-            ops[thread].append(seconds(e))
-    # An operator inside a collective on the same thread (a copy into gloo's buffer) is communication.
-    compute = [piece for thread, spans in ops.items() for piece in subtract(union(spans), union(comm[thread]))]
-    return union([piece for spans in comm.values() for piece in spans]), union(compute)
+            calls[thread].append(seconds(e))
+        elif e.get("cat") == "user_annotation":
+            pending[thread].append(seconds(e))
+    comm: Intervals = []
+    compute: Intervals = []
+    for thread in ops.keys() | calls.keys() | pending.keys():
+        called = union(calls[thread])
+        busy = subtract(union(ops[thread]), called)
+        compute += busy
+        # A send or receive is a range on the thread that posted it, until it is waited for: the thread may
+        # compute meanwhile, and only the rest is communication.
+        comm += called + subtract(union(pending[thread]), busy)
+    return union(comm), union(compute)
 
 
 def device_intervals(events: list[dict[str, Any]]) -> tuple[Intervals, Intervals]:

@@ -152,7 +152,7 @@ class Trainer:
         samples = 0
         trace = self.trace if epoch == 1 else None
         if trace:
-            trace.prepare()  # before the clock starts
+            trace.start()  # before the clock starts
         synchronize(self.env.device)
         dist.barrier()  # every rank starts the epoch clock together
         start = time.perf_counter()
