@@ -5,6 +5,8 @@ steps (or one pass over this rank's shard), timed with device-synchronised clock
 an evaluation on the validation set. Per-rank numbers are reduced explicitly once per epoch:
 max for times, mean over data-parallel replicas for losses, sums for sample counts.
 Time-to-target counts training time only (warm-up and epochs, slowest rank), not evaluation.
+With `profile.steps`, the first steps of epoch 1 are traced (suite.runtime.profile) and the communication measured
+in the traces is reduced like the phase times (suite.runtime.trace_breakdown).
 """
 
 from __future__ import annotations
