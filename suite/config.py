@@ -77,6 +77,13 @@ class FaultConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A torch.profiler trace of the first timed steps on every rank (suite.runtime.profile)."""
+
+    steps: int = 0  # steps of the first epoch traced; 0 = no profiler at all
+
+
+@dataclass
 class JobConfig:
     """How a point is submitted to a batch scheduler. Not part of a point's identity (its config hash)."""
 
@@ -142,6 +149,7 @@ class PointConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     grad_compression: GradCompressionConfig = field(default_factory=GradCompressionConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     workers: int = 1  # ranks (one per GPU, or CPU processes)
     nodes: int | None = None  # None = ceil(workers / cluster.workers_per_node)

@@ -94,10 +94,14 @@ MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb", "mem_master_mb"
 # or `hfu`: the `suite.mfu_missing` tag says why.
 UTILISATION_METRICS = ("model_tflop_per_step", "hardware_tflop_per_step", "achieved_tflops", "peak_tflops", "mfu",
                        "hfu")
+# Mean per traced step, from each rank's profiler trace (suite.runtime.trace_breakdown): largest over ranks, and per
+# rank as <name>_rank<i>.
+TRACE_BREAKDOWN = ("time_comm_s", "time_comm_exposed_s", "time_compute_s", "time_idle_s", "comm_fraction")
 # Once per run; a summary entry not named here (nor a strategy metric) is an error when the run is recorded.
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step", *UTILISATION_METRICS)
+                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step", *UTILISATION_METRICS,
+                   *TRACE_BREAKDOWN)
 # Summary entries that are not single numbers: recorded in their own form (see suite.records.store); `run_tags`
 # are tags the ranks add (where the peak came from, or why there is no MFU).
-SUMMARY_DETAILS = ("memory_by_rank", "strategy_metrics", "step_losses", "run_tags")
+SUMMARY_DETAILS = ("memory_by_rank", "breakdown_by_rank", "strategy_metrics", "step_losses", "run_tags")

@@ -13,10 +13,12 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from suite.paths import results_dir
-from suite.vocabulary import EPOCH_METRICS, MEMORY_SPLIT, SUMMARY_DETAILS, SUMMARY_METRICS, Status
+from suite.vocabulary import EPOCH_METRICS, MEMORY_SPLIT, SUMMARY_DETAILS, SUMMARY_METRICS, TRACE_BREAKDOWN, Status
 
 # MLflow 3 opens an experiment without this tag on its GenAI overview of traces; this kind opens the runs table.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# Summary details holding one entry per rank: the metrics recorded from each as <name>_rank<i>.
+PER_RANK = {"memory_by_rank": ("peak_memory_mb", *MEMORY_SPLIT), "breakdown_by_rank": TRACE_BREAKDOWN}
 
 
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:
@@ -120,9 +122,9 @@ class Store:
         metrics += [Metric(k, float(summary[k]), now, 0) for k in SUMMARY_METRICS if k in summary]
         metrics += [Metric(k, float(v), now, 0) for k, v in summary.get("strategy_metrics", {}).items()]
         metrics += [Metric("step_loss", float(v), now, i) for i, v in enumerate(summary.get("step_losses", []))]
-        for rank, memory in enumerate(summary.get("memory_by_rank", [])):
-            metrics += [Metric(f"{key}_rank{rank}", float(memory[key]), now, 0)
-                        for key in ("peak_memory_mb", *MEMORY_SPLIT) if key in memory]
+        for detail, keys in PER_RANK.items():
+            for rank, values in enumerate(summary.get(detail, [])):
+                metrics += [Metric(f"{key}_rank{rank}", float(values[key]), now, 0) for key in keys if key in values]
         return self.write_run(experiment, name, params, {**summary.get("run_tags", {}), **tags}, metrics, artifacts,
                               start_time, end_time)
 

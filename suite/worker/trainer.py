@@ -5,6 +5,8 @@ steps (or one pass over this rank's shard), timed with device-synchronised clock
 an evaluation on the validation set. Per-rank numbers are reduced explicitly once per epoch:
 max for times, mean over data-parallel replicas for losses, sums for sample counts.
 Time-to-target counts training time only (warm-up and epochs, slowest rank), not evaluation.
+With `profile.steps`, the first steps of epoch 1 are traced (suite.runtime.profile) and the communication measured
+in the traces is reduced like the phase times (suite.runtime.trace_breakdown).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ from suite.runtime.faults import inject_fault
 from suite.runtime.flops import StepFlops, step_flops
 from suite.runtime.memory import peak_memory, reset_peak
 from suite.runtime.precision import make_precision
+from suite.runtime.profile import StepTrace
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
+from suite.runtime.trace_breakdown import breakdown
 from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
-from suite.vocabulary import MEMORY_SPLIT
+from suite.vocabulary import MEMORY_SPLIT, TRACE_BREAKDOWN
 
 log = logging.getLogger("suite")
 
@@ -101,14 +105,17 @@ class Trainer:
                 f"{self.layout.mini_batch}: raise dataset.samples or lower the batch"
             )
         self.metric = target_metric(cfg, self.data.task)
+        self.trace = StepTrace(cfg.profile.steps, self.timer, out.rank_trace(env.rank)) if cfg.profile.steps else None
         self.global_step = 0
         self.step_losses: list[float] = []
         self.flops: StepFlops | str | None = None  # rank 0's count, or why there is none
 
-    def _batches(self, epoch: int, steps: int):
+    def _batches(self, epoch: int, steps: int, trace: StepTrace | None = None):
         self.loaders.sampler.set_epoch(epoch)
         loader = iter(self.loaders.train)
         for _ in range(steps):
+            if trace:
+                trace.step()
             with self.timer.phase("data"):
                 inputs, targets = next(loader)
                 inputs = inputs.to(self.env.device, non_blocking=True)
@@ -150,10 +157,13 @@ class Trainer:
         self.timer.enabled = True
         losses: list[torch.Tensor] = []
         samples = 0
+        trace = self.trace if epoch == 1 else None
+        if trace:
+            trace.start()  # before the clock starts
         synchronize(self.env.device)
         dist.barrier()  # every rank starts the epoch clock together
         start = time.perf_counter()
-        for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch), 1):
+        for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch, trace), 1):
             losses.append(self._step(inputs, targets))
             self.timer.steps += 1
             samples += inputs.shape[0]
@@ -169,6 +179,8 @@ class Trainer:
         synchronize(self.env.device)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
+        if trace:
+            trace.finish()
         self.timer.collect()
         step_losses = self._reduce_losses(losses)
         self.step_losses += step_losses
@@ -266,6 +278,15 @@ class Trainer:
         metrics, tags = utilisation(self.flops, self.layout.dp, steps, seconds, devices, peak)
         return {**metrics, "run_tags": tags}
 
+    def _breakdown_metrics(self) -> dict[str, Any]:
+        """Communication, computation and idle time per traced step, from each rank's trace; for the strategies
+        whose communication all goes through torch.distributed, so that the trace shows all of it."""
+        if self.trace is None or not self.comm.enabled:
+            return {}
+        by_rank = [None] * self.env.world_size
+        dist.all_gather_object(by_rank, breakdown(self.trace.path))
+        return {**{key: max(rank[key] for rank in by_rank) for key in TRACE_BREAKDOWN}, "breakdown_by_rank": by_rank}
+
     def _summary(self, epochs: list[dict[str, float]], to_target: dict[str, float]) -> dict[str, Any]:
         phases = self.timer.means()
         phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
@@ -282,6 +303,7 @@ class Trainer:
             **{key: max(m[key] for m in memory) for key in MEMORY_SPLIT if key in memory[0]},
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **self._comm_metrics(),
+            **self._breakdown_metrics(),
             **(self._utilisation(total_time, self.steps_per_epoch * len(epochs)) if self.env.is_main else {}),
             **to_target,
             "memory_by_rank": memory,
