@@ -1,5 +1,6 @@
 """profile.steps: each rank's torch.profiler trace, and the communication breakdown measured in it."""
 
+import csv
 import gzip
 import json
 from collections import Counter
@@ -8,6 +9,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from analysis.report import write_report
 from suite.errors import ConfigError
 from suite.records.point_dir import PointDir
 from suite.runtime.profile import StepTrace
@@ -148,7 +150,7 @@ def test_profile_steps_are_checked_and_enter_a_points_identity():
 
 
 @pytest.mark.slow  # launches the points' ranks
-def test_profiled_points_leave_a_trace_per_rank_and_measure_communication(store):
+def test_profiled_points_leave_a_trace_per_rank_and_measure_communication(store, tmp_path):
     points = plan([[*TINY, "strategy=ddp", "workers=2", "profile.steps=2"],
                    [*TINY, "strategy=single", "workers=1", "profile.steps=2"]], experiment="profile")
     ddp, single = run_sweep(points, store)
@@ -171,3 +173,10 @@ def test_profiled_points_leave_a_trace_per_rank_and_measure_communication(store)
     alone = store.client.get_run(single.run_id).data.metrics
     assert alone["time_comm_s"] == alone["time_comm_exposed_s"] == alone["comm_fraction"] == 0
     assert alone["time_compute_s"] > 0
+
+    write_report(store, "profile", out_dir=tmp_path)  # the breakdown view: measured communication and MFU's column
+    with (tmp_path / "breakdown.csv").open() as f:
+        table = {row["strategy"]: row for row in csv.DictReader(f)}
+    assert float(table["ddp"]["all comm"]) > 0 and float(table["ddp"]["exposed % of comm"]) <= 100
+    assert float(table["single"]["all comm"]) == 0 and table["single"]["MFU %"] == "-"  # no peak known locally
+    assert (tmp_path / "breakdown.png").stat().st_size > 0
