@@ -13,6 +13,7 @@ from analysis.tables import Table
 from analysis.views import Context, Section, save_figure, table_section, view
 
 SLICES = (("time_compute_s", "compute"), ("time_comm_exposed_s", "exposed communication"), ("time_idle_s", "idle"))
+COLOURS = {"compute": "tab:blue", "exposed communication": "tab:red", "idle": "tab:gray"}
 
 
 def _mean(rows: list[Row], metric: str) -> float | None:
@@ -66,10 +67,10 @@ def breakdown_view(ctx: Context) -> Section:
         bottom = [0.0] * len(bars)
         for metric, name in SLICES:
             heights = [b[metric] or 0.0 for _, b in bars]
-            ax.bar(x, heights, width=0.4, bottom=bottom, label=name, align="edge")
+            ax.bar(x, heights, width=0.4, bottom=bottom, label=name, align="edge", color=COLOURS[name])
             bottom = [a + h for a, h in zip(bottom, heights)]
         ax.bar([i - 0.4 for i in x], [b["time_comm_s"] or 0.0 for _, b in bars], width=0.4, align="edge",
-               color="none", edgecolor="C1", hatch="//", label="all communication (overlapped or not)")
+               color="none", edgecolor="tab:red", hatch="//", label="all communication (overlapped or not)")
         for i, (_, b) in enumerate(bars):
             if b["mfu"] is not None:
                 ax.text(i, bottom[i], f"MFU {100 * b['mfu']:.1f}%", ha="center", va="bottom", fontsize=7)
