@@ -152,9 +152,11 @@ def test_profile_steps_are_checked_and_enter_a_points_identity():
 @pytest.mark.slow  # launches the points' ranks
 def test_profiled_points_leave_a_trace_per_rank_and_measure_communication(store, tmp_path):
     points = plan([[*TINY, "strategy=ddp", "workers=2", "profile.steps=2"],
-                   [*TINY, "strategy=single", "workers=1", "profile.steps=2"]], experiment="profile")
-    ddp, single = run_sweep(points, store)
-    assert (ddp.status, single.status) == ("finished", "finished"), (ddp.error, single.error)
+                   [*TINY, "strategy=single", "workers=1", "profile.steps=2"],
+                   # sends still pending when the traced steps end: the profiler must not stop then
+                   [*TINY, "strategy=pipedream", "workers=2", "profile.steps=2"]], experiment="profile")
+    ddp, single, pipedream = run_sweep(points, store)
+    assert [o.status for o in (ddp, single, pipedream)] == ["finished"] * 3, [ddp.error, single.error, pipedream.error]
 
     run = store.client.get_run(ddp.run_id)
     out = PointDir(run.data.tags["suite.point_dir"])
@@ -173,6 +175,7 @@ def test_profiled_points_leave_a_trace_per_rank_and_measure_communication(store,
     alone = store.client.get_run(single.run_id).data.metrics
     assert alone["time_comm_s"] == alone["time_comm_exposed_s"] == alone["comm_fraction"] == 0
     assert alone["time_compute_s"] > 0
+    assert store.client.get_run(pipedream.run_id).data.metrics["time_comm_s_rank1"] > 0
 
     write_report(store, "profile", out_dir=tmp_path)  # the breakdown view: measured communication and MFU's column
     with (tmp_path / "breakdown.csv").open() as f:

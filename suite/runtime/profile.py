@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from suite.runtime.timing import PhaseTimer, synchronize
 
-# Collection is toggled off for every kind of activity: torch warns for any set without both GPU kinds.
+# Collection is toggled off for every kind of activity: torch warns when CPU is toggled without both GPU kinds.
 ALL_ACTIVITIES = (ProfilerActivity.CPU, ProfilerActivity.CUDA, ProfilerActivity.XPU)
 
 
@@ -41,8 +41,9 @@ class StepTrace:
 
     def __init__(self, steps: int, timer: PhaseTimer, path: Path) -> None:
         self.steps, self.timer, self.path = steps, timer, path
-        activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (timer.device.type == "cuda")
-        self.profiler = profile(activities=activities)
+        on_gpu = timer.device.type == "cuda"
+        self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else
+                                [ProfilerActivity.CPU])
         self.begun = 0  # steps begun since `start`
         self.step_range: record_function | None = None
 

@@ -154,8 +154,6 @@ def breakdown(path: Path) -> dict[str, Any]:
     comm, compute = device_intervals(events) if on_device else host_intervals(events)
     windows = step_windows(events, "gpu_user_annotation" if on_device else "user_annotation")
     steps = [step_breakdown(comm, compute, start, end) for start, end in windows]
-    if not steps:
-        return {"steps": []}
     total = {key: sum(step[key] for step in steps) for key in ("time_step_s", *TRACE_BREAKDOWN)}
     means = {key: total[key] / len(steps) for key in TRACE_BREAKDOWN}
     means["comm_fraction"] = total["time_comm_s"] / total["time_step_s"] if total["time_step_s"] > 0 else 0.0
