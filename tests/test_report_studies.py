@@ -16,10 +16,11 @@ FAST = [*DIGITS, "steps_per_epoch=2", "log_every=1", "tracking.experiment=slice"
 GPT2 = ["dataset=tokens", "dataset.seq_len=32", "dataset.samples=64", "dataset.val_samples=16", "network=gpt2_tiny",
         "batch_size=4", "epochs=2", "steps_per_epoch=2", "warmup_steps=1", "optimizer.name=adam",
         "tracking.experiment=slice"]
-J_FILES = ["status_matrix", "status_problems", "j_epoch_time", "j_speedup_gpus", "j_table6_1_gpipe_configs", "claims"]
+J_FILES = ["status_matrix", "status_problems", "j_epoch_time", "j_speedup_gpus", "j_table6_1_gpipe_configs", "claims",
+           "breakdown"]
 J_FIGURES = ["j_fig3_1_speedup", "j_fig3_2_speedup_gpus"]
 N_FILES = ["status_matrix", "n_epoch_time", "n_single_gpu", "n_breakdown", "n_time_to_target", "n_zero_ddp_memory",
-           "n_pipeline_memory_reduction", "n_table2_systems", "n_table3_hyperparameters", "claims"]
+           "n_pipeline_memory_reduction", "n_table2_systems", "n_table3_hyperparameters", "claims", "breakdown"]
 N_FIGURES = ["n_fig6_epoch_time", "n_fig4_single_gpu", "n_fig5_breakdown", "n_fig8_convergence", "n_fig9_memory"]
 
 
