@@ -82,6 +82,7 @@ def slice_store(tmp_path_factory):
                 os.environ[key] = value
 
 
+@pytest.mark.slow  # runs a sweep's points
 def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     store, results = slice_store
     report = write_report(store, "slice", sweep="study_j_mini", out_dir=results / "reports" / "j")
@@ -105,6 +106,7 @@ def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     assert "Study J protocol" in (report.directory / "j_epoch_time.md").read_text()
 
 
+@pytest.mark.slow  # runs a sweep's points
 def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     store, results = slice_store
     report = write_report(store, "slice", sweep="study_n_mini", out_dir=results / "reports" / "n")
@@ -122,6 +124,7 @@ def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     assert len(sections) == 9  # the sweep file's views
 
 
+@pytest.mark.slow  # runs a sweep's points
 def test_sweep_invocation_is_a_parent_run_with_the_report(results, store):
     result = run_suite("--sweep", "digits")
     assert result.returncode == 0, result.stderr[-3000:]
