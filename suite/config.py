@@ -127,6 +127,9 @@ class ClusterConfig:
     workers_per_node: int = 1  # GPUs per node, or CPU worker processes per node
     threads_per_worker: int | None = None  # CPU intra-op threads per rank; None = cores / local ranks
     device: str = "auto"  # auto | cpu | cuda
+    # More ranks than GPUs on a node, sharing them over gloo (NCCL refuses two ranks on one GPU): for checking the
+    # GPU paths of multi-rank strategies on a one-GPU machine; its timings say nothing of scaling.
+    share_gpus: bool = False
     tracking_uri: str | None = None  # an MLflow server the cluster's jobs report to (see `make mlflow-server`)
     job: JobConfig = field(default_factory=JobConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)

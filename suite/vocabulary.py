@@ -87,6 +87,9 @@ EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss
                  "val_perplexity", "train_time_s")
 # What each rank holds, in MiB (largest over ranks, and per rank as <name>_rank<i>).
 MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb", "mem_master_mb")
+# On a GPU, beside `peak_memory_mb` (the larger of the last two): the CUDA caching allocator's peaks, and what NVML
+# sees the rank's process hold at the end (the allocator's cache, the CUDA context, NCCL's buffers).
+DEVICE_MEMORY = ("peak_cuda_allocated_mb", "peak_cuda_reserved_mb", "nvml_used_mb")
 # FLOPs and utilisation (suite.runtime.utilisation): `model_tflop_per_step` and `hardware_tflop_per_step` are the
 # TFLOP of one global step (every replica; forward and backward, without and with recomputation);
 # `achieved_tflops` is the model TFLOP/s of one device; `peak_tflops` that device's dense matmul peak for the
@@ -100,8 +103,8 @@ TRACE_BREAKDOWN = ("time_comm_s", "time_comm_exposed_s", "time_compute_s", "time
 # Once per run; a summary entry not named here (nor a strategy metric) is an error when the run is recorded.
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step", *UTILISATION_METRICS,
-                   *TRACE_BREAKDOWN)
+                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, *DEVICE_MEMORY, "comm_mb_per_step",
+                   *UTILISATION_METRICS, *TRACE_BREAKDOWN, "fp16_skipped_steps")
 # Summary entries that are not single numbers: recorded in their own form (see suite.records.store); `run_tags`
 # are tags the ranks add (where the peak came from, or why there is no MFU).
 SUMMARY_DETAILS = ("memory_by_rank", "breakdown_by_rank", "strategy_metrics", "step_losses", "run_tags")

@@ -13,12 +13,21 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from suite.paths import results_dir
-from suite.vocabulary import EPOCH_METRICS, MEMORY_SPLIT, SUMMARY_DETAILS, SUMMARY_METRICS, TRACE_BREAKDOWN, Status
+from suite.vocabulary import (
+    DEVICE_MEMORY,
+    EPOCH_METRICS,
+    MEMORY_SPLIT,
+    SUMMARY_DETAILS,
+    SUMMARY_METRICS,
+    TRACE_BREAKDOWN,
+    Status,
+)
 
 # MLflow 3 opens an experiment without this tag on its GenAI overview of traces; this kind opens the runs table.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # Summary details holding one entry per rank: the metrics recorded from each as <name>_rank<i>.
-PER_RANK = {"memory_by_rank": ("peak_memory_mb", *MEMORY_SPLIT), "breakdown_by_rank": TRACE_BREAKDOWN}
+PER_RANK = {"memory_by_rank": ("peak_memory_mb", *MEMORY_SPLIT, *DEVICE_MEMORY),
+            "breakdown_by_rank": TRACE_BREAKDOWN}
 
 
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:

@@ -122,8 +122,8 @@ class GPipe(Pipeline):
     def _devices(self, device: torch.device, count: int) -> list[torch.device]:
         if self.devices is not None:
             return [torch.device(d) for d in self.devices]
-        if device.type == "cuda":
-            return [torch.device("cuda", i) for i in range(count)]
+        if device.type == "cuda":  # more partitions than GPUs only where the cluster shares them
+            return [torch.device("cuda", i % torch.cuda.device_count()) for i in range(count)]
         return [torch.device("cpu")] * count
 
     def setup(self, model: nn.Module, rank: RankContext) -> TorchGPipeRuntime:

@@ -247,8 +247,9 @@ def _check_device(cfg: DictConfig) -> None:
         return
     if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("cluster.device=cuda but this machine has no CUDA device")
-    if uses_cuda and cfg.workers > torch.cuda.device_count():
-        raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs")
+    if uses_cuda and cfg.workers > torch.cuda.device_count() and not cfg.cluster.share_gpus:
+        raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs "
+                          "(cluster.share_gpus=true runs the ranks on shared GPUs over gloo)")
 
 
 def _check_batches(cfg: DictConfig, layout: Layout) -> None:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import HookOpName
 
 from suite.records.manifest import rank_info
 from suite.runtime.comm import SHARE_SENT
@@ -37,8 +36,8 @@ log = logging.getLogger("suite")
 GB = 1e9  # bandwidths in GB/s, as nccl-tests prints them
 FLOAT_BYTES = 4
 LATENCY_BYTES = FLOAT_BYTES  # a ping-pong of one float gives the latency
-HOOK_OPS = {Collective.all_reduce: HookOpName.ALLREDUCE, Collective.all_gather: HookOpName.ALLGATHER,
-            Collective.reduce_scatter: HookOpName.REDUCE_SCATTER, Collective.broadcast: HookOpName.BROADCAST}
+HOOK_OPS = {Collective.all_reduce: "ALLREDUCE", Collective.all_gather: "ALLGATHER",
+            Collective.reduce_scatter: "REDUCE_SCATTER", Collective.broadcast: "BROADCAST"}
 TORCH_DTYPES = {MathDtype.fp32: torch.float32, MathDtype.tf32: torch.float32, MathDtype.bf16: torch.bfloat16,
                 MathDtype.fp16: torch.float16}
 

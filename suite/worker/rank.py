@@ -53,7 +53,8 @@ def process_group(out: PointDir, cfg, processes: int, what: str) -> Iterator[Dis
         raise ConfigError(f"started as {rendezvous.world_size} ranks by {rendezvous.source}, "
                           f"but the job runs {processes} ({what})")
     log.info(rendezvous.describe())
-    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous)
+    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous,
+                           cfg.cluster.share_gpus)
     try:
         ranks = [None] * env.world_size
         dist.all_gather_object(ranks, rank_info(env.device))

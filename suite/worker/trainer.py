@@ -41,7 +41,7 @@ from suite.runtime.trace_breakdown import breakdown
 from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
-from suite.vocabulary import MEMORY_SPLIT, TRACE_BREAKDOWN
+from suite.vocabulary import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN
 
 log = logging.getLogger("suite")
 
@@ -258,10 +258,17 @@ class Trainer:
 
     def _comm_metrics(self) -> dict[str, float]:
         """MiB sent in collectives per timed step, by the rank that sends the most (see suite.runtime.comm)."""
-        if not self.comm.enabled:
+        if not self.comm.counts:
             return {}
         (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
         return {"comm_mb_per_step": mb}
+
+    def _skipped_steps(self) -> dict[str, float]:
+        """fp16: the optimizer steps (warm-up included) that loss scaling skipped, on the rank that skipped most."""
+        if self.cfg.precision != "fp16":
+            return {}
+        (skipped,) = self._max([float(self.parallel.rank.precision.skipped_steps)])
+        return {"fp16_skipped_steps": skipped}
 
     def _utilisation(self, seconds: float, steps: int) -> dict[str, Any]:
         """MFU and HFU of `steps` global steps in `seconds` (rank 0; see suite.runtime.utilisation)."""
@@ -300,7 +307,8 @@ class Trainer:
             "samples_per_epoch": epochs[-1]["samples"],
             "steps_per_epoch": self.steps_per_epoch,
             "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),
-            **{key: max(m[key] for m in memory) for key in MEMORY_SPLIT if key in memory[0]},
+            **{key: max(m[key] for m in memory) for key in (*MEMORY_SPLIT, *DEVICE_MEMORY) if key in memory[0]},
+            **self._skipped_steps(),
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **self._comm_metrics(),
             **self._breakdown_metrics(),

@@ -1,0 +1,122 @@
+"""The CUDA paths on a real GPU (`make test-gpu`; `make test` does not collect these): the `gpu_checks` sweep through
+the real driver, every point's record, and fp16 loss scaling."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from suite.paths import REPO_ROOT
+from suite.records.store import Store
+from suite.runtime.precision import make_precision
+from suite.vocabulary import DEVICE_MEMORY
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+CONTRACT = {"epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_forward_s", "time_backward_s",
+            "time_optimizer_s", "samples_per_epoch", "peak_cuda_allocated_mb", "peak_cuda_reserved_mb", "mfu"}
+# What NVML sees a process hold beyond the allocator's cache: the CUDA context, cuBLAS/cuDNN workspaces, NCCL.
+CONTEXT_MB = 3072
+
+
+@pytest.fixture(scope="module")
+def sweep_store(tmp_path_factory) -> Store:
+    """The store of one `gpu_checks` sweep, run through the real driver."""
+    assert torch.cuda.is_available(), "make test-gpu needs a CUDA GPU"
+    results = tmp_path_factory.mktemp("results")
+    env = {**os.environ, "SUITE_RESULTS_DIR": str(results)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    sweep = subprocess.run([sys.executable, "-m", "suite", "--sweep", "gpu_checks"], cwd=REPO_ROOT, env=env,
+                           capture_output=True, text=True, timeout=1800)
+    print(sweep.stdout[-6000:], sweep.stderr[-6000:])
+    assert (results / "mlflow.db").exists(), sweep.stderr[-2000:]
+    return Store(f"sqlite:///{results / 'mlflow.db'}")
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(sweep_store) -> dict:
+    """Every point's run, by (strategy, zero stage or tp, precision, workers)."""
+    return {key(r): r for r in sweep_store.runs("gpu_checks") if "suite.sweep" not in r.data.tags}
+
+
+def key(run) -> tuple[str, str, str, int]:
+    p = run.data.params
+    variant = p.get("strategy.zero_stage") or p.get("strategy.tp") or ""
+    return p["strategy"], variant, p["precision"], int(p["workers"])
+
+
+def failures(gpu_runs: dict, check) -> list[str]:
+    """`check(run)` over every finished run: the messages of those it finds wrong."""
+    found = []
+    for k, run in sorted(gpu_runs.items()):
+        if run.data.tags["suite.status"] == "finished":
+            found += [f"{k}: {message}" for message in check(run)]
+    return found
+
+
+def test_every_strategy_finishes_on_cuda(gpu_runs):
+    failed = [f"{k}: {r.data.tags['suite.status']}: {r.data.tags.get('suite.error', '')}"
+              for k, r in sorted(gpu_runs.items()) if r.data.tags["suite.status"] != "finished"]
+    assert not failed, "\n".join(failed)
+    assert len(gpu_runs) == 25
+
+
+def test_contract_metrics_and_cuda_event_phase_times(gpu_runs):
+    def check(run):
+        m = run.data.metrics
+        missing = sorted(CONTRACT - m.keys())
+        if missing:
+            yield f"missing {missing}"
+        elif not m["time_forward_s"] > 0 < m["time_backward_s"]:
+            yield f"phase times forward {m['time_forward_s']} backward {m['time_backward_s']}"
+    assert not failures(gpu_runs, check), "\n".join(failures(gpu_runs, check))
+
+
+def test_allocator_and_nvml_peaks_recorded_and_consistent(gpu_runs):
+    def check(run):
+        m = run.data.metrics
+        for rank in range(int(run.data.params["processes"])):
+            allocated, reserved, nvml = (m.get(f"{name}_rank{rank}") for name in DEVICE_MEMORY)
+            if allocated is None or reserved is None or nvml is None:
+                yield f"rank {rank}: allocated {allocated} reserved {reserved} nvml {nvml}"
+            elif not 0 < allocated <= reserved <= nvml + 1 and nvml <= reserved + CONTEXT_MB:
+                yield f"rank {rank}: allocated {allocated:.0f} <= reserved {reserved:.0f} <= nvml {nvml:.0f} MiB fails"
+    assert not failures(gpu_runs, check), "\n".join(failures(gpu_runs, check))
+
+
+def test_fp16_runs_count_the_steps_loss_scaling_skipped(gpu_runs):
+    for k in [("single", "", "fp16", 1), ("ddp", "", "fp16", 1)]:
+        skipped = gpu_runs[k].data.metrics["fp16_skipped_steps"]
+        assert skipped == int(skipped) and 0 <= skipped < 6 + 2  # the scaler settles within the run's steps
+
+
+def test_fp16_overflow_skips_the_step_and_is_counted():
+    weight = torch.nn.Parameter(torch.ones(4, device="cuda"))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    precision = make_precision("fp16", torch.device("cuda"))
+    with precision.autocast():
+        loss = (weight * torch.tensor(6e4, device="cuda")).sum() * 1e30  # inf once scaled
+    precision.backward(loss)
+    precision.step(optimizer)
+    assert precision.skipped_steps == 1
+    assert torch.equal(weight.detach(), torch.ones(4, device="cuda"))  # the step was skipped
+
+
+@pytest.mark.parametrize("same, as_", [
+    (("ddp", "", "fp32", 1), ("single", "", "fp32", 1)),
+    (("fsdp", "", "fp32", 1), ("zero", "1", "fp32", 1)),
+    (("megatron", "1", "fp32", 1), ("zero", "1", "fp32", 1)),
+    (("zero", "3", "fp32", 1), ("zero", "1", "fp32", 1)),
+])
+def test_one_rank_strategies_train_alike_on_cuda(sweep_store, gpu_runs, same, as_):
+    """Same global batch, same seed, one NCCL rank: each strategy follows the same losses on the GPU."""
+    a, b = (step_losses(sweep_store, gpu_runs[k]) for k in (same, as_))
+    assert len(a) == len(b) > 0
+    assert a == pytest.approx(b, rel=1e-3, abs=1e-3)
+
+
+def step_losses(store: Store, run) -> list[float]:
+    history = store.client.get_metric_history(run.info.run_id, "step_loss")
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
