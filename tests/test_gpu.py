@@ -16,7 +16,8 @@ from suite.vocabulary import DEVICE_MEMORY
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 CONTRACT = {"epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_forward_s", "time_backward_s",
-            "time_optimizer_s", "samples_per_epoch", "peak_cuda_allocated_mb", "peak_cuda_reserved_mb", "mfu"}
+            "time_optimizer_s", "samples_per_epoch", "peak_cuda_allocated_mb", "peak_cuda_reserved_mb",
+            "achieved_tflops"}
 # What NVML sees a process hold beyond the allocator's cache: the CUDA context, cuBLAS/cuDNN workspaces, NCCL.
 CONTEXT_MB = 3072
 
@@ -60,7 +61,7 @@ def test_every_strategy_finishes_on_cuda(gpu_runs):
     failed = [f"{k}: {r.data.tags['suite.status']}: {r.data.tags.get('suite.error', '')}"
               for k, r in sorted(gpu_runs.items()) if r.data.tags["suite.status"] != "finished"]
     assert not failed, "\n".join(failed)
-    assert len(gpu_runs) == 25
+    assert len(gpu_runs) == 22
 
 
 def test_contract_metrics_and_cuda_event_phase_times(gpu_runs):
@@ -104,17 +105,19 @@ def test_fp16_overflow_skips_the_step_and_is_counted():
     assert torch.equal(weight.detach(), torch.ones(4, device="cuda"))  # the step was skipped
 
 
-@pytest.mark.parametrize("same, as_", [
-    (("ddp", "", "fp32", 1), ("single", "", "fp32", 1)),
-    (("fsdp", "", "fp32", 1), ("zero", "1", "fp32", 1)),
-    (("megatron", "1", "fp32", 1), ("zero", "1", "fp32", 1)),
-    (("zero", "3", "fp32", 1), ("zero", "1", "fp32", 1)),
+# cuDNN convolutions run in TF32 in fp32 (torch's default) and pick their algorithms per process: two runs of
+# ResNet-18 part by about 1e-3 a step, and the drift grows over 14 steps. GPT-2's matmuls stay in fp32.
+@pytest.mark.parametrize("same, as_, rel", [
+    (("ddp", "", "fp32", 1), ("single", "", "fp32", 1), 2e-2),
+    (("fsdp", "", "fp32", 1), ("zero", "1", "fp32", 1), 1e-4),
+    (("megatron", "1", "fp32", 1), ("zero", "1", "fp32", 1), 1e-4),
+    (("zero", "3", "fp32", 1), ("zero", "1", "fp32", 1), 1e-4),
 ])
-def test_one_rank_strategies_train_alike_on_cuda(sweep_store, gpu_runs, same, as_):
+def test_one_rank_strategies_train_alike_on_cuda(sweep_store, gpu_runs, same, as_, rel):
     """Same global batch, same seed, one NCCL rank: each strategy follows the same losses on the GPU."""
     a, b = (step_losses(sweep_store, gpu_runs[k]) for k in (same, as_))
     assert len(a) == len(b) > 0
-    assert a == pytest.approx(b, rel=1e-3, abs=1e-3)
+    assert a == pytest.approx(b, rel=rel)
 
 
 def step_losses(store: Store, run) -> list[float]:

@@ -106,14 +106,15 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int | N
     failed = result.failed_ranks or _failed_ranks(text)
     reported = {e["rank"] for e in errors}
     # A rank killed by a signal cannot report; the errors of the others are then consequences of its death.
-    # SIGTERM is how launchers stop the surviving ranks, so it is never the cause.
-    killed = [rank for rank, code in failed.items() if code < 0 and code != SIGTERM and rank not in reported]
+    # SIGTERM is how launchers stop the surviving ranks, so it is never the cause, nor a signal this launcher sent.
+    causes = {rank: code for rank, code in failed.items() if code != SIGTERM and rank not in result.stopped_ranks}
+    killed = [rank for rank, code in causes.items() if code < 0 and rank not in reported]
     killed.sort(key=lambda rank: (failed[rank] != -9, rank))
     if errors and not killed:
         first = errors[0]
         detail = epochs_done(out, epochs) if first["status"] == Status.timeout else ""
         return first["status"], f"rank {first['rank']}: {first['error']}{detail}"
-    rank = killed[0] if killed else next((r for r, c in failed.items() if c != SIGTERM), next(iter(failed), None))
+    rank = killed[0] if killed else next(iter(causes), next(iter(failed), None))
     code = failed.get(rank, result.returncode)
     who = "a worker" if rank is None else f"rank {rank}"
     if code == -9:

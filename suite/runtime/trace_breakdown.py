@@ -152,7 +152,11 @@ def breakdown(path: Path) -> dict[str, Any]:
     events = trace_events(path)
     on_device = any(e.get("cat") == "kernel" for e in events)
     comm, compute = device_intervals(events) if on_device else host_intervals(events)
-    windows = step_windows(events, "gpu_user_annotation" if on_device else "user_annotation")
+    # A step's range reaches the GPU timeline only through the kernels it launched; where the profiler did not
+    # correlate them (seen with DeepSpeed's engine on an H100), the step is its range on the host.
+    windows = (on_device and step_windows(events, "gpu_user_annotation")) or step_windows(events, "user_annotation")
+    if not windows:
+        raise ValueError(f"{path.name} has no ProfilerStep ranges")
     steps = [step_breakdown(comm, compute, start, end) for start, end in windows]
     total = {key: sum(step[key] for step in steps) for key in ("time_step_s", *TRACE_BREAKDOWN)}
     means = {key: total[key] / len(steps) for key in TRACE_BREAKDOWN}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
@@ -130,8 +131,11 @@ class Zero(Strategy):
             # that only its inference all-reduce uses; training communicates through the gloo process group.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         config = self.generated_config(rank.cfg)
-        engine, _, _, _ = deepspeed.initialize(model=model.to(env.device), model_parameters=model.parameters(),
-                                               config=config, dist_init_required=False)
+        # DeepSpeed takes GPU number LOCAL_RANK unless `args.device_rank` names one (ranks sharing a GPU).
+        args = SimpleNamespace(device_rank=env.device.index) if env.device.type == "cuda" else None
+        engine, _, _, _ = deepspeed.initialize(args=args, model=model.to(env.device),
+                                               model_parameters=model.parameters(), config=config,
+                                               dist_init_required=False)
         if checkpoint_interval(rank.cfg.activation_checkpointing):
             # Options such as cpu_checkpointing come from the ds_config's activation_checkpointing section.
             deepspeed.checkpointing.configure(None, deepspeed_config=config)
