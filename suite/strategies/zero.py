@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
@@ -125,17 +124,16 @@ class Zero(Strategy):
         import deepspeed
 
         env = rank.env
-        os.environ.setdefault("LOCAL_RANK", str(env.local_rank))  # DeepSpeed asserts it; srun and jsrun do not set it
+        # DeepSpeed asserts LOCAL_RANK (srun and jsrun do not set it) and takes it, here and there, for the number of
+        # the rank's GPU: ranks sharing one (cluster.share_gpus) name theirs.
+        os.environ["LOCAL_RANK"] = str(env.device.index if env.device.type == "cuda" else env.local_rank)
         if env.device.type == "cpu":
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (over a minute, once per machine)
             # that only its inference all-reduce uses; training communicates through the gloo process group.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         config = self.generated_config(rank.cfg)
-        # DeepSpeed takes GPU number LOCAL_RANK unless `args.device_rank` names one (ranks sharing a GPU).
-        args = SimpleNamespace(device_rank=env.device.index) if env.device.type == "cuda" else None
-        engine, _, _, _ = deepspeed.initialize(args=args, model=model.to(env.device),
-                                               model_parameters=model.parameters(), config=config,
-                                               dist_init_required=False)
+        engine, _, _, _ = deepspeed.initialize(model=model.to(env.device), model_parameters=model.parameters(),
+                                               config=config, dist_init_required=False)
         if checkpoint_interval(rank.cfg.activation_checkpointing):
             # Options such as cpu_checkpointing come from the ds_config's activation_checkpointing section.
             deepspeed.checkpointing.configure(None, deepspeed_config=config)
