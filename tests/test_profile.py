@@ -109,6 +109,18 @@ def test_breakdown_of_a_trace_file(tmp_path):
     assert result.keys() == {*TRACE_BREAKDOWN, "steps"}
 
 
+def test_a_gpu_trace_without_device_step_ranges_takes_the_hosts(tmp_path):
+    """Seen with DeepSpeed on an H100: kernels in the trace, but no `gpu_user_annotation` copy of the steps."""
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    events = [event("ProfilerStep#1", 0, 100, "user_annotation"), event("ProfilerStep#2", 100, 200, "user_annotation"),
+              event("ampere_sgemm", 10, 60, "kernel", tid=7), event("ampere_sgemm", 110, 130, "kernel", tid=7)]
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    result = breakdown(path)
+    assert [s["time_compute_s"] for s in result["steps"]] == pytest.approx([50e-6, 20e-6])
+    assert result["time_idle_s"] == pytest.approx((50e-6 + 80e-6) / 2)
+
+
 def run_steps(timer: PhaseTimer, count: int, trace: StepTrace | None = None) -> None:
     timer.enabled = True
     for _ in range(count):
