@@ -1,9 +1,11 @@
 """The CUDA paths on a real GPU (`make test-gpu`; `make test` does not collect these): the `gpu_checks` sweep through
 the real driver, every point's record, and fp16 loss scaling."""
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,6 +90,14 @@ def test_allocator_and_nvml_peaks_recorded_and_consistent(gpu_runs):
             elif not 0 < allocated <= reserved <= nvml + 1 and nvml <= reserved + CONTEXT_MB:
                 yield f"rank {rank}: allocated {allocated:.0f} <= reserved {reserved:.0f} <= nvml {nvml:.0f} MiB fails"
     assert not failures(gpu_runs, check), "\n".join(failures(gpu_runs, check))
+
+
+def test_the_manifest_names_the_gpu_its_driver_and_torch(sweep_store, gpu_runs, tmp_path):
+    run = gpu_runs[("single", "", "fp32", 1)]
+    manifest = json.loads(Path(sweep_store.client.download_artifacts(run.info.run_id, "manifest.json",
+                                                                     str(tmp_path))).read_text())
+    assert manifest["gpu_driver"] and manifest["torch_cuda"] and manifest["packages"]["torch"]
+    assert manifest["ranks"][0]["device"] == torch.cuda.get_device_name(0)
 
 
 def test_fp16_runs_count_the_steps_loss_scaling_skipped(gpu_runs):
