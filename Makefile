@@ -13,8 +13,8 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup horovod test test-fast lint sweep status collect ui mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch \
-	predict recommend bench-model
+.PHONY: setup setup-offline wheelhouse horovod test test-fast test-gpu lint sweep status collect calibrate ui mlflow-server slurm-local report bench-overhead \
+	bench-pipeline bench-launch predict recommend bench-model
 
 setup: $(STAMP)
 
@@ -25,6 +25,23 @@ $(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	rm -f $(VENV)/.installed-* && touch $@
+
+# A GPU machine without network runs the suite on its own python3 and torch: where pip reaches an index,
+# `make wheelhouse` fills WHEELS with the other dependencies for that machine's Python (PY_VERSION; HAVE=<its
+# `pip freeze`> leaves out what it has); there, `make setup-offline` makes $(VENV) over its python3 (a .pth file
+# adds the machine's site-packages) and installs those wheels and the suite, without an index.
+WHEELS ?= wheelhouse
+wheelhouse: setup
+	$(PY) -m suite.tools.wheelhouse --dest $(WHEELS) $(if $(PY_VERSION),--python-version $(PY_VERSION)) \
+		$(if $(HAVE),--have $(HAVE))
+
+setup-offline:
+	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -c 'import site; print(*site.getsitepackages(), sep="\n")' \
+		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/machine.pth"
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --no-deps $(WHEELS)/*.whl
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 # Horovod built against the venv's torch (suite/tools/build_horovod.py): about 10 minutes on 2 cores the first time
 # on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
@@ -38,6 +55,10 @@ test: setup horovod
 # The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
+
+# The CUDA paths, on this machine's GPU (tests marked `gpu`, which `make test` does not collect).
+test-gpu: setup
+	$(PY) -m pytest -m gpu
 
 # ruff's lint rules (E, W: layout and line length included); not `ruff format`, which would re-wrap the tree's
 # hand-aligned argument lists and tables.
@@ -54,6 +75,14 @@ status: setup
 # Every batch job that ended without recording its points (all sweeps, or SWEEP=<name> only).
 collect: setup
 	$(PY) -m suite --collect $(if $(filter command line,$(origin SWEEP)),--sweep $(SWEEP))
+
+# The machine's matmul peak, collectives and send/recv, as a job of its own ranks (suite/tools/calibrate.py):
+# results/calibration/$(CLUSTER).yaml and an MLflow run in the experiment `calibration`. NODES= on a batch cluster,
+# DRY_RUN=1 writes its job script only; APPLY=1 measures nothing and copies the record's bandwidths and latencies
+# into conf/cluster/$(CLUSTER).yaml.
+calibrate: setup
+	$(PY) -m suite.tools.calibrate $(if $(APPLY),--apply) $(if $(DRY_RUN),--dry-run) cluster=$(CLUSTER) \
+		$(if $(NODES),nodes=$(NODES)) $(JOB_ARGS) $(ARGS)
 
 ui: setup
 	$(VENV)/bin/mlflow ui --port $(or $(PORT),5000) --backend-store-uri $(STORE_URI)
@@ -85,7 +114,8 @@ recommend: setup
 
 # ARGS: the benchmark's options and overrides, e.g. ARGS='--rounds 1 steps_per_epoch=2' (its smoke test).
 bench-overhead: setup
-	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=2 -m suite.tools.benchmarks.overhead $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=$(or $(WORKERS),2) \
+		-m suite.tools.benchmarks.overhead $(if $(WORKERS),workers=$(WORKERS)) $(ARGS)
 
 bench-pipeline: setup
 	$(PY) -m suite.tools.benchmarks.pipeline $(ARGS)

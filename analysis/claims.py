@@ -10,6 +10,7 @@ workers (a number, or `max`: the largest that ran), Study J's GPipe configuratio
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -223,6 +224,17 @@ def check_single_gpu_ratio(ctx: Context, claim: dict) -> Verdict | None:
     return Verdict(f"{value:.3g}x the fastest", HOLDS if _within(value, claim) else FAILS)
 
 
+def check_comm_share(ctx: Context, claim: dict) -> Verdict | None:
+    """Communication's share of a step (`comm_fraction`, measured in the traces of `profile.steps`) at the point
+    `where` names, the median over its finished repeats."""
+    rows = [r for r in finished(select(ctx, claim["where"])) if "comm_fraction" in r.metrics]
+    if not rows:
+        return None
+    value = statistics.median(r.metrics["comm_fraction"] for r in rows)
+    return Verdict(f"{value:.1%} ({rows[0].network}, {rows[0].workers} workers)",
+                   HOLDS if _within(value, claim) else FAILS)
+
+
 def check_none(ctx: Context, claim: dict) -> Verdict | None:
     """A claim the suite cannot measure yet (the claim's `measure` says what would)."""
     return None
@@ -231,7 +243,7 @@ def check_none(ctx: Context, claim: dict) -> Verdict | None:
 CHECKS = {"speedup": check_speedup, "epoch_time": check_epoch_time, "decreasing": check_decreasing,
           "fastest": check_fastest, "time_ratio": check_time_ratio, "memory_ratio": check_memory_ratio,
           "memory_reduction": check_memory_reduction, "single_gpu_ratio": check_single_gpu_ratio,
-          "status": check_status, "eq_6_1": check_eq_6_1, "none": check_none}
+          "status": check_status, "eq_6_1": check_eq_6_1, "comm_share": check_comm_share, "none": check_none}
 
 
 def evaluate(ctx: Context, claims: list[dict]) -> list[tuple[dict, Verdict]]:

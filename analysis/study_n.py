@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import matplotlib.pyplot as plt
 
+from analysis.breakdown import fmt_number, percent, point_breakdown
 from analysis.measure import PROTOCOLS, epoch_time, finished, speedup, status_of
 from analysis.runs import Row
 from analysis.stats import Estimate, ratio
@@ -159,9 +160,10 @@ def single_gpu(ctx: Context) -> Section:
 
 @view("n_breakdown")
 def breakdown(ctx: Context) -> Section:
-    """Figure 5: mean per-step data / forward / backward / optimizer time (and communication, when recorded) as
-    stacked bars per framework and GPU count, for the language model (the paper's GPT-2 medium), else every
-    network."""
+    """Figure 5: mean per-step data / forward / backward / optimizer time as stacked bars per framework and GPU
+    count, for the language model (the paper's GPT-2 medium), else every network; beside each, where the traces
+    (`profile.steps`) have it, the communication slice: all communication, and the part of it compute did not
+    hide (exposed)."""
     language = [n for n in networks(ctx) if any(r.network == n and r.dataset in ("tokens", "wikitext103")
                                                  for r in ctx.rows)]
     nets = language or networks(ctx)
@@ -174,14 +176,23 @@ def breakdown(ctx: Context) -> Section:
             for workers, repeats in points.items():
                 done = finished(repeats)
                 values = [sum(r.metrics.get(p, 0.0) for r in done) / len(done) if done else 0.0 for p in phases]
-                bars.append((f"{name} {workers}", values, status_of(repeats)))
-                rows.append([network, name, str(workers), *(f"{v:.4g}" for v in values), status_of(repeats)])
+                comm = point_breakdown(repeats)
+                bars.append((f"{name} {workers}", values, comm, status_of(repeats)))
+                rows.append([network, name, str(workers), *(f"{v:.4g}" for v in values),
+                             *(fmt_number(comm[k]) for k in ("time_comm_s", "time_comm_exposed_s")),
+                             percent(comm["comm_fraction"]),
+                             status_of(repeats)])
         bottom = [0.0] * len(bars)
         for i, phase in enumerate(phases):
             heights = [b[1][i] for b in bars]
-            ax.bar(range(len(bars)), heights, bottom=bottom, label=phase.removeprefix("time_").removesuffix("_s"))
+            ax.bar(range(len(bars)), heights, width=0.6, bottom=bottom,
+                   label=phase.removeprefix("time_").removesuffix("_s"))
             bottom = [a + h for a, h in zip(bottom, heights)]
-        for x, (_, _, status) in enumerate(bars):
+        for key, style in (("time_comm_s", {"color": "none", "edgecolor": "k", "hatch": "//"}),
+                           ("time_comm_exposed_s", {"color": "k", "alpha": 0.6})):
+            ax.bar([x + 0.3 for x in range(len(bars))], [b[2][key] or 0.0 for b in bars], width=0.2, align="edge",
+                   label="communication" if key == "time_comm_s" else "of which exposed", **style)
+        for x, (_, _, _, status) in enumerate(bars):
             if status != "finished":
                 ax.text(x, 0, status.split(":")[0], rotation=90, fontsize=6, color="C3", ha="center", va="bottom")
         ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=70, fontsize=6)
@@ -190,9 +201,10 @@ def breakdown(ctx: Context) -> Section:
     fig.suptitle(f"{ctx.experiment}: per-iteration breakdown (Figure 5)")
     files = save_figure(fig, ctx, "n_fig5_breakdown")
     table = Table("n_breakdown", f"{ctx.experiment}: per-step time breakdown (s, max over ranks)",
-                  ["network", "framework", "GPUs", *phases, "status"], rows,
-                  ["Communication has no slice of its own until the runs record one (time_comm_s): DDP's "
-                   "all-reduce is inside backward; a pipeline's phases are its stage's compute."])
+                  ["network", "framework", "GPUs", *phases, "comm", "exposed comm", "comm % of step", "status"], rows,
+                  ["The phases hold the communication done in them (DDP's all-reduce in backward, ZeRO's in the "
+                   "optimizer step); comm and exposed comm come from the profiler traces (`profile.steps`; `-`: "
+                   "not profiled). A pipeline's phases are its stage's compute."])
     section = table_section(table, ctx, files)
     section.markdown += f"\n\n![Figure 5]({files[0].name})"
     return section

@@ -1,6 +1,6 @@
 """The pieces a report is made of ("views"): each writes tables (md, CSV, LaTeX) and figures (PNG, PDF) into the
 report directory and returns a markdown section. A sweep file names its views under `report.views`; a sweep
-that names none gets DEFAULT_VIEWS, the table and plots every report had before.
+that names none gets DEFAULT_VIEWS: the speedup table and plot, convergence, and where the time goes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from analysis.measure import Histories, cells, status_of  # noqa: E402
 from analysis.runs import Row  # noqa: E402
 from analysis.tables import Table  # noqa: E402
 
-DEFAULT_VIEWS = ("speedup_table", "speedup", "convergence")
+DEFAULT_VIEWS = ("speedup_table", "speedup", "convergence", "breakdown")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ class LaunchResult:
     stopped_by: str | None = None  # SIGINT (Ctrl-C) or SIGTERM: the driver was stopped and stopped the point
     # Exit code of each rank that did not exit 0 (negative: killed by that signal); local launches only.
     failed_ranks: dict[int, int] = field(default_factory=dict)
+    # The ranks the launcher itself stopped (another had failed, or the time was up): a SIGKILL it sent to a rank
+    # stuck in a collective is not the cause.
+    stopped_ranks: frozenset[int] = frozenset()
 
 
 def free_port() -> int:
@@ -63,6 +66,7 @@ class Ranks:
         self._lock, self._log = threading.Lock(), log
         self.procs: list[subprocess.Popen | ForkedRank] = []
         self._pumps: list[threading.Thread] = []
+        self.stopped: set[int] = set()
 
     def start(self, processes: list[Process]) -> None:
         for process in processes:
@@ -100,6 +104,7 @@ class Ranks:
         """SIGTERM every rank, SIGKILL those still running after the grace."""
         if not self.procs:
             return
+        self.stopped |= {rank for rank, p in enumerate(self.procs) if p.poll() is None}
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.procs[0].pid, sig)
@@ -150,4 +155,4 @@ def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str,
     returncode = next(iter(failed.values()), 0) if not timed_out else None
     # horovodrun's own exit code is not a rank's: the verdict reads its ranks' exits from its output.
     return LaunchResult(returncode, timed_out, time.monotonic() - start, stopped_by,
-                        {} if rank_launcher else failed)
+                        {} if rank_launcher else failed, frozenset(ranks.stopped))

@@ -77,6 +77,13 @@ class FaultConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A torch.profiler trace of the first timed steps on every rank (suite.runtime.profile)."""
+
+    steps: int = 0  # steps of the first epoch traced; 0 = no profiler at all
+
+
+@dataclass
 class JobConfig:
     """How a point is submitted to a batch scheduler. Not part of a point's identity (its config hash)."""
 
@@ -104,6 +111,9 @@ class HardwareConfig:
     gpu: str | None = None
     device_memory_gb: float | None = None  # per GPU
     fp64_tflops: float | None = None  # peak per GPU
+    # Dense matmul peak per device, TFLOP/s, by math dtype (fp32, tf32, bf16, fp16): the vendor's datasheet. MFU
+    # divides by a measured peak (`make calibrate`) where there is one, else by this.
+    peak_tflops: dict[str, float] | None = None
     intra_node_bandwidth_gbs: float | None = None  # GB/s, one direction, between two GPUs of a node
     intra_node_latency_us: float | None = None
     inter_node_bandwidth_gbs: float | None = None  # GB/s, one direction, injection bandwidth of a node
@@ -117,6 +127,9 @@ class ClusterConfig:
     workers_per_node: int = 1  # GPUs per node, or CPU worker processes per node
     threads_per_worker: int | None = None  # CPU intra-op threads per rank; None = cores / local ranks
     device: str = "auto"  # auto | cpu | cuda
+    # More ranks than GPUs on a node, sharing them over gloo (NCCL refuses two ranks on one GPU): for checking the
+    # GPU paths of multi-rank strategies on a one-GPU machine; its timings say nothing of scaling.
+    share_gpus: bool = False
     tracking_uri: str | None = None  # an MLflow server the cluster's jobs report to (see `make mlflow-server`)
     job: JobConfig = field(default_factory=JobConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -139,6 +152,7 @@ class PointConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     grad_compression: GradCompressionConfig = field(default_factory=GradCompressionConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     workers: int = 1  # ranks (one per GPU, or CPU processes)
     nodes: int | None = None  # None = ceil(workers / cluster.workers_per_node)
@@ -156,9 +170,46 @@ class PointConfig:
     save_final_weights: bool = False  # rank 0 writes the full state dict (used by equivalence tests)
 
 
+@dataclass
+class CalibrationSettings:
+    """What `make calibrate` measures: collectives and send/recv over message sizes min_bytes x size_factor^k up
+    to max_bytes, and a dense matmul per math dtype. Each measurement runs for about `seconds` (the ranks agree
+    on the iterations from one timed trial), at least `min_iterations` and at most `max_iterations` times, after
+    `warmup_iterations` untimed ones."""
+
+    min_bytes: int = 4096
+    max_bytes: int = 256 * 2**20
+    size_factor: int = 4
+    seconds: float = 0.2
+    min_iterations: int = 2
+    max_iterations: int = 100
+    warmup_iterations: int = 1
+    matmul_n: int | None = None  # n of the n x n x n product; None: 8192 on GPU, 2048 on CPU
+    matmul_seconds: float = 1.0
+    dtypes: list[str] | None = None  # math dtypes of the matmul; None: fp32 and bf16, and tf32 and fp16 on GPU
+
+
+@dataclass
+class CalibrationConfig:
+    """A calibration job (`make calibrate`): its ranks, where they run, where the record goes."""
+
+    cluster: ClusterConfig = MISSING
+    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="calibration"))
+    workers: int | None = None  # ranks; None: every GPU of `nodes` nodes (here: this machine's GPUs, else 2)
+    nodes: int = 1
+    timeout_s: int = 1800
+
+
+def is_calibration(cfg) -> bool:
+    """Whether a job's config is a calibration's (else a grid point's)."""
+    return "calibration" in cfg
+
+
 def register_schema() -> None:
     cs = ConfigStore.instance()
     cs.store(name="point_schema", node=PointConfig)
+    cs.store(name="calibration_schema", node=CalibrationConfig)
     cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
     cs.store(group="network", name="network_schema", node=NetworkConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)

@@ -56,16 +56,58 @@ class Device(StrEnum):
     cuda = "cuda"
 
 
+class MathDtype(StrEnum):
+    """What a device's matrix units compute in, the key of a peak (`cluster.hardware.peak_tflops`, a calibration):
+    a precision, or tf32 (fp32 tensors multiplied on tensor cores)."""
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class PeakSource(StrEnum):
+    """Where the peak that MFU divides by comes from (the `suite.peak_source` tag)."""
+
+    calibration = "calibration"  # the dense matmul rate `make calibrate` measured (results/calibration/<cluster>.yaml)
+    vendor = "vendor"  # the cluster config's `hardware.peak_tflops`, from the vendor's datasheet
+
+
+class Collective(StrEnum):
+    """The collectives `make calibrate` times."""
+
+    all_reduce = "all_reduce"
+    all_gather = "all_gather"
+    reduce_scatter = "reduce_scatter"
+    broadcast = "broadcast"
+
+
 # Per epoch (step = epoch number).
 EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss", "val_accuracy",
                  "val_perplexity", "train_time_s")
 # What each rank holds, in MiB (largest over ranks, and per rank as <name>_rank<i>).
 MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb", "mem_master_mb")
+# On a GPU, beside `peak_memory_mb` (the larger of the last two): the CUDA caching allocator's peaks, and what NVML
+# sees the rank's process hold at the end (the allocator's cache, the CUDA context, NCCL's buffers).
+DEVICE_MEMORY = ("peak_cuda_allocated_mb", "peak_cuda_reserved_mb", "nvml_used_mb")
+# FLOPs and utilisation (suite.runtime.utilisation): `model_tflop_per_step` and `hardware_tflop_per_step` are the
+# TFLOP of one global step (every replica; forward and backward, without and with recomputation);
+# `achieved_tflops` is the model TFLOP/s of one device; `peak_tflops` that device's dense matmul peak for the
+# point's math dtype; `mfu` and `hfu` their ratios (model and hardware FLOPs). No peak, no `peak_tflops`, `mfu`
+# or `hfu`: the `suite.mfu_missing` tag says why.
+UTILISATION_METRICS = ("model_tflop_per_step", "hardware_tflop_per_step", "achieved_tflops", "peak_tflops", "mfu",
+                       "hfu")
+# Mean per traced step, from each rank's profiler trace (suite.runtime.trace_breakdown): largest over ranks, and per
+# rank as <name>_rank<i>.
+TRACE_BREAKDOWN = ("time_comm_s", "time_comm_exposed_s", "time_compute_s", "time_idle_s", "comm_fraction")
 # The performance model's prediction for the point, made before it ran (suite.predict), beside what it measured.
 PREDICTED = ("predicted_epoch_time_s", "predicted_peak_memory_mb")
 # Once per run; a summary entry not named here (nor a strategy metric) is an error when the run is recorded.
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, "comm_mb_per_step", *PREDICTED)
-# Summary entries that are not single numbers: recorded in their own form (see suite.records.store).
-SUMMARY_DETAILS = ("memory_by_rank", "strategy_metrics", "step_losses")
+                   "samples_per_epoch", "steps_per_epoch", *MEMORY_SPLIT, *DEVICE_MEMORY, "comm_mb_per_step",
+                   *UTILISATION_METRICS, *TRACE_BREAKDOWN, "fp16_skipped_steps",
+                   *PREDICTED)
+# Summary entries that are not single numbers: recorded in their own form (see suite.records.store); `run_tags`
+# are tags the ranks add (where the peak came from, or why there is no MFU).
+SUMMARY_DETAILS = ("memory_by_rank", "breakdown_by_rank", "strategy_metrics", "step_losses", "run_tags")

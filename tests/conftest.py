@@ -77,3 +77,13 @@ def tracking_server(port: int):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run only when asked for (`make test-gpu`: -m gpu): `make test` runs where there is none."""
+    if "gpu" in (config.getoption("markexpr") or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]

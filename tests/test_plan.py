@@ -72,6 +72,10 @@ MALFORMED = {
     "megatron tp not dividing heads": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=4",
                                         "strategy.tp=4", "network.n_head=2", "network.n_embd=64"],
                                        "tp=4 does not divide n_head=2"),
+    # Seen on an H100: gloo's send of a CUDA tensor fails ("writev ... Bad address").
+    "pipeline stages on shared GPUs": (["cluster=slurm", "cluster.share_gpus=true", "dataset=tokens",
+                                        "network=gpt2_tiny", "strategy=1f1b", "workers=2"],
+                                       "strategy 1f1b: its stages send each other CUDA tensors, which gloo cannot"),
 }
 
 

@@ -16,10 +16,11 @@ FAST = [*DIGITS, "steps_per_epoch=2", "log_every=1", "tracking.experiment=slice"
 GPT2 = ["dataset=tokens", "dataset.seq_len=32", "dataset.samples=64", "dataset.val_samples=16", "network=gpt2_tiny",
         "batch_size=4", "epochs=2", "steps_per_epoch=2", "warmup_steps=1", "optimizer.name=adam",
         "tracking.experiment=slice"]
-J_FILES = ["status_matrix", "status_problems", "j_epoch_time", "j_speedup_gpus", "j_table6_1_gpipe_configs", "claims"]
+J_FILES = ["status_matrix", "status_problems", "j_epoch_time", "j_speedup_gpus", "j_table6_1_gpipe_configs", "claims",
+           "breakdown"]
 J_FIGURES = ["j_fig3_1_speedup", "j_fig3_2_speedup_gpus"]
 N_FILES = ["status_matrix", "n_epoch_time", "n_single_gpu", "n_breakdown", "n_time_to_target", "n_zero_ddp_memory",
-           "n_pipeline_memory_reduction", "n_table2_systems", "n_table3_hyperparameters", "claims"]
+           "n_pipeline_memory_reduction", "n_table2_systems", "n_table3_hyperparameters", "claims", "breakdown"]
 N_FIGURES = ["n_fig6_epoch_time", "n_fig4_single_gpu", "n_fig5_breakdown", "n_fig8_convergence", "n_fig9_memory"]
 
 
@@ -81,6 +82,7 @@ def slice_store(tmp_path_factory):
                 os.environ[key] = value
 
 
+@pytest.mark.slow  # runs a sweep's points
 def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     store, results = slice_store
     report = write_report(store, "slice", sweep="study_j_mini", out_dir=results / "reports" / "j")
@@ -104,6 +106,7 @@ def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     assert "Study J protocol" in (report.directory / "j_epoch_time.md").read_text()
 
 
+@pytest.mark.slow  # runs a sweep's points
 def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     store, results = slice_store
     report = write_report(store, "slice", sweep="study_n_mini", out_dir=results / "reports" / "n")
@@ -118,9 +121,10 @@ def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     ddp = [r for r in table(report.directory, "n_epoch_time")[1:] if r[1] == "DDP" and r[0] == "gpt2_tiny"]
     assert ddp and "[" in ddp[0][3]  # one repeat: the interval over its epochs
     sections = [line for line in (report.directory / "report.md").read_text().splitlines() if line.startswith("## ")]
-    assert len(sections) == 8
+    assert len(sections) == 9  # the sweep file's views
 
 
+@pytest.mark.slow  # runs a sweep's points
 def test_sweep_invocation_is_a_parent_run_with_the_report(results, store):
     result = run_suite("--sweep", "digits")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -62,8 +62,10 @@ def test_sweep_runs_as_slurm_jobs_records_their_ids_and_resumes(slurm, results, 
     assert len(job_ids) == 2 and "## digits" not in first.stdout  # returned at once, nothing to report yet
     wait_until(lambda: jobs_ended(job_ids), f"Slurm jobs {job_ids}")
 
-    runs = {r.info.run_name: r for r in store.runs("digits")}
+    (parent,) = [r for r in store.runs("digits") if "suite.sweep" in r.data.tags]  # the sweep invocation's run
+    runs = {r.info.run_name: r for r in store.runs("digits") if "suite.sweep" not in r.data.tags}
     assert sorted(runs) == ["digits/resnet18/ddp/w2", "digits/resnet18/single/w1"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {parent.info.run_id}
     for run in runs.values():
         tags = run.data.tags
         assert tags["suite.status"] == "finished", tags.get("suite.error")

@@ -149,6 +149,14 @@ def test_a_rank_stopped_by_sigterm_after_another_reported_leaves_the_report_as_c
     assert judge(out, result, TIMEOUT_S, EPOCHS) == ("failed", "rank 1: ValueError: bad shape")
 
 
+def test_a_rank_the_launcher_killed_after_another_reported_is_not_taken_for_an_oom(out):
+    """Seen on a GPU: rank 1 failed, rank 0 waited in a collective through SIGTERM and the launcher SIGKILLed it."""
+    report(out, 1, RuntimeError("CUDA error: invalid device ordinal"))
+    result = LaunchResult(-9, False, 5.0, failed_ranks={0: -9, 1: 1}, stopped_ranks=frozenset({0}))
+    assert judge(out, result, TIMEOUT_S, EPOCHS) == (
+        "failed", "rank 1: RuntimeError: CUDA error: invalid device ordinal")
+
+
 def test_a_killed_rank_that_reported_first_is_judged_by_its_report(out):
     report(out, 0, RuntimeError("injected fault at step 1"))
     result = LaunchResult(-9, False, 5.0, failed_ranks={0: -9})

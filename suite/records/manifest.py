@@ -38,6 +38,22 @@ def rank_info(device: torch.device) -> dict:
     }
 
 
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version (NVML), None without a GPU or NVML."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML missing or not answering: the manifest says nothing of the driver
+        return None
+
+
 def git_sha(repo: Path) -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
@@ -60,6 +76,7 @@ def environment_manifest(ranks: list[dict], backend: str) -> dict:
         "torch_cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+        "gpu_driver": gpu_driver(),
         "backend": backend,
         "cpu_count": os.cpu_count(),
         "hosts": sorted({r["host"] for r in ranks}),

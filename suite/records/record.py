@@ -1,4 +1,5 @@
-"""A point directory becomes one MLflow run, exactly once, whoever gets there first.
+"""A point directory becomes one MLflow run, exactly once, whoever gets there first. So does a calibration
+job's directory (`make calibrate`), which also leaves its record (see suite.records.calibration).
 
 The local driver records a point as soon as its ranks end; a batch job records each of its points
 in its last step (`python -m suite.records.record <point dir> --exit-code N --started T`); `make collect`
@@ -13,9 +14,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from launchers.hosts import scheduler_job_id
+from suite.config import is_calibration
+from suite.records.calibration import write_calibration
 from suite.records.point_dir import PointDir, error_line
 from suite.records.store import Store
 from suite.records.verdict import Ending, verdict
@@ -24,16 +28,18 @@ from suite.vocabulary import Status
 TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM: start no further point
 
 
-def artifacts(out: PointDir) -> list[Path]:
-    job = out.job() or {}
-    script = [Path(job["script"])] if job.get("script") else []
-    return [out.config, out.point_file, out.job_file, *script, out.config_files, out.manifest_file, out.logs,
-            out.launcher_log, out.summary_file, out.epochs_file, *sorted(out.path.glob("error.rank*.json"))]
+def write_point(out: PointDir, store: Store, tags: dict[str, str], start: float, end: float) -> str:
+    """A point's run: its params, epochs, summary and artifacts."""
+    point = out.point()
+    summary = {**(out.summary() or {}), **point.get("predictions", {})}  # predicted even if it did not run
+    return store.record(point["experiment"], point["label"], point["params"], tags, out.epochs(), summary,
+                        out.artifacts(), start, end)
 
 
 def record_point(out: PointDir, store: Store, status: str, error: str | None, start: float, end: float,
                  extra_tags: dict[str, str] | None = None) -> str | None:
-    """Record the point unless that is done already; its run id, or None while another recorder holds it."""
+    """Record the point (or calibration job) unless that is done already; its run id, or None while another
+    recorder holds it."""
     done = out.recorded()
     if done:
         return done["run_id"]
@@ -57,9 +63,8 @@ def record_point(out: PointDir, store: Store, status: str, error: str | None, st
             tags["suite.error"] = error
         if point.get("parent_run_id"):
             tags["mlflow.parentRunId"] = point["parent_run_id"]
-        summary = {**(out.summary() or {}), **point.get("predictions", {})}  # predicted even if it did not run
-        run_id = store.record(point["experiment"], point["label"], point["params"], tags, out.epochs(), summary,
-                              artifacts(out), start, end)
+        write = write_calibration if is_calibration(OmegaConf.load(out.config)) else write_point
+        run_id = write(out, store, tags, start, end)
         out.mark_recorded(run_id, store.uri, status)
         return run_id
     finally:
@@ -88,8 +93,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--exit-code", type=int, required=True, help="exit code of the command that ran the ranks")
     parser.add_argument("--started", type=float, required=True, help="when the ranks started (seconds since 1970)")
     args = parser.parse_args(argv)
-    from omegaconf import OmegaConf
-
     from launchers import LaunchResult
     from suite.records.store import store_uri
 

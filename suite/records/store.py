@@ -13,10 +13,21 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from suite.paths import results_dir
-from suite.vocabulary import EPOCH_METRICS, MEMORY_SPLIT, SUMMARY_DETAILS, SUMMARY_METRICS, Status
+from suite.vocabulary import (
+    DEVICE_MEMORY,
+    EPOCH_METRICS,
+    MEMORY_SPLIT,
+    SUMMARY_DETAILS,
+    SUMMARY_METRICS,
+    TRACE_BREAKDOWN,
+    Status,
+)
 
 # MLflow 3 opens an experiment without this tag on its GenAI overview of traces; this kind opens the runs table.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# Summary details holding one entry per rank: the metrics recorded from each as <name>_rank<i>.
+PER_RANK = {"memory_by_rank": ("peak_memory_mb", *MEMORY_SPLIT, *DEVICE_MEMORY),
+            "breakdown_by_rank": TRACE_BREAKDOWN}
 
 
 def tracking_uri(configured: str | None = None, cluster_default: str | None = None) -> str:
@@ -111,20 +122,26 @@ class Store:
     def record(self, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
                epochs: list[dict], summary: dict[str, Any], artifacts: list[Path],
                start_time: float, end_time: float) -> str:
-        """Write one complete run; a new run every time, nothing existing is touched."""
+        """Write one complete run of a point; a new run every time, nothing existing is touched."""
         undeclared = summary.keys() - {*SUMMARY_METRICS, *SUMMARY_DETAILS}
         if undeclared:  # a metric the contract does not name would be lost: say so instead
             raise ValueError(f"summary metrics {sorted(undeclared)} are not declared in suite.vocabulary")
-        run = self.client.create_run(self.experiment_id(experiment), start_time=int(start_time * 1000),
-                                     run_name=name, tags=tags)
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(e[k]), now, int(e["epoch"])) for e in epochs for k in EPOCH_METRICS if k in e]
         metrics += [Metric(k, float(summary[k]), now, 0) for k in SUMMARY_METRICS if k in summary]
         metrics += [Metric(k, float(v), now, 0) for k, v in summary.get("strategy_metrics", {}).items()]
         metrics += [Metric("step_loss", float(v), now, i) for i, v in enumerate(summary.get("step_losses", []))]
-        for rank, memory in enumerate(summary.get("memory_by_rank", [])):
-            metrics += [Metric(f"{key}_rank{rank}", float(memory[key]), now, 0)
-                        for key in ("peak_memory_mb", *MEMORY_SPLIT) if key in memory]
+        for detail, keys in PER_RANK.items():
+            for rank, values in enumerate(summary.get(detail, [])):
+                metrics += [Metric(f"{key}_rank{rank}", float(values[key]), now, 0) for key in keys if key in values]
+        return self.write_run(experiment, name, params, {**summary.get("run_tags", {}), **tags}, metrics, artifacts,
+                              start_time, end_time)
+
+    def write_run(self, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
+                  metrics: list[Metric], artifacts: list[Path], start_time: float, end_time: float) -> str:
+        """Write one complete run, ended as its `suite.status` tag says; its id."""
+        run = self.client.create_run(self.experiment_id(experiment), start_time=int(start_time * 1000),
+                                     run_name=name, tags=tags)
         self.client.log_batch(run.info.run_id, metrics=metrics,
                               params=[Param(k, str(v)) for k, v in params.items()])
         for path in artifacts:

@@ -79,24 +79,26 @@ def verdict(out: PointDir, ended: Ending) -> tuple[Status, str | None]:
     if isinstance(ended, NotStarted):
         return Status.failed, ended.error
     cfg = OmegaConf.load(out.config)
+    epochs = cfg.get("epochs")  # None: a job without epochs (a calibration)
     if isinstance(ended, JobEnded):
-        return judge_ended_job(out, ended.state, cfg.epochs)
-    return judge(out, ended, cfg.timeout_s, cfg.epochs)
+        return judge_ended_job(out, ended.state, epochs)
+    return judge(out, ended, cfg.timeout_s, epochs)
 
 
-def epochs_done(out: PointDir, epochs: int) -> str:
-    return f"after {len(out.epochs())} of {epochs} epochs"
+def epochs_done(out: PointDir, epochs: int | None) -> str:
+    """` after k of n epochs` (with its leading space), or nothing for a job without epochs."""
+    return "" if epochs is None else f" after {len(out.epochs())} of {epochs} epochs"
 
 
-def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) -> tuple[str, str | None]:
+def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int | None) -> tuple[str, str | None]:
     """Status and error line of a point from what its workers left behind and how the launcher ended."""
     if result.timed_out:
         return Status.timeout, (f"no result after timeout_s={timeout_s:g} s; "
-                                f"the point was stopped {epochs_done(out, epochs)}")
+                                f"the point was stopped{epochs_done(out, epochs)}")
     if result.stopped_by == "SIGTERM":
-        return Status.timeout, f"the sweep got SIGTERM (a time limit or a preemption) {epochs_done(out, epochs)}"
+        return Status.timeout, f"the sweep got SIGTERM (a time limit or a preemption){epochs_done(out, epochs)}"
     if result.stopped_by:
-        return Status.failed, f"interrupted ({result.stopped_by}) {epochs_done(out, epochs)}: the sweep was stopped"
+        return Status.failed, f"interrupted ({result.stopped_by}){epochs_done(out, epochs)}: the sweep was stopped"
     if result.returncode == 0 and out.summary() is not None:
         return Status.finished, None
     text = out.launcher_log.read_text(errors="replace") if out.launcher_log.exists() else ""
@@ -104,14 +106,15 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) ->
     failed = result.failed_ranks or _failed_ranks(text)
     reported = {e["rank"] for e in errors}
     # A rank killed by a signal cannot report; the errors of the others are then consequences of its death.
-    # SIGTERM is how launchers stop the surviving ranks, so it is never the cause.
-    killed = [rank for rank, code in failed.items() if code < 0 and code != SIGTERM and rank not in reported]
+    # SIGTERM is how launchers stop the surviving ranks, so it is never the cause, nor a signal this launcher sent.
+    causes = {rank: code for rank, code in failed.items() if code != SIGTERM and rank not in result.stopped_ranks}
+    killed = [rank for rank, code in causes.items() if code < 0 and rank not in reported]
     killed.sort(key=lambda rank: (failed[rank] != -9, rank))
     if errors and not killed:
         first = errors[0]
-        detail = f" {epochs_done(out, epochs)}" if first["status"] == Status.timeout else ""
+        detail = epochs_done(out, epochs) if first["status"] == Status.timeout else ""
         return first["status"], f"rank {first['rank']}: {first['error']}{detail}"
-    rank = killed[0] if killed else next((r for r, c in failed.items() if c != SIGTERM), next(iter(failed), None))
+    rank = killed[0] if killed else next(iter(causes), next(iter(failed), None))
     code = failed.get(rank, result.returncode)
     who = "a worker" if rank is None else f"rank {rank}"
     if code == -9:
@@ -122,7 +125,7 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int) ->
     return Status.failed, f"{who} {died}{detail}"
 
 
-def judge_ended_job(out: PointDir, state: JobState | None, epochs: int) -> tuple[str, str | None]:
+def judge_ended_job(out: PointDir, state: JobState | None, epochs: int | None) -> tuple[str, str | None]:
     """A batch job that ended without recording its point: the ranks' own evidence where it is decisive,
     else the scheduler's verdict on the job (`state`; None when the scheduler no longer knows it)."""
     if out.summary() is not None:
@@ -133,7 +136,8 @@ def judge_ended_job(out: PointDir, state: JobState | None, epochs: int) -> tuple
     job = out.job() or {}
     where = f"{job.get('scheduler', 'batch')} job {job.get('job_id', '?')}"
     if state is None:
-        return Status.failed, f"{where} ended without recording the point and its scheduler no longer knows it " \
-                         f"({epochs_done(out, epochs)})"
+        done = epochs_done(out, epochs)
+        return Status.failed, f"{where} ended without recording the point and its scheduler no longer knows it" + \
+            (f" ({done.strip()})" if done else "")
     status = Status.failed if state.status in (None, Status.finished) else state.status
-    return status, f"{where} ended {state.detail} {epochs_done(out, epochs)}"
+    return status, f"{where} ended {state.detail}{epochs_done(out, epochs)}"

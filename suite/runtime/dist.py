@@ -37,11 +37,11 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
     return torch.device(requested)
 
 
-def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous) -> DistEnv:
+def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous, share_gpus: bool = False) -> DistEnv:
     """Join the process group of the job that `rendezvous` describes (see `suite.runtime.rendezvous`).
 
     Every strategy runs in a process group, `single` in one of size 1, so the reductions of the
-    training loop are the same code for all of them.
+    training loop are the same code for all of them. GPUs take NCCL, unless ranks share them (gloo).
     """
     r = rendezvous
     mark("joining", r.rank)
@@ -50,14 +50,14 @@ def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous) -
         torch.cuda.set_device(dev)
     else:
         torch.set_num_threads(threads_per_worker(threads, r.local_world_size))
-    backend = "nccl" if dev.type == "cuda" else "gloo"
+    backend = "nccl" if dev.type == "cuda" and not share_gpus else "gloo"
     if not dist.is_initialized():
         # env:// so that under torchrun the ranks join its agent's store instead of opening another one.
         os.environ.setdefault("MASTER_ADDR", r.master_addr)
         os.environ.setdefault("MASTER_PORT", str(r.master_port))
         dist.init_process_group(
             backend, rank=r.rank, world_size=r.world_size, timeout=timedelta(minutes=10),
-            device_id=dev if dev.type == "cuda" else None,
+            device_id=dev if backend == "nccl" else None,
         )
     mark("joined", r.rank)
     return DistEnv(r.rank, r.world_size, r.local_rank, r.local_world_size, dev, backend)

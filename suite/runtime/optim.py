@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 
-def build_optimizer(params, cfg) -> torch.optim.Optimizer:
+def build_optimizer(params, cfg, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """`foreach`: torch's multi-tensor kernels (None: torch's default, on for GPU tensors)."""
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=foreach)
     if cfg.name == "adam":  # L2 weight decay added to the gradient (Study N's ZeRO runs)
-        return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=foreach)
     if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=foreach)
     if cfg.name == "lamb":  # weight decay inside the update that the layer's trust ratio scales, as in the paper
         from pytorch_optimizer import Lamb  # imported by the ranks that use it only (a second or so)
 

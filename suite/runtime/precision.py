@@ -13,6 +13,7 @@ class Precision:
     name: str
     device_type: str
     scaler: torch.amp.GradScaler | None = None
+    skipped_steps: int = 0  # fp16: optimizer steps the scaler skipped on inf/NaN gradients (its scale then drops)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.name == "fp32":
@@ -25,8 +26,10 @@ class Precision:
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler:
+            scale = self.scaler.get_scale()  # a host sync, in fp16 runs only
             self.scaler.step(optimizer)
             self.scaler.update()
+            self.skipped_steps += self.scaler.get_scale() < scale
         else:
             optimizer.step()
 

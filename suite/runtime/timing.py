@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
@@ -32,22 +32,27 @@ class PhaseTimer:
         self.totals: dict[str, float] = defaultdict(float)
         self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         self.steps = 0
+        # While a profiler records (suite.runtime.profile): a named range around each timed phase.
+        self.ranges: Callable[[str], AbstractContextManager] | None = None
 
     @contextmanager
     def phase(self, *names: str) -> Iterator[None]:
-        """Time the block under each of `names` (e.g. "forward" and the pipeline stage's own name)."""
+        """Time the block under each of `names` (e.g. "forward" and the pipeline stage's own name); while a
+        profiler records, the block is also a range named by the first."""
         if not self.enabled:
             yield
-        elif self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self.pending += [(name, start, end) for name in names]
-        else:
-            start_s = time.perf_counter()
-            yield
-            self.add(time.perf_counter() - start_s, *names)
+            return
+        with self.ranges(names[0]) if self.ranges else nullcontext():
+            if self.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                yield
+                end.record()
+                self.pending += [(name, start, end) for name in names]
+            else:
+                start_s = time.perf_counter()
+                yield
+                self.add(time.perf_counter() - start_s, *names)
 
     def add(self, seconds: float, *names: str) -> None:
         """Count host-clock seconds measured around work that `phase` cannot enclose (module hooks)."""

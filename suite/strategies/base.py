@@ -86,6 +86,11 @@ class Strategy:
         suite.runtime.activation_checkpointing)."""
         return None
 
+    def recomputed_forward_share(self, layout: Layout) -> float:
+        """The share of the forward pass a step computes again in backward by the strategy's own recomputation
+        (not `activation_checkpointing`, which the FLOP count sees itself): 0 for none. Counted in HFU."""
+        return 0.0
+
     def setup(self, model: nn.Module, rank: RankContext) -> Runtime:
         """In each rank: wrap or split the host-built model, move what this rank holds to its device, build
         the optimizer; return the runtime that trains it."""

@@ -3,6 +3,7 @@ optionally compressing each gradient bucket before its all-reduce (`grad_compres
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -16,6 +17,9 @@ from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.vocabulary import GradCompression
 
+# torch 2.14 renamed `broadcast_buffers`; an older torch (a GPU machine's own) knows only the old name.
+SYNC_BUFFERS = next(name for name in ("forward_sync_buffers", "broadcast_buffers")
+                    if name in inspect.signature(DistributedDataParallel).parameters)
 CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
 
@@ -59,7 +63,7 @@ class DDP(Strategy):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             static_graph=self.static_graph,
             find_unused_parameters=self.find_unused_parameters,
-            forward_sync_buffers=self.forward_sync_buffers,
+            **{SYNC_BUFFERS: self.forward_sync_buffers},
         )
         apply_grad_compression(model, rank.cfg.grad_compression)
         return DataParallel(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), plain=model.module,

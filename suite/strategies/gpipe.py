@@ -114,11 +114,16 @@ class GPipe(Pipeline):
                               f"but workers={cfg.workers} needs {cfg.nodes} nodes; use gpipe_dist across nodes")
         super().check(cfg)
 
+    def recomputed_forward_share(self, layout: Layout) -> float:
+        """torchgpipe checkpoints every micro-batch (`always`), all but the last (`except_last`) or none."""
+        checkpointed = {"always": layout.micro_batches, "except_last": layout.micro_batches - 1, "never": 0}
+        return checkpointed[self.checkpoint] / layout.micro_batches
+
     def _devices(self, device: torch.device, count: int) -> list[torch.device]:
         if self.devices is not None:
             return [torch.device(d) for d in self.devices]
-        if device.type == "cuda":
-            return [torch.device("cuda", i) for i in range(count)]
+        if device.type == "cuda":  # more partitions than GPUs only where the cluster shares them
+            return [torch.device("cuda", i % torch.cuda.device_count()) for i in range(count)]
         return [torch.device("cpu")] * count
 
     def setup(self, model: nn.Module, rank: RankContext) -> TorchGPipeRuntime:

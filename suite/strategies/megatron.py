@@ -127,5 +127,8 @@ class Megatron(Strategy):
         mesh = rank.layout.mesh(rank.env.device.type)
         model = model.to(rank.env.device)
         apply_tensor_parallel(model, mesh["tp"], self.vocab_parallel, self.sequence_parallel)
-        return TensorParallel(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer),
+        # The split layers' parameters are DTensors, the others plain tensors: torch's multi-tensor optimizer
+        # kernels, its default on a GPU, refuse the mix (seen on an H100), so they are off.
+        optimizer = build_optimizer(model.parameters(), rank.cfg.optimizer, foreach=False)
+        return TensorParallel(rank, model, optimizer,
                               mesh["dp"].get_group())

@@ -25,6 +25,7 @@ from suite.pipeline import p2p
 from suite.pipeline.microbatch import MicroBatching, micro_batching
 from suite.pipeline.partition import StageModule, check_balance, cut, stage_sizes
 from suite.pipeline.topology import Topology
+from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
@@ -133,6 +134,12 @@ class DistributedPipeline(Pipeline):
 
     def stages(self, cfg) -> int:
         return self.pp or cfg.workers
+
+    def check(self, cfg) -> None:
+        if cfg.cluster.share_gpus and will_use_cuda(cfg.cluster) and self.stages(cfg) > 1:
+            raise ConfigError(f"strategy {self.name}: its stages send each other CUDA tensors, which gloo cannot "
+                              "(cluster.share_gpus: ranks sharing a GPU); give each rank a GPU of its own")
+        super().check(cfg)
 
 
 class DistributedStages(Runtime):

@@ -124,7 +124,9 @@ class Zero(Strategy):
         import deepspeed
 
         env = rank.env
-        os.environ.setdefault("LOCAL_RANK", str(env.local_rank))  # DeepSpeed asserts it; srun and jsrun do not set it
+        # DeepSpeed asserts LOCAL_RANK (srun and jsrun do not set it) and takes it, here and there, for the number of
+        # the rank's GPU: ranks sharing one (cluster.share_gpus) name theirs.
+        os.environ["LOCAL_RANK"] = str(env.device.index if env.device.type == "cuda" else env.local_rank)
         if env.device.type == "cpu":
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (over a minute, once per machine)
             # that only its inference all-reduce uses; training communicates through the gloo process group.

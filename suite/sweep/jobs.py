@@ -124,17 +124,27 @@ def check_submittable(points: list[Point], dry_run: bool) -> None:
                               "(DRY_RUN=1 / --dry-run writes the job scripts without submitting)")
 
 
-def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
-    cfg = points[0][0].cfg
+def rank_threads(cfg) -> int:
+    """OMP_NUM_THREADS of a batch job's ranks."""
+    return cfg.cluster.threads_per_worker or cores_per_rank(cfg.cluster)
+
+
+def batch_job(name: str, cfg, steps: tuple[Step, ...]) -> Job:
+    """A job of `steps` on `cfg`'s cluster, reporting to `cfg`'s store; its script and log in
+    results/jobs/<experiment>/."""
     jobs_dir = results_dir() / "jobs" / cfg.tracking.experiment
-    threads = cfg.cluster.threads_per_worker or cores_per_rank(cfg.cluster)
-    steps = tuple(Step(out.path, point.label, point.processes, point.cfg.nodes, threads, point.rank_launcher)
-                  for point, out in points)
     env = {"PYTHONUNBUFFERED": "1", "SUITE_RESULTS_DIR": str(results_dir()), "MLFLOW_TRACKING_URI": store_uri(cfg),
            # a job that cannot reach a tracking server gives up soon: `make collect` records its points later
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
     return Job(name, cfg.cluster, steps, jobs_dir / f"{name}.sh", jobs_dir / f"{name}.out", sys.executable,
                REPO_ROOT, env)
+
+
+def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
+    cfg = points[0][0].cfg
+    steps = tuple(Step(out.path, point.label, point.processes, point.cfg.nodes, rank_threads(cfg), point.rank_launcher)
+                  for point, out in points)
+    return batch_job(name, cfg, steps)
 
 
 def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool,

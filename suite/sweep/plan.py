@@ -32,11 +32,14 @@ from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies import Strategy, build_strategy
 from suite.strategies.layout import Layout
-from suite.vocabulary import Device, FaultKind, GradCompression, OptimizerName, PrecisionName
+from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, OptimizerName, PrecisionName
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
                 "cluster.tracking_uri")
+# Settings added after points were recorded: at these defaults they are left out of a point's identity, so that
+# its hash is what it was before they existed.
+IDENTITY_DEFAULTS = {"repeat": 0, "profile": {"steps": 0}}
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
 NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's V100)
 
@@ -107,8 +110,9 @@ def point_label(cfg: DictConfig) -> str:
 
 def config_hash(cfg: DictConfig) -> str:
     identity = OmegaConf.to_container(cfg, resolve=True)
-    if not identity.get("repeat"):  # repeat 0 is the point as it was before repeats existed: same hash
-        identity.pop("repeat", None)
+    for key, default in IDENTITY_DEFAULTS.items():
+        if identity.get(key) == default:
+            identity.pop(key)
     for key in NOT_IDENTITY:
         *groups, name = key.split(".")
         node = identity
@@ -190,6 +194,8 @@ def _check_ranges(cfg: DictConfig) -> None:
         raise ConfigError(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     if cfg.repeat < 0:
         raise ConfigError(f"repeat must be >= 0, got {cfg.repeat}")
+    if cfg.profile.steps < 0:
+        raise ConfigError(f"profile.steps must be >= 0, got {cfg.profile.steps}")
     if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
         raise ConfigError(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
 
@@ -213,6 +219,9 @@ def _check_choices(cfg: DictConfig) -> None:
         raise ConfigError(f"target.value={target} is not a reachable {metric} "
                           + ("(a fraction in (0, 1])" if metric == "val_accuracy" else "(a perplexity >= 1)"))
     checkpoint_interval(cfg.activation_checkpointing)
+    for dtype in cfg.cluster.hardware.peak_tflops or {}:
+        if dtype not in tuple(MathDtype):
+            raise ConfigError(f"cluster.hardware.peak_tflops.{dtype} is not one of {', '.join(MathDtype)}")
     if not 0 <= cfg.fault.rank < cfg.workers:
         raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
 
@@ -238,12 +247,14 @@ def _check_device(cfg: DictConfig) -> None:
         return
     if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("cluster.device=cuda but this machine has no CUDA device")
-    if uses_cuda and cfg.workers > torch.cuda.device_count():
-        raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs")
+    if uses_cuda and cfg.workers > torch.cuda.device_count() and not cfg.cluster.share_gpus:
+        raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs "
+                          "(cluster.share_gpus=true runs the ranks on shared GPUs over gloo)")
 
 
 def _check_batches(cfg: DictConfig, layout: Layout) -> None:
-    """The data must give every shard at least one batch, and `steps_per_epoch` batches when set."""
+    """The data must give every shard at least one batch, `steps_per_epoch` batches when set, and the first epoch
+    the steps `profile.steps` traces."""
     global_batch = layout.global_batch
     samples = train_samples(cfg.dataset)
     if samples is None:  # real data: its size is checked by the workers once it is read
@@ -254,6 +265,9 @@ def _check_batches(cfg: DictConfig, layout: Layout) -> None:
     if cfg.steps_per_epoch is not None and cfg.steps_per_epoch > batches:
         raise ConfigError(f"steps_per_epoch={cfg.steps_per_epoch} but {samples} samples give {batches} batches "
                           f"of {global_batch}: raise dataset.samples or lower the batch")
+    epoch_steps = cfg.steps_per_epoch or batches
+    if cfg.profile.steps > epoch_steps:
+        raise ConfigError(f"profile.steps={cfg.profile.steps} but an epoch has {epoch_steps} steps")
 
 
 def validate(cfg: DictConfig) -> tuple[Strategy, Layout]:

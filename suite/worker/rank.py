@@ -2,7 +2,8 @@
 mpiexec).
 
 It reads the resolved config from the point directory, finds its place in the job from the launcher's
-environment (`suite.runtime.rendezvous`), trains, and leaves its results there (see `suite.records.point_dir`).
+environment (`suite.runtime.rendezvous`), trains (or, in a calibration job's directory, measures the machine:
+`suite.worker.calibrate`), and leaves its results there (see `suite.records.point_dir`).
 Rank 0 prints progress; every rank logs to logs/rank<r>.log. SIGTERM stops it as `timeout`.
 """
 
@@ -12,12 +13,17 @@ import faulthandler
 import logging
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NoReturn
 
 from suite.launch_timing import mark
 from suite.records.point_dir import PointDir
 from suite.runtime.rendezvous import discover
 from suite.signals import raise_on_sigterm
+
+if TYPE_CHECKING:
+    from suite.runtime.dist import DistEnv
 
 log = logging.getLogger("suite")
 
@@ -32,37 +38,64 @@ def setup_logging(out: PointDir, rank: int) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(message)s", handlers=handlers)
 
 
-def train_point(out: PointDir) -> None:
-    # Imported here so that a broken import is reported like any other failure of the point.
+@contextmanager
+def process_group(out: PointDir, cfg, processes: int, what: str) -> Iterator[DistEnv]:
+    """Join the job's process group as one of its `processes` ranks (`what` they run, for the error) and
+    write the environment manifest; leave it at the end."""
     import torch.distributed as dist
-    from omegaconf import OmegaConf
 
     from suite.errors import ConfigError
     from suite.records.manifest import environment_manifest, rank_info
     from suite.runtime.dist import init_distributed, shutdown
-    from suite.strategies import build_strategy
-    from suite.worker.trainer import Trainer
 
-    cfg = OmegaConf.load(out.config)
-    strategy = build_strategy(cfg)
-    processes = strategy.layout(cfg).processes
     rendezvous = discover(os.environ, expected_world_size=processes)
     if rendezvous.world_size != processes:
         raise ConfigError(f"started as {rendezvous.world_size} ranks by {rendezvous.source}, "
-                          f"but the point runs {processes} (workers={cfg.workers}, strategy {strategy.name})")
+                          f"but the job runs {processes} ({what})")
     log.info(rendezvous.describe())
-    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous)
+    env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous,
+                           cfg.cluster.share_gpus)
     try:
         ranks = [None] * env.world_size
         dist.all_gather_object(ranks, rank_info(env.device))
         if env.is_main:
             out.write_manifest(environment_manifest(ranks, env.backend))
+        yield env
+    finally:
+        shutdown()
+
+
+def train_point(out: PointDir, cfg) -> None:
+    from suite.strategies import build_strategy
+    from suite.worker.trainer import Trainer
+
+    strategy = build_strategy(cfg)
+    processes = strategy.layout(cfg).processes
+    with process_group(out, cfg, processes, f"workers={cfg.workers}, strategy {strategy.name}") as env:
         trainer = Trainer(cfg, env, strategy, out, os.environ.get("SUITE_POINT_LABEL", ""))
         summary = trainer.run()
         if env.is_main:
             out.write_summary(summary)
-    finally:
-        shutdown()
+
+
+def calibrate(out: PointDir, cfg) -> None:
+    from suite.worker.calibrate import Calibration
+
+    with process_group(out, cfg, cfg.workers, f"workers={cfg.workers} for the calibration") as env:
+        summary = Calibration(cfg.calibration, env).run()
+        if env.is_main:
+            out.write_summary(summary)
+
+
+def run_job(out: PointDir) -> None:
+    """Train the point, or calibrate the machine, that the directory's config describes."""
+    # Imported here so that a broken import is reported like any other failure of the job.
+    from omegaconf import OmegaConf
+
+    from suite.config import is_calibration
+
+    cfg = OmegaConf.load(out.config)
+    (calibrate if is_calibration(cfg) else train_point)(out, cfg)
 
 
 def main(point_dir: str) -> int:
@@ -72,7 +105,7 @@ def main(point_dir: str) -> int:
     mark("started", rank)
     setup_logging(out, rank)
     try:
-        train_point(out)
+        run_job(out)
         mark("done", rank)
         return 0
     except BaseException as exc:

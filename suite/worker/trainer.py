@@ -5,6 +5,8 @@ steps (or one pass over this rank's shard), timed with device-synchronised clock
 an evaluation on the validation set. Per-rank numbers are reduced explicitly once per epoch:
 max for times, mean over data-parallel replicas for losses, sums for sample counts.
 Time-to-target counts training time only (warm-up and epochs, slowest rank), not evaluation.
+With `profile.steps`, the first steps of epoch 1 are traced (suite.runtime.profile) and the communication measured
+in the traces is reduced like the phase times (suite.runtime.trace_breakdown).
 """
 
 from __future__ import annotations
@@ -24,17 +26,22 @@ from suite.data import Datasets, build_datasets
 from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.models import build_model
-from suite.records.point_dir import PointDir
+from suite.records.manifest import rank_info
+from suite.records.point_dir import PointDir, error_line
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
 from suite.runtime.comm import CommVolume
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
+from suite.runtime.flops import StepFlops, step_flops
 from suite.runtime.memory import peak_memory, reset_peak
 from suite.runtime.precision import make_precision
+from suite.runtime.profile import StepTrace
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
+from suite.runtime.trace_breakdown import breakdown
+from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
-from suite.vocabulary import MEMORY_SPLIT
+from suite.vocabulary import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN
 
 log = logging.getLogger("suite")
 
@@ -79,6 +86,7 @@ class Trainer:
         self.label = label
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.data = build_datasets(cfg.dataset, cfg.seed)
+        self.strategy = strategy
         self.layout = strategy.layout(cfg)
         # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
         model = build_model(cfg.network, cfg.dataset)
@@ -97,13 +105,17 @@ class Trainer:
                 f"{self.layout.mini_batch}: raise dataset.samples or lower the batch"
             )
         self.metric = target_metric(cfg, self.data.task)
+        self.trace = StepTrace(cfg.profile.steps, self.timer, out.rank_trace(env.rank)) if cfg.profile.steps else None
         self.global_step = 0
         self.step_losses: list[float] = []
+        self.flops: StepFlops | str | None = None  # rank 0's count, or why there is none
 
-    def _batches(self, epoch: int, steps: int):
+    def _batches(self, epoch: int, steps: int, trace: StepTrace | None = None):
         self.loaders.sampler.set_epoch(epoch)
         loader = iter(self.loaders.train)
         for _ in range(steps):
+            if trace:
+                trace.step()
             with self.timer.phase("data"):
                 inputs, targets = next(loader)
                 inputs = inputs.to(self.env.device, non_blocking=True)
@@ -145,10 +157,13 @@ class Trainer:
         self.timer.enabled = True
         losses: list[torch.Tensor] = []
         samples = 0
+        trace = self.trace if epoch == 1 else None
+        if trace:
+            trace.start()  # before the clock starts
         synchronize(self.env.device)
         dist.barrier()  # every rank starts the epoch clock together
         start = time.perf_counter()
-        for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch), 1):
+        for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch, trace), 1):
             losses.append(self._step(inputs, targets))
             self.timer.steps += 1
             samples += inputs.shape[0]
@@ -164,6 +179,8 @@ class Trainer:
         synchronize(self.env.device)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
+        if trace:
+            trace.finish()
         self.timer.collect()
         step_losses = self._reduce_losses(losses)
         self.step_losses += step_losses
@@ -200,8 +217,25 @@ class Trainer:
             return {"val_loss": val_loss, "val_accuracy": (totals[1] / totals[2]).item()}
         return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
 
+    def count_flops(self) -> StepFlops | str:
+        """FLOPs of one replica's step, counted on the meta device (suite.runtime.flops); else why not."""
+        try:
+            flops = step_flops(self.cfg.network, self.cfg.dataset, self.data.train[0], self.layout.mini_batch,
+                               checkpoint_interval(self.cfg.activation_checkpointing),
+                               self.strategy.recomputed_forward_share(self.layout), loss_fn)
+        except Exception as e:  # a network the counter cannot run on the meta device: no MFU, and the run says why
+            log.warning("%s FLOPs not counted: %s", self.label, error_line(e))
+            return f"FLOPs not counted: {error_line(e)}"
+        log.info("%s FLOPs per step of one replica: %.4g TFLOP (%.4g with recomputation)", self.label,
+                 flops.model / 1e12, flops.hardware / 1e12)
+        return flops
+
     def run(self) -> dict[str, Any]:
         mark("built", self.env.rank)
+        # Counted before the warm-up, which the other ranks start only when rank 0 is done with it.
+        if self.env.is_main:
+            self.flops = self.count_flops()
+        dist.barrier()
         reset_peak(self.env.device)
         train_clock = self._warm_up()
         epochs: list[dict[str, float]] = []
@@ -224,10 +258,41 @@ class Trainer:
 
     def _comm_metrics(self) -> dict[str, float]:
         """MiB sent in collectives per timed step, by the rank that sends the most (see suite.runtime.comm)."""
-        if not self.comm.enabled:
+        if not self.comm.counts:
             return {}
         (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
         return {"comm_mb_per_step": mb}
+
+    def _skipped_steps(self) -> dict[str, float]:
+        """fp16: the optimizer steps (warm-up included) that loss scaling skipped, on the rank that skipped most."""
+        if self.cfg.precision != "fp16":
+            return {}
+        (skipped,) = self._max([float(self.parallel.rank.precision.skipped_steps)])
+        return {"fp16_skipped_steps": skipped}
+
+    def _utilisation(self, seconds: float, steps: int) -> dict[str, Any]:
+        """MFU and HFU of `steps` global steps in `seconds` (rank 0; see suite.runtime.utilisation)."""
+        if isinstance(self.flops, str):
+            return {"run_tags": {"suite.mfu_missing": self.flops}}
+        device = self.env.device
+        if device.type == "cuda":
+            devices, measured = self.layout.devices, Device(rank_info(device)["device"])
+        else:  # the ranks of a node share its cores: the node is the device
+            devices = self.env.world_size // self.env.local_world_size
+            measured = Device(rank_info(device)["device"], torch.get_num_threads() * self.env.local_world_size)
+        dtype = math_dtype(self.cfg.precision, device, convolutional=self.cfg.dataset.kind == "image")
+        peak = find_peak(self.cfg.cluster, dtype, measured)
+        metrics, tags = utilisation(self.flops, self.layout.dp, steps, seconds, devices, peak)
+        return {**metrics, "run_tags": tags}
+
+    def _breakdown_metrics(self) -> dict[str, Any]:
+        """Communication, computation and idle time per traced step, from each rank's trace; for the strategies
+        whose communication all goes through torch.distributed, so that the trace shows all of it."""
+        if self.trace is None or not self.comm.enabled:
+            return {}
+        by_rank = [None] * self.env.world_size
+        dist.all_gather_object(by_rank, breakdown(self.trace.path))
+        return {**{key: max(rank[key] for rank in by_rank) for key in TRACE_BREAKDOWN}, "breakdown_by_rank": by_rank}
 
     def _summary(self, epochs: list[dict[str, float]], to_target: dict[str, float]) -> dict[str, Any]:
         phases = self.timer.means()
@@ -242,9 +307,12 @@ class Trainer:
             "samples_per_epoch": epochs[-1]["samples"],
             "steps_per_epoch": self.steps_per_epoch,
             "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),
-            **{key: max(m[key] for m in memory) for key in MEMORY_SPLIT if key in memory[0]},
+            **{key: max(m[key] for m in memory) for key in (*MEMORY_SPLIT, *DEVICE_MEMORY) if key in memory[0]},
+            **self._skipped_steps(),
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **self._comm_metrics(),
+            **self._breakdown_metrics(),
+            **(self._utilisation(total_time, self.steps_per_epoch * len(epochs)) if self.env.is_main else {}),
             **to_target,
             "memory_by_rank": memory,
             "strategy_metrics": self.parallel.summary_metrics(memory),
