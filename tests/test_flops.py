@@ -136,6 +136,16 @@ def test_a_calibration_of_the_same_device_comes_first(results):
     assert found.detail == f"{record_path('local')}: bf16 matmul n=2048 measured 2026-11-22 on vm"
 
 
+def test_a_record_of_link_costs_only_gives_no_peak(results):
+    """A record written for the performance model's links, without a matmul on a named device, is no peak."""
+    path = record_path("local")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("cluster: local\nprovenance: {world_size: 2}\n")
+    found = find_peak(cluster(), "fp32", CPU)
+    assert isinstance(found, NoPeak)
+    assert found.reason.startswith(f"the calibration record {path} has no matmul measured on a named device")
+
+
 @pytest.mark.parametrize("device, threads", [("Another CPU", 2), ("Some CPU", 4)])
 def test_a_calibration_of_another_device_is_not_used(results, device, threads):
     write_record(device, threads, {"fp32": 0.04})

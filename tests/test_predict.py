@@ -57,7 +57,9 @@ def calibration_record(directory, world_size: int = 2, name: str = "test"):
                  "iterations": 10} for n in (1024, 2**26)]
     sends = [{"bytes": n, "time_s": t, "bandwidth_gbs": n / t / GB, "iterations": 10}
              for n, t in ((2**26, LINK.send(2**26)), (1024, LINK.send(1024)), (4096, LINK.send(1024) / 2))]
-    record = {"cluster": name, "provenance": {"world_size": world_size, "nodes": 1, "ranks_per_node": world_size},
+    provenance = {"world_size": world_size, "nodes": 1, "ranks_per_node": world_size, "device": "test CPU",
+                  "date": "2026-11-22", "hosts": ["localhost"]}
+    record = {"cluster": name, "provenance": provenance,
               "matmul": {"n": 64, "threads": 2, "tflops": {"fp32": 1.0}},
               "collectives": {"intra_node": {"ranks": world_size, **{
                   k: rows(k) for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}}},

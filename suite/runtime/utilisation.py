@@ -65,7 +65,9 @@ def calibrated_peak(cluster: str, dtype: str, device: Device) -> Peak | NoPeak:
     path = record_path(cluster)
     if record is None:
         return NoPeak(f"no calibration record {path} (make calibrate CLUSTER={cluster})")
-    measured, matmul = record["provenance"], record["matmul"]
+    measured, matmul = record.get("provenance", {}), record.get("matmul")
+    if not matmul or "device" not in measured:
+        return NoPeak(f"the calibration record {path} has no matmul measured on a named device")
     calibrated = Device(measured["device"], matmul.get("threads"))
     if calibrated != device:
         return NoPeak(f"the calibration record {path} measured {calibrated.describe()}, this point runs on "
