@@ -16,7 +16,8 @@ SLICES = (("time_compute_s", "compute"), ("time_comm_exposed_s", "exposed commun
 COLOURS = {"compute": "tab:blue", "exposed communication": "tab:red", "idle": "tab:gray"}
 
 
-def _mean(rows: list[Row], metric: str) -> float | None:
+def metric_mean(rows: list[Row], metric: str) -> float | None:
+    """The metric's mean over the rows that recorded it; None where none did."""
     values = [r.metrics[metric] for r in rows if metric in r.metrics]
     return sum(values) / len(values) if values else None
 
@@ -32,7 +33,7 @@ def percent(share: float | None, spec: str = ".1f") -> str:
 def point_breakdown(repeats: list[Row]) -> dict[str, float | None]:
     """Means over the finished repeats: the slices, total communication, its shares, and the utilisation."""
     done = finished(repeats)
-    values = {metric: _mean(done, metric) for metric in (*(m for m, _ in SLICES), "time_comm_s", "comm_fraction",
+    values = {metric: metric_mean(done, metric) for metric in (*(m for m, _ in SLICES), "time_comm_s", "comm_fraction",
                                                          "achieved_tflops", "mfu", "hfu")}
     comm, exposed = values["time_comm_s"], values["time_comm_exposed_s"]
     values["exposed_share"] = exposed / comm if comm and exposed is not None else None

@@ -4,7 +4,7 @@ is `peak_memory_mb`, in the speedup table)."""
 
 from __future__ import annotations
 
-from analysis.breakdown import fmt_number, percent
+from analysis.breakdown import fmt_number, metric_mean, percent
 from analysis.measure import cells, finished, status_of
 from analysis.runs import Row
 from analysis.tables import Table
@@ -18,15 +18,10 @@ COLUMNS = (("throughput_samples_s_mean", "samples/s", ".4g"), ("step_ms", "step 
 def device_numbers(repeats: list[Row]) -> dict[str, float | None]:
     """Means over the finished repeats; the step time is the epoch's over its steps."""
     done = finished(repeats)
-
-    def mean(values: list[float]) -> float | None:
-        return sum(values) / len(values) if values else None
-
-    numbers = {m: mean([r.metrics[m] for r in done if m in r.metrics])
-               for m, _, _ in COLUMNS if m != "step_ms"}
-    numbers["step_ms"] = mean([1e3 * r.metrics["epoch_time_s_mean"] / r.metrics["steps_per_epoch"] for r in done
-                               if "steps_per_epoch" in r.metrics and "epoch_time_s_mean" in r.metrics])
-    numbers["mfu"] = mean([r.metrics["mfu"] for r in done if "mfu" in r.metrics])
+    numbers = {m: metric_mean(done, m) for m, _, _ in COLUMNS if m != "step_ms"}
+    epoch_s, steps = metric_mean(done, "epoch_time_s_mean"), metric_mean(done, "steps_per_epoch")
+    numbers["step_ms"] = 1e3 * epoch_s / steps if epoch_s is not None and steps else None
+    numbers["mfu"] = metric_mean(done, "mfu")
     return numbers
 
 

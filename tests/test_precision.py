@@ -19,6 +19,8 @@ def test_an_overflowing_step_is_skipped_and_counted_and_a_finite_one_is_not():
     assert precision.skipped_steps == 1 and torch.equal(weight.detach(), torch.ones(4))
     scaled_step(precision, weight, optimizer, 1.0)
     assert precision.skipped_steps == 1 and weight.detach()[0] == 0.9
+    scaled_step(precision, weight, optimizer, 1e35)  # x 32768, the scale the first overflow left: inf again
+    assert precision.skipped_steps == 2 and weight.detach()[0] == 0.9
 
 
 def test_no_scaler_outside_fp16():

@@ -14,6 +14,7 @@ class Precision:
     device_type: str
     scaler: torch.amp.GradScaler | None = None
     skipped_steps: int = 0  # fp16: optimizer steps the scaler skipped on inf/NaN gradients (its scale then drops)
+    scale_after_last_step: float | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.name == "fp32":
@@ -26,10 +27,11 @@ class Precision:
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler:
-            scale = self.scaler.get_scale()  # a host sync, in fp16 runs only
+            before = self.scale_after_last_step or self.scaler.get_scale()
             self.scaler.step(optimizer)
             self.scaler.update()
-            self.skipped_steps += self.scaler.get_scale() < scale
+            self.scale_after_last_step = self.scaler.get_scale()  # a host sync per step, in fp16 runs only
+            self.skipped_steps += self.scale_after_last_step < before
         else:
             optimizer.step()
 

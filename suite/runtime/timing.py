@@ -67,5 +67,5 @@ class PhaseTimer:
         self.pending.clear()
 
     def means(self) -> dict[str, float]:
-        """Mean seconds per timed step for each phase."""
-        return {p: self.totals[p] / self.steps for p in PHASES if self.steps}
+        """Mean seconds per timed step for each phase that was timed."""
+        return {p: self.totals[p] / self.steps for p in PHASES if p in self.totals and self.steps}

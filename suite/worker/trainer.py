@@ -296,7 +296,8 @@ class Trainer:
 
     def _summary(self, epochs: list[dict[str, float]], to_target: dict[str, float]) -> dict[str, Any]:
         phases = self.timer.means()
-        phase_max = dict(zip(PHASES, self._max([phases.get(p, 0.0) for p in PHASES])))
+        # A phase no rank timed (torchgpipe's partitions on GPUs, which its own streams run) is left out, not 0.
+        phase_max = {p: t for p, t in zip(PHASES, self._max([phases.get(p, -1.0) for p in PHASES])) if t >= 0}
         memory = [None] * self.env.world_size
         dist.all_gather_object(memory, {**peak_memory(self.env.device),
                                         **self.parallel.memory_split()})
