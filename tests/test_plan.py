@@ -163,3 +163,20 @@ def test_only_a_sweep_with_a_horovod_point_builds_horovod():
     smoke = plan([job for line in sweep_lines("smoke") for job in expand(line, multirun=True)])
     assert not needs_horovod(smoke)
     assert needs_horovod([*smoke, *plan([["strategy=horovod", "workers=2"]])])
+
+
+# Hashes these points had when they were first recorded: a setting added since must leave them as they were
+# (IDENTITY_DEFAULTS), or every stored sweep would run again instead of resuming.
+RECORDED_HASHES = {
+    ("dataset=tokens", "network=gpt2_tiny", "strategy=ddp", "workers=2"): "292d909a248d4fd1",
+    ("dataset=cifar10", "network=resnet18", "strategy=zero", "strategy.zero_stage=3", "workers=2",
+     "optimizer.name=adam", "optimizer.lr=0.001"): "d50f85c17a6a2a46",
+}
+
+
+@pytest.mark.parametrize("line", RECORDED_HASHES, ids=["ddp", "zero3"])
+def test_a_points_identity_is_what_it_was_when_recorded(line):
+    (point,) = plan([list(line)])
+    assert point.config_hash == RECORDED_HASHES[line]
+    (shared,) = plan([[*line, "cluster.share_gpus=true"]])
+    assert shared.config_hash != point.config_hash

@@ -37,9 +37,9 @@ from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, Opti
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
                 "cluster.tracking_uri")
-# Settings added after points were recorded: at these defaults they are left out of a point's identity, so that
-# its hash is what it was before they existed.
-IDENTITY_DEFAULTS = {"repeat": 0, "profile": {"steps": 0}}
+# Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
+# point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
+IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False}
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
 NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's V100)
 
@@ -108,17 +108,31 @@ def point_label(cfg: DictConfig) -> str:
     return label + (f"/r{cfg.repeat}" if cfg.repeat else "")
 
 
+def _lookup(tree: dict, dotted: str) -> object:
+    for name in dotted.split("."):
+        if not isinstance(tree, dict) or name not in tree:
+            return None
+        tree = tree[name]
+    return tree
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    """Remove a dotted key, and its group when nothing else is left in it."""
+    group, _, name = dotted.rpartition(".")
+    parent = _lookup(tree, group) if group else tree
+    if isinstance(parent, dict):
+        parent.pop(name, None)
+        if group and not parent:
+            _drop(tree, group)
+
+
 def config_hash(cfg: DictConfig) -> str:
     identity = OmegaConf.to_container(cfg, resolve=True)
     for key, default in IDENTITY_DEFAULTS.items():
-        if identity.get(key) == default:
-            identity.pop(key)
+        if _lookup(identity, key) == default:
+            _drop(identity, key)
     for key in NOT_IDENTITY:
-        *groups, name = key.split(".")
-        node = identity
-        for group in groups:
-            node = node.get(group, {})
-        node.pop(name, None)
+        _drop(identity, key)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
