@@ -49,8 +49,10 @@ setup-offline:
 horovod: setup
 	$(PY) -m suite.tools.build_horovod
 
+# On TEST_WORKERS pytest-xdist workers (3 on 2 cores: much of a test is waiting on the processes it starts); the
+# tests of a module that share a fixture run on one worker (their `xdist_group`), so it is built once.
 test: setup horovod
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup
 
 # The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
 test-fast: setup

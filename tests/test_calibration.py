@@ -19,6 +19,8 @@ from suite.tools.calibrate import CALIBRATED, apply_record, check, compose_confi
 from suite.vocabulary import Collective
 from suite.worker.calibrate import bus_bandwidth, message_sizes
 
+pytestmark = pytest.mark.xdist_group("calibration")  # one worker runs the module: its fixtures run once
+
 KIB, MIB = 2**10, 2**20
 
 

@@ -14,6 +14,8 @@ from launchers.slurm import job_state as slurm_state
 from suite.errors import ConfigError
 from suite.sweep.plan import plan
 
+pytestmark = pytest.mark.xdist_group("jobscripts")  # one worker runs the module: its fixtures run once
+
 POINT = [*(o for o in DIGITS if not o.startswith("batch_size=")), "batch_size=1", "strategy=ddp"]
 
 

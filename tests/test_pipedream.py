@@ -25,7 +25,8 @@ from suite.strategies.layout import Layout
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
 
-pytestmark = pytest.mark.slow  # gloo ranks: spawned stages and a launched point
+# gloo ranks: spawned stages and a launched point; one xdist worker runs the module (its fixture runs once).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pipedream")]
 
 STAGES, MINIBATCHES, BATCH, WIDTH, CLASSES = 3, 8, 4, 6, 3
 SIZES = [2, 2, 2]

@@ -12,6 +12,8 @@ from conftest import DIGITS, run_suite
 from suite.sweep.driver import record_invalid
 from suite.sweep.plan import plan
 
+pytestmark = pytest.mark.xdist_group("report_studies")  # one worker runs the module: its fixtures run once
+
 FAST = [*DIGITS, "steps_per_epoch=2", "log_every=1", "tracking.experiment=slice"]
 GPT2 = ["dataset=tokens", "dataset.seq_len=32", "dataset.samples=64", "dataset.val_samples=16", "network=gpt2_tiny",
         "batch_size=4", "epochs=2", "steps_per_epoch=2", "warmup_steps=1", "optimizer.name=adam",

@@ -7,6 +7,8 @@ import pytest
 from suite.records.store import Store
 from suite.sweep.driver import skip_reason
 
+pytestmark = pytest.mark.xdist_group("skip")  # one worker runs the module: its fixtures run once
+
 SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER_SHA = "fedcba9876543210fedcba9876543210fedcba98"
 HASH = "c0ffee00c0ffee00"

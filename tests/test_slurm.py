@@ -14,7 +14,8 @@ from suite.records.point_dir import PointDir
 from suite.records.store import Store
 from suite.tools.slurm_local import SlurmUnavailable, ensure_running
 
-pytestmark = pytest.mark.slow  # Slurm jobs, `make` and the driver
+# Slurm jobs, `make` and the driver; one xdist worker runs them, in turn on the one-node Slurm.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 QUICK = [*DIGITS, "epochs=1", "steps_per_epoch=2", "cluster=slurm-local", "strategy=single"]
 

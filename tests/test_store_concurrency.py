@@ -16,7 +16,8 @@ from suite.records.store import Store
 from suite.sweep.plan import plan
 from suite.sweep.point import new_point_dir
 
-pytestmark = pytest.mark.slow  # a real rank, eight recorders and `make mlflow-server`
+# A real rank, eight recorders and `make mlflow-server`; one xdist worker runs the module (its fixture runs once).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("store_concurrency")]
 
 POINTS = 8
 OUTPUTS = ("epochs.jsonl", "summary.json", "manifest.json", "logs")
