@@ -4,7 +4,8 @@ its cluster's calibration, and compose its step time and per-rank memory; nothin
 A point's ranks compute at its layout's micro-batch (the whole mini-batch outside pipelines; a tensor-parallel
 group's batch under `megatron`) with the threads a rank of it gets here, and load its mini-batch each step. The
 profile is taken on this machine's device; a point for a cluster of other devices is priced from it only when
-both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled.
+both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled. Where
+`make bench-model` fitted a correction for the cluster (suite.predict.correction), the step carries it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
+from suite.predict import correction
 from suite.predict.costs import StepTime
 from suite.predict.links import calibration_path, link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
@@ -34,6 +36,7 @@ class Prediction:
     capacity: float | None  # bytes one rank may use; None: unknown
     profiled_on: str  # the device, threads and any compute scaling
     priced_by: str  # where the link costs come from
+    corrected_by: str | None = None  # the fitted correction in the step, if any
 
     @property
     def epoch_s(self) -> float:
@@ -114,21 +117,38 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
     return w, device, profiled_on
 
 
-def predict(point: Point, variant: str = "suite") -> Prediction:
+def predict(point: Point, variant: str = "suite", corrected: bool = True) -> Prediction:
+    """The point's prediction; `corrected`: with its cluster's fitted correction, where there is one (Study J's
+    equations are never corrected: the fit is the suite model's)."""
     w, _, profiled_on = workload(point)
     threads = threads_per_worker(point.cfg.cluster.threads_per_worker, processes_per_node(point))
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
-    return Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+    return with_correction(prediction) if corrected and variant == "suite" else prediction
+
+
+def with_correction(prediction: Prediction) -> Prediction:
+    """The prediction with its cluster's correction file added to its step, where it has a fit for the strategy."""
+    path = correction.correction_path(prediction.point.cfg.cluster.name)
+    fitted = correction.load(path)
+    strategy = prediction.point.strategy
+    if fitted is None or correction.correction_key(strategy) not in fitted.fits:
+        return prediction
+    step = prediction.step
+    added = fitted.step_s(strategy, step.total) - step.total
+    return replace(prediction, step=replace(step, fitted=added),
+                   corrected_by=f"{path.name} ({fitted.source()})")
 
 
 def recorded_prediction(point: Point) -> dict[str, float]:
     """The prediction a sweep records with a point's run: none where its cluster has no calibration record
-    (`make calibrate`), so that a sweep never waits on profiling it did not ask for."""
+    (`make calibrate`), so that a sweep never waits on profiling it did not ask for; the model's own, without a
+    fitted correction, so that the sweep's report scores the model held out."""
     if not calibration_path(point.cfg.cluster.name).exists():
         return {}
     try:
-        return predict(point).metrics()
+        return predict(point, corrected=False).metrics()
     except ConfigError:  # e.g. a cluster of other devices that no record scales this machine's compute to
         return {}
