@@ -3,6 +3,7 @@ the predictor applying it."""
 
 import pytest
 
+from suite.errors import ConfigError
 from suite.predict import correction
 from suite.predict.correction import Correction, Fit, Observed, correction_key, correction_path, fit
 from suite.predict.costs import StepTime
@@ -47,7 +48,8 @@ def prediction(*overrides: str) -> Prediction:
 
 def test_the_predictor_applies_its_clusters_correction_file(results):
     plain = prediction("strategy=zero", "strategy.zero_stage=3")
-    assert with_correction(plain) == plain  # no file: nothing changes
+    with pytest.raises(ConfigError, match="no fitted correction for cluster local .* `make bench-model` fits one"):
+        with_correction(plain)
     path = correction_path("local")
     correction.save(Correction({"zero3": Fit("per_step", 0.25, 2, ("gpt2_tiny", "resnet18"))}, "2026-11-23"), path)
     assert correction.load(path) == Correction({"zero3": Fit("per_step", 0.25, 2, ("gpt2_tiny", "resnet18"))},

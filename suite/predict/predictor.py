@@ -5,7 +5,7 @@ A point's ranks compute at its layout's micro-batch (the whole mini-batch outsid
 group's batch under `megatron`) with the threads a rank of it gets here, and load its mini-batch each step. The
 profile is taken on this machine's device; a point for a cluster of other devices is priced from it only when
 both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled. Where
-`make bench-model` fitted a correction for the cluster (suite.predict.correction), the step carries it.
+`make bench-model` fitted a correction for the cluster (suite.predict.correction), the variant `fitted` adds it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from suite.predict.costs import StepTime
 from suite.predict.links import calibration_path, link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
 from suite.predict.profile import Profile, data_profile, network_profile, rank_base_mb
-from suite.predict.step import Workload, step_time
+from suite.predict.step import VARIANTS, Workload, step_time
 from suite.sweep.plan import Point
+
+FITTED = "fitted"  # the suite's model plus the cluster's fitted correction
+PREDICTORS = (*VARIANTS, FITTED)
 
 
 @dataclass(frozen=True)
@@ -117,24 +120,30 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
     return w, device, profiled_on
 
 
-def predict(point: Point, variant: str = "suite", corrected: bool = True) -> Prediction:
-    """The point's prediction; `corrected`: with its cluster's fitted correction, where there is one (Study J's
-    equations are never corrected: the fit is the suite model's)."""
+def predict(point: Point, variant: str = "suite") -> Prediction:
+    """The point's prediction by the suite's model, Study J's equations, or (`fitted`) the suite's model with its
+    cluster's correction fitted by `make bench-model`."""
+    if variant == FITTED:
+        return with_correction(predict(point))
     w, _, profiled_on = workload(point)
     threads = threads_per_worker(point.cfg.cluster.threads_per_worker, processes_per_node(point))
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
     prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
-    return with_correction(prediction) if corrected and variant == "suite" else prediction
+    return prediction
 
 
 def with_correction(prediction: Prediction) -> Prediction:
     """The prediction with its cluster's correction file added to its step, where it has a fit for the strategy."""
-    path = correction.correction_path(prediction.point.cfg.cluster.name)
+    cluster = prediction.point.cfg.cluster.name
+    path = correction.correction_path(cluster)
     fitted = correction.load(path)
+    if fitted is None:
+        raise ConfigError(f"no fitted correction for cluster {cluster} ({path}): `make bench-model` fits one on "
+                          "this machine's measured grid")
     strategy = prediction.point.strategy
-    if fitted is None or correction.correction_key(strategy) not in fitted.fits:
+    if correction.correction_key(strategy) not in fitted.fits:
         return prediction
     step = prediction.step
     added = fitted.step_s(strategy, step.total) - step.total
@@ -143,12 +152,12 @@ def with_correction(prediction: Prediction) -> Prediction:
 
 
 def recorded_prediction(point: Point) -> dict[str, float]:
-    """The prediction a sweep records with a point's run: none where its cluster has no calibration record
-    (`make calibrate`), so that a sweep never waits on profiling it did not ask for; the model's own, without a
-    fitted correction, so that the sweep's report scores the model held out."""
+    """The prediction a sweep records with a point's run (the model's own, so that the sweep's report scores it
+    held out): none where its cluster has no calibration record (`make calibrate`), so that a sweep never waits on
+    profiling it did not ask for."""
     if not calibration_path(point.cfg.cluster.name).exists():
         return {}
     try:
-        return predict(point, corrected=False).metrics()
+        return predict(point).metrics()
     except ConfigError:  # e.g. a cluster of other devices that no record scales this machine's compute to
         return {}

@@ -1,6 +1,6 @@
 """`make predict`: every point's predicted epoch time, step split and peak memory per rank, nothing launched.
 
-    python -m suite.tools.predict [--variant suite|study_j] override ...
+    python -m suite.tools.predict [--variant suite|study_j|fitted] override ...
 
 Overrides are the sweep's (`dataset=imagenet network=resnet50 cluster=lassen workers=4,8,16 strategy=ddp,gpipe`);
 comma lists expand to every combination. Each point is planned as a sweep plans it: one that does not compose
@@ -16,9 +16,8 @@ import sys
 
 from analysis.tables import Table
 from suite.errors import ConfigError
-from suite.predict.predictor import Prediction, predict
+from suite.predict.predictor import PREDICTORS, Prediction, predict
 from suite.predict.profile import STEPS, WARMUP
-from suite.predict.step import VARIANTS
 from suite.sweep.plan import InvalidPoint, Point, expand, plan
 
 NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
@@ -26,8 +25,9 @@ NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
 
 def parse_args(argv: list[str], description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", choices=VARIANTS, default="suite",
-                        help="the suite's model, or Study J's equations (Eq. 5.1, Eqs. 6.1/6.2) where it has them")
+    parser.add_argument("--variant", choices=PREDICTORS, default="suite",
+                        help="the suite's model, Study J's equations (Eq. 5.1, Eqs. 6.1/6.2) where it has them, or "
+                             "the suite's model with the correction `make bench-model` fitted")
     parser.add_argument("overrides", nargs="*")
     return parser.parse_intermixed_args(argv)
 

@@ -10,7 +10,7 @@ is fitted to these measurements, so those scores are held out.
 Then a per-strategy correction (suite.predict.correction) in both forms, a factor and a per-step overhead, scored
 in-sample (fitted on every network) and leave-one-network-out (each network's points corrected by the fit on the
 other networks' points); the form with the smaller held-out median error, fitted on every point, is written to
-results/calibration/<cluster>.correction.yaml, which `make predict` and `make recommend` then apply.
+results/calibration/<cluster>.correction.yaml, which `make predict` and `make recommend` add with `--variant fitted`.
 
     python -m suite.tools.benchmarks.model [--strategies ddp,zero] [--repeats N] [--force] [override ...]
 """
@@ -75,7 +75,7 @@ def scored_points(points: list[Point], store: Store, variant: str) -> list[tuple
     scored = []
     for same in groups.values():
         first = same[0]
-        prediction = predict(first, variant, corrected=False)
+        prediction = predict(first, variant)
         status, seconds, memory, spread = measured(store, same)
         cfg = first.cfg
         cell = f"{cfg.dataset.name}/{cfg.network.name} {cfg.cluster.name} w{cfg.workers}"
@@ -137,7 +137,8 @@ def print_corrections(scored: list[tuple[Scored, Prediction]], cluster: str) -> 
     path = correction_path(cluster)
     save(every[best], path)
     others = ", ".join(f"{form} {median_error(held_out[form]):.1%}" for form in FORMS)
-    print(f"\nwrote {path}: the {best} fit (held-out median |error| {others}), applied by make predict / recommend")
+    print(f"\nwrote {path}: the {best} fit (held-out median |error| {others}), for make predict / recommend "
+          "--variant fitted")
 
 
 def main(argv: list[str]) -> int:
@@ -147,7 +148,7 @@ def main(argv: list[str]) -> int:
         points = plan([job for line in lines for job in expand(line + args.overrides, multirun=True)], experiment=SWEEP)
         if args.strategies:
             points = [p for p in points if p.strategy.name in args.strategies.split(",")]
-        first = predict(points[0], corrected=False)  # fails early without a calibration record
+        first = predict(points[0])  # fails early without a calibration record
     except ConfigError as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
