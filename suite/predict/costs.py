@@ -24,10 +24,11 @@ class StepTime:
     optimizer: float = 0.0
     data: float = 0.0  # loading the batch
     sent: float = 0.0  # bytes the rank sends in collectives and sends, counted as suite.runtime.comm counts them
+    fitted: float = 0.0  # what a correction fitted on measurements adds (suite.predict.correction); may be negative
 
     @property
     def total(self) -> float:
-        return self.compute + self.comm + self.bubble + self.optimizer + self.data
+        return self.compute + self.comm + self.bubble + self.optimizer + self.data + self.fitted
 
 
 def forward_s(layers: Sequence[LayerProfile]) -> float:

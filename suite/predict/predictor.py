@@ -4,7 +4,8 @@ its cluster's calibration, and compose its step time and per-rank memory; nothin
 A point's ranks compute at its layout's micro-batch (the whole mini-batch outside pipelines; a tensor-parallel
 group's batch under `megatron`) with the threads a rank of it gets here, and load its mini-batch each step. The
 profile is taken on this machine's device; a point for a cluster of other devices is priced from it only when
-both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled.
+both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled. Where
+`make bench-model` fitted a correction for the cluster (suite.predict.correction), the variant `fitted` adds it.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ import torch
 from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
+from suite.predict import correction
 from suite.predict.costs import StepTime
 from suite.predict.links import calibration_path, link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
 from suite.predict.profile import Profile, data_profile, network_profile, rank_base_mb
-from suite.predict.step import Workload, step_time
+from suite.predict.step import VARIANTS, Workload, step_time
 from suite.sweep.plan import Point
+
+FITTED = "fitted"  # the suite's model plus the cluster's fitted correction
+PREDICTORS = (*VARIANTS, FITTED)
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class Prediction:
     capacity: float | None  # bytes one rank may use; None: unknown
     profiled_on: str  # the device, threads and any compute scaling
     priced_by: str  # where the link costs come from
+    corrected_by: str | None = None  # the fitted correction in the step, if any
 
     @property
     def epoch_s(self) -> float:
@@ -115,17 +121,40 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
 
 
 def predict(point: Point, variant: str = "suite") -> Prediction:
+    """The point's prediction by the suite's model, Study J's equations, or (`fitted`) the suite's model with its
+    cluster's correction fitted by `make bench-model`."""
+    if variant == FITTED:
+        return with_correction(predict(point))
     w, _, profiled_on = workload(point)
     threads = threads_per_worker(point.cfg.cluster.threads_per_worker, processes_per_node(point))
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
-    return Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+    return prediction
+
+
+def with_correction(prediction: Prediction) -> Prediction:
+    """The prediction with its cluster's correction file added to its step, where it has a fit for the strategy."""
+    cluster = prediction.point.cfg.cluster.name
+    path = correction.correction_path(cluster)
+    fitted = correction.load(path)
+    if fitted is None:
+        raise ConfigError(f"no fitted correction for cluster {cluster} ({path}): `make bench-model` fits one on "
+                          "this machine's measured grid")
+    strategy = prediction.point.strategy
+    if correction.correction_key(strategy) not in fitted.fits:
+        return prediction
+    step = prediction.step
+    added = fitted.step_s(strategy, step.total) - step.total
+    return replace(prediction, step=replace(step, fitted=added),
+                   corrected_by=f"{path.name} ({fitted.source()})")
 
 
 def recorded_prediction(point: Point) -> dict[str, float]:
-    """The prediction a sweep records with a point's run: none where its cluster has no calibration record
-    (`make calibrate`), so that a sweep never waits on profiling it did not ask for."""
+    """The prediction a sweep records with a point's run (the model's own, so that the sweep's report scores it
+    held out): none where its cluster has no calibration record (`make calibrate`), so that a sweep never waits on
+    profiling it did not ask for."""
     if not calibration_path(point.cfg.cluster.name).exists():
         return {}
     try:

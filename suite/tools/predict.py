@@ -1,6 +1,6 @@
 """`make predict`: every point's predicted epoch time, step split and peak memory per rank, nothing launched.
 
-    python -m suite.tools.predict [--variant suite|study_j] override ...
+    python -m suite.tools.predict [--variant suite|study_j|fitted] override ...
 
 Overrides are the sweep's (`dataset=imagenet network=resnet50 cluster=lassen workers=4,8,16 strategy=ddp,gpipe`);
 comma lists expand to every combination. Each point is planned as a sweep plans it: one that does not compose
@@ -16,9 +16,8 @@ import sys
 
 from analysis.tables import Table
 from suite.errors import ConfigError
-from suite.predict.predictor import Prediction, predict
+from suite.predict.predictor import PREDICTORS, Prediction, predict
 from suite.predict.profile import STEPS, WARMUP
-from suite.predict.step import VARIANTS
 from suite.sweep.plan import InvalidPoint, Point, expand, plan
 
 NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
@@ -26,8 +25,9 @@ NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
 
 def parse_args(argv: list[str], description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", choices=VARIANTS, default="suite",
-                        help="the suite's model, or Study J's equations (Eq. 5.1, Eqs. 6.1/6.2) where it has them")
+    parser.add_argument("--variant", choices=PREDICTORS, default="suite",
+                        help="the suite's model, Study J's equations (Eq. 5.1, Eqs. 6.1/6.2) where it has them, or "
+                             "the suite's model with the correction `make bench-model` fitted")
     parser.add_argument("overrides", nargs="*")
     return parser.parse_intermixed_args(argv)
 
@@ -60,18 +60,21 @@ def prediction_row(p: Prediction) -> list[str]:
     s = p.step
     return [p.point.label, describe(p.point), layout_text(p.point), str(p.point.global_batch_size), str(p.steps),
             f"{p.epoch_s:.3f}", f"{s.total:.4f}", f"{s.compute:.4f}", f"{s.comm:.4f}", f"{s.bubble:.4f}",
-            f"{s.optimizer:.4f}", f"{s.data:.4f}", f"{s.sent / 2**20:.2f}", f"{p.peak_mb:.0f}", fits_text(p)]
+            f"{s.optimizer:.4f}", f"{s.data:.4f}", f"{s.fitted:+.4f}", f"{s.sent / 2**20:.2f}", f"{p.peak_mb:.0f}",
+            fits_text(p)]
 
 
 COLUMNS = ["point", "strategy", "layout", "global batch", "steps/epoch", "epoch (s)", "step (s)", "compute",
-           "exposed comm", "bubble", "optimizer", "data", "comm MiB/step", "peak MB/rank", "fits"]
+           "exposed comm", "bubble", "optimizer", "data", "fitted", "comm MiB/step", "peak MB/rank", "fits"]
 
 
 def notes(predictions: list[Prediction], variant: str) -> list[str]:
     profiled = sorted({p.profiled_on for p in predictions})
     priced = sorted({p.priced_by for p in predictions})
+    corrected = sorted({p.corrected_by for p in predictions if p.corrected_by})
     return [f"Model: {variant}. Profiled on {'; '.join(profiled)}: {WARMUP} warm-up steps, then the median of "
-            f"{STEPS} timed steps per layer and for the whole network (results/profiles/). Links: {'; '.join(priced)}."]
+            f"{STEPS} timed steps per layer and for the whole network (results/profiles/). Links: {'; '.join(priced)}."
+            + (f" Corrected by {'; '.join(corrected)}: the column fitted." if corrected else "")]
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,8 @@
 """`make recommend`: every strategy and its main knobs ranked by predicted epoch time for a cell, the
 infeasible ones apart with the reason, and the recommendation with its predicted margin.
 
-    python -m suite.tools.recommend [--variant study_j] dataset=... network=... cluster=... workers=4,8 [override ...]
+    python -m suite.tools.recommend [--variant study_j|fitted] dataset=... network=... cluster=...
+        workers=4,8 [override ...]
 
 One ranking per worker count; the other overrides (batch_size, optimizer.name, dataset.seq_len, ...) apply to
 every candidate. Nothing is launched (profiling aside).

@@ -4,8 +4,13 @@ Measures the grid of conf/sweep/model_bench.yaml through the suite's own driver 
 is not measured again; `--force` measures again, `--repeats N` N times), predicts every point with the model
 (suite/predict, from this machine's calibration record, `make calibrate`), and prints the per-point errors, the
 per-strategy median / p90 / max / bias of the epoch-time error beside the measurements' own spread, the memory
-error, fits accuracy, and the recommender's top-1, regret and Kendall tau per cell. Nothing of the model is
-fitted to these measurements, so every score is held out.
+error, fits accuracy, and the recommender's top-1, regret and Kendall tau per cell. Nothing of the model itself
+is fitted to these measurements, so those scores are held out.
+
+Then a per-strategy correction (suite.predict.correction) in both forms, a factor and a per-step overhead, scored
+in-sample (fitted on every network) and leave-one-network-out (each network's points corrected by the fit on the
+other networks' points); the form with the smaller held-out median error, fitted on every point, is written to
+results/calibration/<cluster>.correction.yaml, which `make predict` and `make recommend` add with `--variant fitted`.
 
     python -m suite.tools.benchmarks.model [--strategies ddp,zero] [--repeats N] [--force] [override ...]
 """
@@ -18,8 +23,10 @@ import sys
 from dataclasses import replace
 
 from analysis.model_score import Scored, point_table, recommender_table, strategy_table
+from analysis.tables import Table
 from suite.errors import ConfigError
-from suite.predict.predictor import predict
+from suite.predict.correction import FORMS, Correction, Observed, correction_key, correction_path, fit, save
+from suite.predict.predictor import Prediction, predict
 from suite.records.store import Store
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import Point, expand, plan, sweep_lines
@@ -60,8 +67,8 @@ def measured(store: Store, points: list[Point]) -> tuple[str, float | None, floa
     return Status.finished, statistics.median(r.data.metrics["epoch_time_s_mean"] for r in done), memory, spread
 
 
-def scored_points(points: list[Point], store: Store, variant: str) -> list[Scored]:
-    """Each point (its repeats together) with the model's prediction and the measurement."""
+def scored_points(points: list[Point], store: Store, variant: str) -> list[tuple[Scored, Prediction]]:
+    """Each point (its repeats together) scored: the model's prediction, uncorrected, against the measurement."""
     groups: dict[tuple[str, ...], list[Point]] = {}
     for point in points:
         groups.setdefault(identity(point), []).append(point)
@@ -72,9 +79,66 @@ def scored_points(points: list[Point], store: Store, variant: str) -> list[Score
         status, seconds, memory, spread = measured(store, same)
         cfg = first.cfg
         cell = f"{cfg.dataset.name}/{cfg.network.name} {cfg.cluster.name} w{cfg.workers}"
-        scored.append(Scored(describe(first), first.strategy.name, cell, prediction.epoch_s, prediction.peak_mb,
-                             prediction.fits, status, seconds, memory, spread))
+        scored.append((Scored(describe(first), first.strategy.name, cell, prediction.epoch_s, prediction.peak_mb,
+                              prediction.fits, status, seconds, memory, spread), prediction))
     return scored
+
+
+def network(prediction: Prediction) -> str:
+    return prediction.point.cfg.network.name
+
+
+def observed(scored: list[tuple[Scored, Prediction]]) -> list[Observed]:
+    """The measured points, per step, as a correction is fitted on them."""
+    return [Observed(correction_key(p.point.strategy), network(p), s.predicted_s / p.steps, s.measured_s / p.steps)
+            for s, p in scored if s.measured_s is not None]
+
+
+def corrected(scored: list[tuple[Scored, Prediction]], form: str, held_out: bool) -> list[Scored]:
+    """Every point's prediction corrected by the `form` fit on all points, or `held_out` on the points of the
+    other networks only."""
+    points = observed(scored)
+    out = []
+    for s, p in scored:
+        correction = fit(points, form, leave_out=network(p) if held_out else None)
+        out.append(replace(s, predicted_s=p.steps * correction.step_s(p.point.strategy, s.predicted_s / p.steps)))
+    return out
+
+
+def fits_table(corrections: dict[str, Correction]) -> Table:
+    """Both forms' fits on every point, side by side."""
+    factor, per_step = corrections["factor"].fits, corrections["per_step"].fits
+    rows = [[key, f"x{factor[key].value:.3f}", f"{per_step[key].value * 1e3:+.1f}", str(factor[key].points),
+             ", ".join(factor[key].networks)] for key in factor]
+    return Table("model_correction", "Correction fitted per strategy on every point (measured against the model)",
+                 ["strategy", "factor", "per-step (ms)", "points", "networks"], rows)
+
+
+def median_error(points: list[Scored]) -> float:
+    return statistics.median(abs(p.time_error) for p in points if p.time_error is not None)
+
+
+def print_corrections(scored: list[tuple[Scored, Prediction]], cluster: str) -> None:
+    """Both forms of the correction scored in-sample and held out, and the better held out written for `make
+    predict` and `make recommend`."""
+    if not observed(scored):
+        return
+    every = {form: fit(observed(scored), form) for form in FORMS}
+    print(f"\n{fits_table(every).markdown()}")
+    held_out = {}
+    for form in FORMS:
+        held_out[form] = corrected(scored, form, held_out=True)
+        tables = [(strategy_table(corrected(scored, form, held_out=False)), "in-sample (fitted on every network)"),
+                  (strategy_table(held_out[form]), "leave-one-network-out"),
+                  (recommender_table(held_out[form]), "leave-one-network-out")]
+        for table, how in tables:
+            print(f"\n{replace(table, title=f'{table.title}, corrected by {form}, {how}').markdown()}")
+    best = min(FORMS, key=lambda form: median_error(held_out[form]))
+    path = correction_path(cluster)
+    save(every[best], path)
+    others = ", ".join(f"{form} {median_error(held_out[form]):.1%}" for form in FORMS)
+    print(f"\nwrote {path}: the {best} fit (held-out median |error| {others}), for make predict / recommend "
+          "--variant fitted")
 
 
 def main(argv: list[str]) -> int:
@@ -92,15 +156,17 @@ def main(argv: list[str]) -> int:
     store = Store()
     run_sweep(points, store, force=args.force)
     scored = scored_points(points, store, "suite")
-    for table in (point_table(scored), strategy_table(scored), recommender_table(scored)):
+    uncorrected = [s for s, _ in scored]
+    for table in (point_table(uncorrected), strategy_table(uncorrected), recommender_table(uncorrected)):
         print(f"\n{table.markdown()}")
     study_j = [p for p in points if p.strategy.name in STUDY_J_STRATEGIES]
     if study_j:
-        table = strategy_table(scored_points(study_j, store, "study_j"))
+        table = strategy_table([s for s, _ in scored_points(study_j, store, "study_j")])
         title = "Study J's equations (Eq. 5.1; Eqs. 6.1 + 6.2) on the same points"
         print(f"\n{replace(table, title=title).markdown()}")
-    print(f"\nmodel: {first.profiled_on}; links: {first.priced_by}; nothing fitted to these measurements "
-          "(all held out)")
+    print(f"\nmodel: {first.profiled_on}; links: {first.priced_by}; the tables above fit nothing to these "
+          "measurements (all held out)")
+    print_corrections(scored, first.point.cfg.cluster.name)
     return 0
 
 
