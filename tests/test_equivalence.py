@@ -10,7 +10,9 @@ from suite.records.store import Store
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import Point, plan
 
-pytestmark = pytest.mark.slow  # every point is launched: gloo ranks through the local launcher
+# Every point is launched: gloo ranks through the local launcher. One xdist worker runs the module: its tests
+# share one store (one `single` reference per workload; the memory split reads the zero runs).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("equivalence")]
 
 STEPS = ["epochs=1", "steps_per_epoch=5", "warmup_steps=0", "save_final_weights=true", "eval_batches=1",
          "dataset.samples=64", "dataset.val_samples=16", "optimizer.lr=0.05"]

@@ -69,6 +69,9 @@ def test_bench_model_prints_its_scores(calibrated, results):
                      re.M), result.stdout
     assert re.search(r"^\| ddp \| 4 \| \d+\.\d%", result.stdout, re.M), result.stdout
     assert re.search(r"^Top-1 right in \d of 2 cells", result.stdout, re.M), result.stdout
+    # The correction fitted on both networks, scored on each with the other's fit, kept for --variant fitted.
+    assert re.search(r"^### .*, corrected by factor, leave-one-network-out$", result.stdout, re.M), result.stdout
+    assert (results / "calibration" / "local.correction.yaml").exists()
     # The runs recorded their predictions: the sweep's report scores them (the `model` view).
     report = run_make("report", "SWEEP=model_bench")
     assert report.returncode == 0, report.stderr[-3000:]
