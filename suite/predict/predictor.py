@@ -130,8 +130,7 @@ def predict(point: Point, variant: str = "suite") -> Prediction:
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
-    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
-    return prediction
+    return Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
 
 
 def with_correction(prediction: Prediction) -> Prediction:

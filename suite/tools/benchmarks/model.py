@@ -98,11 +98,9 @@ def corrected(scored: list[tuple[Scored, Prediction]], form: str, held_out: bool
     """Every point's prediction corrected by the `form` fit on all points, or `held_out` on the points of the
     other networks only."""
     points = observed(scored)
-    out = []
-    for s, p in scored:
-        correction = fit(points, form, leave_out=network(p) if held_out else None)
-        out.append(replace(s, predicted_s=p.steps * correction.step_s(p.point.strategy, s.predicted_s / p.steps)))
-    return out
+    fits = {n: fit(points, form, leave_out=n if held_out else None) for n in {network(p) for _, p in scored}}
+    return [replace(s, predicted_s=p.steps * fits[network(p)].step_s(p.point.strategy, s.predicted_s / p.steps))
+            for s, p in scored]
 
 
 def fits_table(corrections: dict[str, Correction]) -> Table:
@@ -121,9 +119,10 @@ def median_error(points: list[Scored]) -> float:
 def print_corrections(scored: list[tuple[Scored, Prediction]], cluster: str) -> None:
     """Both forms of the correction scored in-sample and held out, and the better held out written for `make
     predict` and `make recommend`."""
-    if not observed(scored):
+    points = observed(scored)
+    if not points:
         return
-    every = {form: fit(observed(scored), form) for form in FORMS}
+    every = {form: fit(points, form) for form in FORMS}
     print(f"\n{fits_table(every).markdown()}")
     held_out = {}
     for form in FORMS:
