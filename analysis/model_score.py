@@ -172,8 +172,10 @@ def scored_rows(rows: list[Row], histories: Histories, protocol: str) -> list[Sc
         measured_s = (statistics.mean(values) if len(done) == 1 else statistics.median(values)) if values else None
         spread = statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else None
         memory = statistics.median(r.peak_memory_mb for r in done) if done else None
+        fits = first.metrics.get("predicted_fits")
         scored.append(Scored(label, first.strategy, cell, first.metrics["predicted_epoch_time_s"],
-                             first.metrics["predicted_peak_memory_mb"], None, status_of(repeats).split(":")[0],
+                             first.metrics["predicted_peak_memory_mb"], None if fits is None else fits > 0.5,
+                             status_of(repeats).split(":")[0],
                              measured_s, memory, spread))
     return scored
 

@@ -101,7 +101,7 @@ UTILISATION_METRICS = ("model_tflop_per_step", "hardware_tflop_per_step", "achie
 # rank as <name>_rank<i>.
 TRACE_BREAKDOWN = ("time_comm_s", "time_comm_exposed_s", "time_compute_s", "time_idle_s", "comm_fraction")
 # The performance model's prediction for the point, made before it ran (suite.predict), beside what it measured.
-PREDICTED = ("predicted_epoch_time_s", "predicted_peak_memory_mb")
+PREDICTED = ("predicted_epoch_time_s", "predicted_peak_memory_mb", "predicted_fits")
 # Once per run; a summary entry not named here (nor a strategy metric) is an error when the run is recorded.
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",

@@ -1,10 +1,13 @@
 """The performance model's analytic pieces against hand-computed cases, its profile and its cache."""
 
+from dataclasses import replace
+
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
 from analysis.model_score import Scored, cell_scores, fits_accuracy, kendall_tau, strategy_errors
+from suite.errors import ConfigError
 from suite.predict.costs import (
     DeviceWork,
     bubble_fraction,
@@ -13,7 +16,7 @@ from suite.predict.costs import (
     prefetched_compute,
     trailing_comm,
 )
-from suite.predict.links import LinkModel, Measured
+from suite.predict.links import LinkModel, Measured, link_model
 from suite.predict.memory import rank_memory
 from suite.predict.predictor import workload
 from suite.predict.profile import LayerProfile, Profile, _median_times, network_profile
@@ -153,6 +156,16 @@ def test_ddp_hides_buckets_behind_backward_and_exposes_the_tail():
     assert step_time(hvd).comm == pytest.approx(2 * 10e-6 + 8 * mib / GB)
 
 
+def test_loader_processes_hide_the_data_behind_a_gpus_step():
+    """A step of 1 s forward, 2 s backward, 0.5 s optimizer: the batch's 1 s of loading adds to it where the rank
+    loads it itself (or the loader's processes share its CPU cores); loader processes feeding a GPU make it while
+    the GPU computes, so only what exceeds the rest of the step (here 4 s of loading: 0.5 s) is waited for."""
+    one = synthetic(DDP(), Layout(dp=1, mini_batch=8), [layer(4, 1.0, 2.0)], optimizer_s=0.5)
+    assert step_time(replace(one, data_s=1.0)).total == pytest.approx(4.5)
+    assert step_time(replace(one, data_s=1.0, data_overlaps=True)).total == pytest.approx(3.5)
+    assert step_time(replace(one, data_s=4.0, data_overlaps=True)).data == pytest.approx(0.5)
+
+
 def test_pipeline_step_from_the_partition():
     """Two stages of two layers (explicit balance), 4 micro-batches: the busier stage works 4 times, the other
     fills and drains once; sends of the boundary activation each way are not hidden."""
@@ -237,3 +250,18 @@ def test_profiles_of_processes_at_once_take_the_median_time():
                for i, t in enumerate((1.0, 3.0, 2.0))]
     merged = _median_times(results)
     assert merged == {"forward_s": 2.0, "train_bytes": 0, "layers": [{"name": "a", "backward_s": 4.0}]}
+
+
+def test_a_one_rank_calibration_record_prices_one_rank_points_and_refuses_more(tmp_path, monkeypatch):
+    """`make calibrate` on a machine with one GPU measures its matmul peak and no links: its record still prices a
+    one-rank point; a point of more ranks needs link costs and says where to get them."""
+    monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path))
+    path = calibration_record(tmp_path / "calibration")
+    record = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**record, "collectives": {}, "p2p": {}}))
+    assert LinkModel.from_calibration(path) is None
+    cluster = OmegaConf.create({"name": "test", "hardware": {}})
+    links = link_model(cluster, nodes=1)
+    assert links.collective("all_reduce", 2**20, 1) == 0.0
+    with pytest.raises(ConfigError, match="cluster test has no link costs: run `make calibrate CLUSTER=test`"):
+        links.collective("all_reduce", 2**20, 2)

@@ -8,12 +8,27 @@ from test_predict import TINY_GPT, calibration_record
 
 from conftest import run_make, run_suite
 
-pytestmark = pytest.mark.slow  # make, profiling interpreters, ranks
+# make, profiling interpreters, ranks; on one xdist worker, which profiles each network once for every test here
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("predict_commands")]
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    """The module's profile cache: profiles are named by what they measured, so tests share them as a user's
+    sweeps and predictions share results/profiles."""
+    return tmp_path_factory.mktemp("profiles")
 
 
 @pytest.fixture
-def calibrated(results):
-    return calibration_record(results / "calibration", name="local")
+def profiled(results, profiles):
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "profiles").symlink_to(profiles, target_is_directory=True)
+    return results
+
+
+@pytest.fixture
+def calibrated(profiled):
+    return calibration_record(profiled / "calibration", name="local")
 
 
 def test_predict_prints_each_points_prediction(calibrated):
@@ -33,7 +48,7 @@ def test_predict_rejects_bad_input_with_one_line(calibrated):
     assert len(errors) == 1 and "nosuch" in errors[0], result.stderr
 
 
-def test_predict_without_link_costs_says_how_to_get_them(results):
+def test_predict_without_link_costs_says_how_to_get_them(profiled):
     result = run_make("predict", f"ARGS={' '.join(TINY_GPT)} strategy=ddp workers=2")
     assert result.returncode != 0
     assert "error: cluster local has no link costs: run `make calibrate CLUSTER=local`" in result.stderr
@@ -58,6 +73,7 @@ def test_a_sweeps_runs_carry_their_prediction(calibrated, store):
     (run,) = store.runs("adhoc")
     metrics = run.data.metrics
     assert metrics["predicted_epoch_time_s"] > 0 and metrics["predicted_peak_memory_mb"] > 0
+    assert metrics["predicted_fits"] == 1.0  # the report's fits / does-not-fit accuracy reads it
     assert metrics["epoch_time_s_mean"] > 0
 
 
@@ -77,3 +93,6 @@ def test_bench_model_prints_its_scores(calibrated, results):
     assert report.returncode == 0, report.stderr[-3000:]
     assert re.search(r"^\| ddp \| 4 \| \d+\.\d%", report.stdout, re.M), report.stdout
     assert (results / "reports" / "model_bench" / "model_strategies.csv").exists()
+    fits = re.search(r"Fits / does not fit right in (\d+) of \1 points", (results / "reports" / "model_bench" /
+                                                                          "report.md").read_text())
+    assert fits and int(fits.group(1)) > 0  # every run recorded whether it would fit, and it did

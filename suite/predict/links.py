@@ -110,12 +110,18 @@ class LinkModel:
     curves: dict[str, Curve]  # per collective kind and "p2p"
     world_size: int  # ranks the curves were measured among
     source: str  # where the numbers come from, for the report
+    missing: str = ""  # without curves: why, raised when a point needs them
+
+    def curve(self, kind: str) -> Curve:
+        if kind not in self.curves:
+            raise ConfigError(self.missing or f"links from {self.source} have no {kind} curve")
+        return self.curves[kind]
 
     def collective(self, kind: str, nbytes: float, ranks: int) -> float:
         """Seconds for one collective of an `nbytes` buffer among `ranks` ranks (0 for one rank or no bytes)."""
         if ranks <= 1 or nbytes <= 0:
             return 0.0
-        curve = self.curves[kind]
+        curve = self.curve(kind)
         n = self.world_size
         latency = curve.latency
         transfer = max(curve.time(nbytes) - latency, 0.0)
@@ -124,15 +130,18 @@ class LinkModel:
 
     def send(self, nbytes: float) -> float:
         """Seconds to send `nbytes` from one rank to another."""
-        return self.curves[P2P].time(nbytes) if nbytes > 0 else 0.0
+        return self.curve(P2P).time(nbytes) if nbytes > 0 else 0.0
 
     @classmethod
-    def from_calibration(cls, path: Path, nodes: int = 1) -> LinkModel:
+    def from_calibration(cls, path: Path, nodes: int = 1) -> LinkModel | None:
         """The curves of the scope a point of `nodes` nodes communicates in (intra-node where the record has
-        no inter-node curves: a record taken on one node)."""
+        no inter-node curves: a record taken on one node); None where the record measured no links (a job of
+        one rank, e.g. on a machine with one GPU)."""
         record = yaml.safe_load(path.read_text())
         try:
             scopes = record["collectives"]
+            if not scopes:
+                return None
             scope = "inter_node" if nodes > 1 and "inter_node" in scopes else "intra_node"
             collectives = scopes[scope]
             curves: dict[str, Curve] = {kind: _measured(collectives[kind]) for kind in COLLECTIVES}
@@ -175,15 +184,17 @@ def matmul_tflops(cluster: str, precision: str) -> float | None:
 
 def link_model(cluster, nodes: int) -> LinkModel:
     """The links of a point's cluster: its calibration record, else its hardware's latency and bandwidth
-    (inter-node where the point spans nodes); ConfigError when it has neither."""
+    (inter-node where the point spans nodes); with neither, no links, which only a one-rank point can be priced
+    without."""
     path = calibration_path(cluster.name)
-    if path.exists():
-        return LinkModel.from_calibration(path, nodes)
+    measured = LinkModel.from_calibration(path, nodes) if path.exists() else None
+    if measured:
+        return measured
     hw = cluster.hardware
     scope = "inter_node" if nodes > 1 else "intra_node"
     latency, bandwidth = hw.get(f"{scope}_latency_us"), hw.get(f"{scope}_bandwidth_gbs")
     if latency is None or bandwidth is None:
-        raise ConfigError(f"cluster {cluster.name} has no link costs: run `make calibrate CLUSTER={cluster.name}` "
-                          f"there (writes {path}), or set cluster.hardware.{scope}_latency_us and "
-                          f"cluster.hardware.{scope}_bandwidth_gbs")
+        return LinkModel({}, 1, "none", f"cluster {cluster.name} has no link costs: run `make calibrate "
+                         f"CLUSTER={cluster.name}` there with two ranks or more (writes {path}), or set "
+                         f"cluster.hardware.{scope}_latency_us and cluster.hardware.{scope}_bandwidth_gbs")
     return LinkModel.from_hardware(latency, bandwidth, f"cluster {cluster.name} hardware ({scope})")

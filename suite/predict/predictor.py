@@ -55,7 +55,8 @@ class Prediction:
 
     def metrics(self) -> dict[str, float]:
         """What a run records beside its measurement."""
-        return {"predicted_epoch_time_s": self.epoch_s, "predicted_peak_memory_mb": self.peak_mb}
+        fits = {} if self.fits is None else {"predicted_fits": float(self.fits)}
+        return {"predicted_epoch_time_s": self.epoch_s, "predicted_peak_memory_mb": self.peak_mb, **fits}
 
 
 def steps_per_epoch(cfg, layout) -> int:
@@ -114,9 +115,10 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
     data, _ = data_profile(cfg, layout.mini_batch, device, threads, together)
     profiled_on = (f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
                    + (f", compute x{scale:.3g}" if scale != 1 else ""))
-    stages_overlap = will_use_cuda(cfg.cluster)
+    on_gpus = will_use_cuda(cfg.cluster)
     w = Workload(cfg, point.strategy, layout, _scaled(profile, scale), data.batch_s, links,
-                 steps_per_epoch(cfg, layout), stages_overlap)
+                 steps_per_epoch(cfg, layout), stages_overlap=on_gpus,
+                 data_overlaps=on_gpus and cfg.dataset.loader_workers > 0)
     return w, device, profiled_on
 
 

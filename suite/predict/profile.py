@@ -50,7 +50,7 @@ from suite.runtime.timing import synchronize
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn
 
-VERSION = 2  # of what a profile holds: a profile of another version is taken again
+VERSION = 3  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
 STEPS = 5  # timed steps; each time is their median
 DATA_BATCHES = 5  # batches loaded to time the data phase (after one untimed)
@@ -335,24 +335,28 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
 
 def _time_data(cfg, batch: int, device: torch.device) -> float:
     """Loading one batch as the trainer does (its DataLoader settings), the loader started again when the data
-    runs out."""
+    runs out. With loader processes, their steady rate: the first batch of each process arrives nearly at once,
+    after one batch's work, so the time is taken over whole rounds of one batch per process after it."""
     data = build_datasets(cfg.dataset, cfg.seed)
     workers = cfg.dataset.loader_workers
     loader = DataLoader(data.train, batch, shuffle=True, drop_last=True, num_workers=workers,
                         generator=torch.Generator().manual_seed(cfg.seed))
+    per_lap = max(workers, 1)
+    laps = -(-DATA_BATCHES // per_lap)
     batches = iter(())
     times = []
-    for index in range(DATA_BATCHES + 1):
+    for lap in range(laps + 1):
         start = time.perf_counter()
-        try:
-            inputs, targets = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            inputs, targets = next(batches)
-        inputs.to(device), targets.to(device)
-        synchronize(device)
-        if index:
-            times.append(time.perf_counter() - start)
+        for _ in range(per_lap if lap else 1):
+            try:
+                inputs, targets = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                inputs, targets = next(batches)
+            inputs.to(device), targets.to(device)
+            synchronize(device)
+        if lap:
+            times.append((time.perf_counter() - start) / per_lap)
     return statistics.median(times)
 
 

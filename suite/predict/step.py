@@ -54,6 +54,7 @@ class Workload:
     links: LinkModel
     steps: int  # per epoch
     stages_overlap: bool  # torchgpipe's stages in one process run at once (GPUs), not in turn (CPU: one thread)
+    data_overlaps: bool = False  # loader processes make the next batches while a GPU computes this one
 
     @property
     def layers(self) -> tuple[LayerProfile, ...]:
@@ -336,4 +337,7 @@ def step_time(w: Workload, variant: str = "suite") -> StepTime:
         raise ConfigError(f"the performance model has no cost function for strategy {w.strategy.name}")
     if variant not in VARIANTS:
         raise ConfigError(f"variant={variant} is not one of {', '.join(VARIANTS)}")
-    return family(w, variant)
+    step = family(w, variant)
+    if w.data_overlaps:  # only the loader's time beyond the rest of the step is waited for
+        step = replace(step, data=max(0.0, step.data - (step.total - step.data)))
+    return step
