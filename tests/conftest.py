@@ -1,7 +1,6 @@
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from launchers.local import free_port  # noqa: F401  (the tests' free port, the local launcher's own)
 from suite.paths import REPO_ROOT
 from suite.records.store import Store
 
@@ -50,12 +50,6 @@ def run_make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     return subprocess.run(make_command(*args), cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -202,10 +202,9 @@ def test_sharded_memory_split(store, tmp_path):
     assert fsdp["mem_grads_mb"] / ddp["mem_grads_mb"] == pytest.approx(0.5, rel=0.1)
 
     # The report keeps the ZeRO stages apart (its label names the knobs in which they differ from the module's other
-    # zero runs) and shows the split beside the times. Every stage's run is made sure of first: under pytest-xdist
-    # this test has been seen to run before the stage-2 and stage-3 tests above.
-    for stage in ZERO:
-        memory_split(store, ZERO[stage])
+    # zero runs) and shows the split beside the times. Stage 2's run is made sure of too (1 and 3 are above): under
+    # pytest-xdist this test has been seen to run before the stage tests.
+    memory_split(store, ZERO[2])
     table = write_report(store, "equivalence", out_dir=tmp_path).summary
     header, *lines = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| dataset")
                       or line.startswith("| tokens")]

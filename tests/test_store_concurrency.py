@@ -32,8 +32,9 @@ def worker_outputs(tmp_path_factory) -> PointDir:
         out = new_point_dir(point)
     finally:
         del os.environ["SUITE_RESULTS_DIR"]
+    # A port of its own: the default one may be taken by a point of a test running beside this one.
     subprocess.run([sys.executable, "-m", "suite.worker", str(out.path)], cwd=REPO_ROOT, check=True,
-                   capture_output=True)
+                   capture_output=True, env={**os.environ, "MASTER_PORT": str(free_port())})
     return out
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from suite.paths import results_dir
+from suite.predict.links import calibration_path
 
 FORMS = ("factor", "per_step")
 
@@ -85,7 +85,8 @@ def fit(observed: list[Observed], form: str, leave_out: str | None = None) -> Co
 
 
 def correction_path(cluster: str) -> Path:
-    return results_dir() / "calibration" / f"{cluster}.correction.yaml"
+    """Beside the cluster's calibration record."""
+    return calibration_path(cluster).with_name(f"{cluster}.correction.yaml")
 
 
 def save(correction: Correction, path: Path) -> None:
