@@ -168,6 +168,9 @@ class PointConfig:
     timeout_s: int = 1800  # the driver kills a point that runs longer and records `timeout`
     log_every: int = 10  # progress line every N steps
     save_final_weights: bool = False  # rank 0 writes the full state dict (used by equivalence tests)
+    # The performance model's prediction recorded beside the measurement, where the cluster has a calibration
+    # record (the driver profiles the network first, once per network and batch; false: neither).
+    record_prediction: bool = True
 
 
 @dataclass

@@ -152,7 +152,7 @@ def test_make_calibrate_records_a_bus_bandwidth_curve_that_rises(calibrated, mon
 
 TINY = ["dataset=tokens", "network=gpt2_tiny", "dataset.vocab_size=512", "dataset.seq_len=32", "dataset.samples=128",
         "dataset.val_samples=16", "batch_size=8", "epochs=1", "steps_per_epoch=4", "warmup_steps=1",
-        "eval_batches=1"]
+        "eval_batches=1", "record_prediction=false"]  # MFU is what is tested here, not the model's profiling
 # A node's ranks use 2 threads in all, as the calibration's (2 ranks of one thread) did.
 TINY_POINTS = {"tokens/gpt2_tiny/single/w1": ["strategy=single", "workers=1", "cluster.threads_per_worker=2"],
                "tokens/gpt2_tiny/ddp/w2": ["strategy=ddp", "workers=2", "cluster.threads_per_worker=1"]}
@@ -180,6 +180,7 @@ def test_points_divide_by_the_calibrated_peak(calibrated, monkeypatch):
         assert m["mfu"] == pytest.approx(m["achieved_tflops"] / peak) and m["hfu"] == pytest.approx(m["mfu"])
         assert (tags["suite.peak_source"], tags["suite.peak_dtype"]) == ("calibration", "fp32")
         assert "suite.mfu_missing" not in tags
+        assert "predicted_epoch_time_s" not in m  # record_prediction=false: the calibration record alone asks for none
     # Two replicas of batch 8 compute twice the FLOPs of one per global step.
     assert runs["tokens/gpt2_tiny/ddp/w2"].data.metrics["model_tflop_per_step"] == pytest.approx(
         2 * runs["tokens/gpt2_tiny/single/w1"].data.metrics["model_tflop_per_step"])

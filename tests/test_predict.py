@@ -138,6 +138,9 @@ def test_zero_volumes_per_stage():
         assert step_time(synthetic(Zero(zero_stage=3), layout, layers)).sent == pytest.approx(2 * share * params)
         fsdp = step_time(synthetic(FSDP(reshard_after_forward=True), layout, layers))
         assert fsdp.sent == pytest.approx(3 * share * params)
+        # On CPU nothing hides them: 3 gathers in forward (the root's with the first unit), 3 again, 3 scatters.
+        on_cpu = step_time(replace(synthetic(FSDP(reshard_after_forward=True), layout, layers), comm_hides=False))
+        assert on_cpu.comm == pytest.approx(3 * share * params / GB + 9 * (p - 1) * 10e-6)
         kept = step_time(synthetic(FSDP(reshard_after_forward=False), layout, layers))
         assert kept.sent == pytest.approx(2 * share * params)
 
@@ -145,11 +148,13 @@ def test_zero_volumes_per_stage():
 def test_ddp_hides_buckets_behind_backward_and_exposes_the_tail():
     """Four layers of 8 MiB gradients, 1 s of backward each, a 16 MiB bucket cap: the first bucket (1 MiB cap)
     closes on the last layer's 8 MiB, the next on two layers, the last with the first layer, at the end of
-    backward, so its all-reduce (8 MiB over 1 GB/s among 2) is exposed."""
+    backward, so its all-reduce (8 MiB over 1 GB/s among 2) is exposed; on CPU all three are."""
     mib = 2**20
     layers = [layer(8 * mib, backward=1.0) for _ in range(4)]
     w = synthetic(DDP(bucket_cap_mb=16, forward_sync_buffers=False), Layout(dp=2, mini_batch=8), layers)
     assert step_time(w).comm == pytest.approx(2 * 10e-6 + 8 * mib / GB)
+    # A CPU rank's all-reduces take the cores backward runs on: none of the three buckets is hidden.
+    assert step_time(replace(w, comm_hides=False)).comm == pytest.approx(3 * 2 * 10e-6 + 32 * mib / GB)
     eq51 = step_time(w, "study_j").comm  # Eq. 5.1: 2 (W - 1) (L + min(G, th) / (W BW)), th = the bucket cap
     assert eq51 == pytest.approx(2 * (10e-6 + 16 * mib / 2 / GB))
     hvd = synthetic(Horovod(fusion_threshold_mb=0, cycle_time_ms=1), Layout(dp=2, mini_batch=8), layers)

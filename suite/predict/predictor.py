@@ -109,6 +109,8 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
     device = profile_device(cfg)
     threads = threads_per_worker(cfg.cluster.threads_per_worker, processes_per_node(point))
     links = link_model(cfg.cluster, cfg.nodes)
+    if links.missing and point.processes > 1:  # said before profiling, which it would make pointless
+        raise ConfigError(links.missing)
     scale = compute_scale(cfg, device)
     together = processes_per_node(point) if device.type == "cpu" else 1  # a node's ranks share its cores
     profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
@@ -118,7 +120,7 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
     on_gpus = will_use_cuda(cfg.cluster)
     w = Workload(cfg, point.strategy, layout, _scaled(profile, scale), data.batch_s, links,
                  steps_per_epoch(cfg, layout), stages_overlap=on_gpus,
-                 data_overlaps=on_gpus and cfg.dataset.loader_workers > 0)
+                 data_overlaps=on_gpus and cfg.dataset.loader_workers > 0, comm_hides=on_gpus)
     return w, device, profiled_on
 
 
@@ -155,8 +157,8 @@ def with_correction(prediction: Prediction) -> Prediction:
 def recorded_prediction(point: Point) -> dict[str, float]:
     """The prediction a sweep records with a point's run (the model's own, so that the sweep's report scores it
     held out): none where its cluster has no calibration record (`make calibrate`), so that a sweep never waits on
-    profiling it did not ask for."""
-    if not calibration_path(point.cfg.cluster.name).exists():
+    profiling it did not ask for, nor with `record_prediction=false`."""
+    if not point.cfg.record_prediction or not calibration_path(point.cfg.cluster.name).exists():
         return {}
     try:
         return predict(point).metrics()

@@ -1,8 +1,11 @@
 """Profiling a network on one device, layer by layer, as the performance model needs it; cached on disk.
 
 A profile is taken at one batch (a rank's batch, or a pipeline's micro-batch), precision, optimizer and
-thread count on this machine's device: `WARMUP` untimed training steps, then `STEPS` timed ones, each
-timed value the median over the timed steps. It holds, per layer of `suite.models.layers` (the unit a
+thread count on this machine's device: `WARMUP` untimed training steps, then timed ones. The whole network
+is timed over at least `WINDOW_S` seconds of steps (at least `STEPS`, at most `MAX_STEPS`), each phase's time
+their mean: a training run's epoch averages over the swings of a machine's speed (a shared VM's doubles and
+halves within seconds), and so must its profile, which a few steps would catch in one swing. Each layer alone
+is timed over `STEPS` steps, their median. It holds, per layer of `suite.models.layers` (the unit a
 pipeline cuts between; the last one includes the loss): forward and backward seconds, forward and backward
 FLOPs (torch's FlopCounterMode, 2 per multiply-add), the bytes of its output (what a stage boundary after
 it sends, and the gradient that comes back), the bytes autograd keeps for its backward, and its parameter
@@ -50,9 +53,11 @@ from suite.runtime.timing import synchronize
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn
 
-VERSION = 3  # of what a profile holds: a profile of another version is taken again
+VERSION = 4  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
-STEPS = 5  # timed steps; each time is their median
+STEPS = 5  # timed steps at least
+WINDOW_S = 5.0  # of the whole network's timed steps, unless MAX_STEPS come first
+MAX_STEPS = 50
 DATA_BATCHES = 5  # batches loaded to time the data phase (after one untimed)
 # A point whose network is negligible: what its rank holds is the framework's (see `rank_base_mb`).
 NEGLIGIBLE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "network.n_head=1", "network.n_embd=8",
@@ -88,7 +93,7 @@ class Profile:
     # the allocator's and the kernels' workspace): peak resident set growth on CPU, peak allocation on GPU
     buffer_bytes: int  # BatchNorm statistics and the like
     warmup: int = WARMUP
-    steps: int = STEPS
+    steps: int = STEPS  # of the whole network, timed
 
     @property
     def batch(self) -> int:
@@ -212,11 +217,12 @@ def _status_bytes(field: str) -> int:
     return int(line.split()[1]) * 1024
 
 
-def _phase_times(phases: list[Callable[[Any], Any]], device: torch.device) -> list[float]:
-    """Median seconds of each phase over the timed steps; a step runs the phases in order, each given the
-    previous one's result."""
+def _timed_steps(phases: list[Callable[[Any], Any]], device: torch.device, window_s: float = 0.0) -> list[list[float]]:
+    """Each phase's seconds in each timed step: `STEPS` of them, or with a `window_s` as many as take that long
+    (at most `MAX_STEPS`). A step runs the phases in order, each given the previous one's result."""
     times: list[list[float]] = [[] for _ in phases]
-    for step in range(WARMUP + STEPS):
+    step = 0
+    while step < WARMUP + STEPS or (sum(map(sum, times)) < window_s and step < WARMUP + MAX_STEPS):
         result = None
         for phase, phase_times in zip(phases, times):
             synchronize(device)
@@ -225,7 +231,8 @@ def _phase_times(phases: list[Callable[[Any], Any]], device: torch.device) -> li
             synchronize(device)
             if step >= WARMUP:
                 phase_times.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+        step += 1
+    return times
 
 
 def _targets(cfg, batch: int) -> torch.Tensor:
@@ -274,7 +281,8 @@ def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
         precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
 
-    forward_s, backward_s, optimizer_s = _phase_times([forward, precision.backward, step], device)
+    timed = _timed_steps([forward, precision.backward, step], device, WINDOW_S)
+    forward_s, backward_s, optimizer_s = map(statistics.mean, timed)
     train_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                    else _status_bytes("VmHWM") - before)
     state_bytes = sum(_nbytes(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
@@ -286,7 +294,7 @@ def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
         r["backward_s"] *= bwd_scale
     return {"layers": raw, "input_bytes": _nbytes(inputs), "forward_s": forward_s, "backward_s": backward_s,
             "optimizer_s": optimizer_s, "optimizer_state_bytes": state_bytes, "train_bytes": train_bytes,
-            "buffer_bytes": sum(_nbytes(b) for b in model.buffers())}
+            "buffer_bytes": sum(_nbytes(b) for b in model.buffers()), "steps": len(timed[0])}
 
 
 def _profile_layers(layers, inputs, targets, precision, device, param_storages) -> list[dict[str, Any]]:
@@ -314,7 +322,8 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
                 y = forward(None)
             grad = torch.ones_like(y) if last else torch.randn_like(y)
-            forward_s, backward_s = _phase_times([forward, lambda out, grad=grad: out.backward(grad)], device)
+            timed = _timed_steps([forward, lambda out, grad=grad: out.backward(grad)], device)
+            forward_s, backward_s = map(statistics.median, timed)
             with FlopCounterMode(display=False) as fwd_count:
                 y_counted = forward(None)
             with FlopCounterMode(display=False) as bwd_count:

@@ -35,8 +35,8 @@ from suite.strategies.layout import Layout
 from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, OptimizerName, PrecisionName
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
-NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "cluster.job", "cluster.hardware",
-                "cluster.tracking_uri")
+NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "record_prediction", "cluster.job",
+                "cluster.hardware", "cluster.tracking_uri")
 # Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
 IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False}

@@ -17,7 +17,7 @@ import sys
 from analysis.tables import Table
 from suite.errors import ConfigError
 from suite.predict.predictor import PREDICTORS, Prediction, predict
-from suite.predict.profile import STEPS, WARMUP
+from suite.predict.profile import MAX_STEPS, STEPS, WARMUP, WINDOW_S
 from suite.sweep.plan import InvalidPoint, Point, expand, plan
 
 NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
@@ -72,8 +72,9 @@ def notes(predictions: list[Prediction], variant: str) -> list[str]:
     profiled = sorted({p.profiled_on for p in predictions})
     priced = sorted({p.priced_by for p in predictions})
     corrected = sorted({p.corrected_by for p in predictions if p.corrected_by})
-    return [f"Model: {variant}. Profiled on {'; '.join(profiled)}: {WARMUP} warm-up steps, then the median of "
-            f"{STEPS} timed steps per layer and for the whole network (results/profiles/). Links: {'; '.join(priced)}."
+    return [f"Model: {variant}. Profiled on {'; '.join(profiled)}: {WARMUP} warm-up steps, then the whole network's "
+            f"mean over {WINDOW_S:g} s of timed steps ({STEPS} to {MAX_STEPS}), each layer's median over {STEPS} "
+            f"(results/profiles/). Links: {'; '.join(priced)}."
             + (f" Corrected by {'; '.join(corrected)}: the column fitted." if corrected else "")]
 
 

@@ -1,11 +1,11 @@
 """Benchmark: the performance model against measurement on this machine (`make bench-model`).
 
 Measures the grid of conf/sweep/model_bench.yaml through the suite's own driver (a point with a finished run
-is not measured again; `--force` measures again, `--repeats N` N times), predicts every point with the model
-(suite/predict, from this machine's calibration record, `make calibrate`), and prints the per-point errors, the
-per-strategy median / p90 / max / bias of the epoch-time error beside the measurements' own spread, the memory
-error, fits accuracy, and the recommender's top-1, regret and Kendall tau per cell. Nothing of the model itself
-is fitted to these measurements, so those scores are held out.
+is not measured again; `--force` measures again, `--repeats N` N times, as N passes over the grid), predicts
+every point with the model (suite/predict, from this machine's calibration record, `make calibrate`), and prints
+the per-point errors, the per-strategy median / p90 / max / bias of the epoch-time error beside the measurements'
+own spread, the memory error, fits accuracy, and the recommender's top-1, regret and Kendall tau per cell.
+Nothing of the model itself is fitted to these measurements, so those scores are held out.
 
 Then a per-strategy correction (suite.predict.correction) in both forms, a factor and a per-step overhead, scored
 in-sample (fitted on every network) and leave-one-network-out (each network's points corrected by the fit on the
@@ -147,6 +147,8 @@ def main(argv: list[str]) -> int:
         points = plan([job for line in lines for job in expand(line + args.overrides, multirun=True)], experiment=SWEEP)
         if args.strategies:
             points = [p for p in points if p.strategy.name in args.strategies.split(",")]
+        # Repeats as passes over the whole grid, minutes apart: their spread then holds the machine's drift.
+        points.sort(key=lambda p: p.cfg.repeat)
         first = predict(points[0])  # fails early without a calibration record
     except ConfigError as e:
         for line in str(e).splitlines():
