@@ -17,15 +17,18 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from mlflow.entities import Metric
 
 from suite.paths import results_dir
 from suite.records.point_dir import PointDir
-from suite.records.store import Store
 from suite.vocabulary import Collective, Status
+
+if TYPE_CHECKING:  # ranks read the record (MFU's peak): they need not import MLflow, which only the driver writes to
+    from mlflow.entities import Metric
+
+    from suite.records.store import Store
 
 RECORD_FILE = "calibration.yaml"  # the record, in its job directory
 HEADER = ("# A calibration record, written by `make calibrate` (suite/records/calibration.py). Units: bytes, seconds,\n"
@@ -47,6 +50,8 @@ def load_record(cluster: str) -> dict[str, Any] | None:
 
 
 def curve_metrics(measured: dict[str, Any]) -> list[Metric]:
+    from mlflow.entities import Metric
+
     now = int(time.time() * 1000)
     metrics = [Metric(f"matmul_tflops_{dtype}", value, now, 0) for dtype, value in measured["matmul"]["tflops"].items()]
     for scope, collectives in measured["collectives"].items():
