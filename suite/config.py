@@ -190,6 +190,9 @@ class CalibrationSettings:
     matmul_n: int | None = None  # n of the n x n x n product; None: 8192 on GPU, 2048 on CPU
     matmul_seconds: float = 1.0
     dtypes: list[str] | None = None  # math dtypes of the matmul; None: fp32 and bf16, and tf32 and fp16 on GPU
+    # Strategies whose library overhead is then measured on probe networks here (suite.predict.overhead); None:
+    # every strategy's; []: none. Not by a batch cluster's job.
+    probe_strategies: list[str] | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from conftest import run_make, run_suite
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR
+from suite.predict.overhead import overhead_path
 from suite.records.calibration import load_record, record_path
 from suite.records.store import Store
 from suite.tools.calibrate import CALIBRATED, apply_record, check, compose_config
@@ -50,6 +51,8 @@ def test_message_sizes_go_up_by_the_factor_to_the_largest():
     (["cluster=lassen", "cluster.job.account=bank", "workers=5"],
      "workers=5 on nodes=1 is more than cluster lassen's 4 per node"),
     (["calibration.dtypes=[fp64]"], "calibration.dtypes: fp64 not among fp32, tf32, bf16, fp16"),
+    (["calibration.probe_strategies=[ddp,zero2]"], "calibration.probe_strategies: zero2 not among single, ddp, "
+     "horovod, zero, zero3, fsdp, megatron, gpipe, gpipe_dist, 1f1b, pipedream"),
     (["calibration.max_bytes=1024"],
      "calibration: message sizes 4096..1024 by x4: need 4 <= min <= max and factor >= 2"),
 ])
@@ -104,7 +107,7 @@ def test_apply_adds_a_hardware_block_where_there_is_none(tmp_path):
 
 
 SMALL = ("calibration.max_bytes=4194304 calibration.matmul_n=256 calibration.seconds=0.05 "
-         "calibration.matmul_seconds=0.2 cluster.threads_per_worker=1")
+         "calibration.matmul_seconds=0.2 cluster.threads_per_worker=1 calibration.probe_strategies=[single]")
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +151,32 @@ def test_make_calibrate_records_a_bus_bandwidth_curve_that_rises(calibrated, mon
     assert yaml.safe_load(client.download_artifacts(run.info.run_id, "calibration.yaml", str(results)) and
                           (results / "calibration.yaml").read_text()) == found
     assert f"recorded as run {run.info.run_id} and in {record_path('local')}" in made.stdout
+
+
+@pytest.mark.slow
+def test_make_calibrate_measures_the_library_overhead_on_probe_networks(calibrated, monkeypatch):
+    results, made = calibrated
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    monkeypatch.setenv("SUITE_RESULTS_DIR", str(results))
+    library = yaml.safe_load(overhead_path("local").read_text())
+    assert list(library["strategies"]) == ["single"]  # calibration.probe_strategies=[single]
+    single = library["strategies"]["single"]
+    narrow, wide = single["probes"]
+    assert wide["param_bytes"] > 10 * narrow["param_bytes"] > 0
+    residual = [p["measured_s"] - p["predicted_s"] for p in (narrow, wide)]
+    if single["per_byte_s"] > 0:  # the line through both probes
+        for probe, above in zip((narrow, wide), residual):
+            assert single["fixed_s"] + single["per_byte_s"] * probe["param_bytes"] == pytest.approx(above)
+    else:
+        assert single["fixed_s"] == pytest.approx(sum(residual) / 2)
+    client = MlflowClient(Store().uri)
+    runs = [client.get_run(run_id) for run_id in library["runs"]]
+    assert [run.data.tags["suite.status"] for run in runs] == ["finished", "finished"]
+    assert {client.get_experiment(run.info.experiment_id).name for run in runs} == {"library_overhead"}
+    for run, probe in zip(runs, (narrow, wide)):
+        m = run.data.metrics
+        assert probe["measured_s"] == pytest.approx(m["epoch_time_s_mean"] / m["steps_per_epoch"])
+    assert f"library overhead in {overhead_path('local')}" in made.stdout
 
 
 TINY = ["dataset=tokens", "network=gpt2_tiny", "dataset.vocab_size=512", "dataset.seq_len=32", "dataset.samples=128",
@@ -210,3 +239,4 @@ def test_make_calibrate_on_a_batch_cluster_writes_its_job_script(results):
                      text, re.M)
     assert "-m suite.records.record" in text
     assert not (results / "calibration").exists()  # a dry run creates no job directory
+    assert "the library overhead's probes are not part of a batch job" in made.stdout

@@ -24,11 +24,12 @@ class StepTime:
     optimizer: float = 0.0
     data: float = 0.0  # loading the batch
     sent: float = 0.0  # bytes the rank sends in collectives and sends, counted as suite.runtime.comm counts them
+    library: float = 0.0  # the strategy's library beyond all of the above, measured on probes (suite.predict.overhead)
     fitted: float = 0.0  # what a correction fitted on measurements adds (suite.predict.correction); may be negative
 
     @property
     def total(self) -> float:
-        return self.compute + self.comm + self.bubble + self.optimizer + self.data + self.fitted
+        return self.compute + self.comm + self.bubble + self.optimizer + self.data + self.library + self.fitted
 
 
 def forward_s(layers: Sequence[LayerProfile]) -> float:

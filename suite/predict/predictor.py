@@ -4,8 +4,10 @@ its cluster's calibration, and compose its step time and per-rank memory; nothin
 A point's ranks compute at its layout's micro-batch (the whole mini-batch outside pipelines; a tensor-parallel
 group's batch under `megatron`) with the threads a rank of it gets here, and load its mini-batch each step. The
 profile is taken on this machine's device; a point for a cluster of other devices is priced from it only when
-both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled. Where
-`make bench-model` fitted a correction for the cluster (suite.predict.correction), the variant `fitted` adds it.
+both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled. The
+suite's model adds what the strategy's library costs per step where `make calibrate` measured it on probe
+networks (suite.predict.overhead). Where `make bench-model` fitted a correction for the cluster
+(suite.predict.correction), the variant `fitted` adds it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
-from suite.predict import correction
+from suite.predict import correction, overhead
 from suite.predict.costs import StepTime
 from suite.predict.links import calibration_path, link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
@@ -40,6 +42,7 @@ class Prediction:
     profiled_on: str  # the device, threads and any compute scaling
     priced_by: str  # where the link costs come from
     corrected_by: str | None = None  # the fitted correction in the step, if any
+    library_by: str | None = None  # the measured library overhead in the step, if any
 
     @property
     def epoch_s(self) -> float:
@@ -134,7 +137,18 @@ def predict(point: Point, variant: str = "suite") -> Prediction:
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
-    return Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+    return with_library_overhead(prediction, w.profile.param_bytes) if variant == "suite" else prediction
+
+
+def with_library_overhead(prediction: Prediction, param_bytes: float) -> Prediction:
+    """The prediction with what its strategy's library costs per step on its cluster added to its step, where
+    `make calibrate` measured it (suite.predict.overhead); Study J's equations are kept as published."""
+    library = overhead.load(prediction.point.cfg.cluster.name)
+    if library is None:
+        return prediction
+    step = replace(prediction.step, library=library.step_s(prediction.point.strategy, param_bytes))
+    return replace(prediction, step=step, library_by=library.source())
 
 
 def with_correction(prediction: Prediction) -> Prediction:

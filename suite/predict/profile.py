@@ -53,11 +53,11 @@ from suite.runtime.timing import synchronize
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn
 
-VERSION = 4  # of what a profile holds: a profile of another version is taken again
+VERSION = 5  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
 STEPS = 5  # timed steps at least
 WINDOW_S = 5.0  # of the whole network's timed steps, unless MAX_STEPS come first
-MAX_STEPS = 50
+MAX_STEPS = 200  # a step of a tiny network takes milliseconds: 50 of them caught one swing of this VM's speed
 DATA_BATCHES = 5  # batches loaded to time the data phase (after one untimed)
 # A point whose network is negligible: what its rank holds is the framework's (see `rank_base_mb`).
 NEGLIGIBLE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "network.n_head=1", "network.n_embd=8",
@@ -379,7 +379,7 @@ def rank_base_mb(strategy: str, threads: int) -> float:
 
     key = {"strategy": strategy, "threads": threads, "device": f"{'cuda' if torch.cuda.is_available() else 'cpu'}:"
            f"{device_name(torch.device('cuda' if torch.cuda.is_available() else 'cpu'))}", "torch": torch.__version__,
-           "python": sys.version, "batch": 0, "precision": "fp32", "dataset": {"name": "rank"}}
+           "python": sys.version, "batch": 0, "precision": "fp32", "dataset": {"name": "rank"}, "version": VERSION}
 
     def take() -> dict[str, Any]:
         (point,) = plan([[*NEGLIGIBLE, f"strategy={strategy}", f"cluster.threads_per_worker={threads}"]],

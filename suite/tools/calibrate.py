@@ -9,6 +9,10 @@ GPUs; on a batch cluster one job script, as `make sweep` writes them, submitted 
 whoever records it (this command here, the job's last step there) leaves an MLflow run in the experiment
 `calibration` and the record results/calibration/<cluster>.yaml (suite.records.calibration).
 
+Here, after the job, each strategy of `calibration.probe_strategies` (all by default) runs two probe networks
+through the sweep driver, and what its step takes beyond the performance model is fitted and kept in
+results/calibration/<cluster>.overhead.yaml (suite.predict.overhead). A batch cluster's job does not run them.
+
 `--apply` measures nothing: it copies the record's send/recv bandwidths and latencies into the cluster
 config's `hardware.*_bandwidth_gbs` / `*_latency_us`, under a comment that says where they come from. The
 config stays the one place the performance model reads a cluster's numbers from, and a change to it is a
@@ -25,11 +29,13 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.batch import SchedulerError
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR, REPO_ROOT
+from suite.predict import overhead
 from suite.records.calibration import jobs_dir, load_record, record_path
 from suite.records.point_dir import PointDir, error_line
 from suite.vocabulary import Collective, MathDtype, Status
@@ -98,6 +104,8 @@ def check(cfg: DictConfig, dry_run: bool) -> None:
     if min(s.seconds, s.matmul_seconds) <= 0 or not 1 <= s.min_iterations <= s.max_iterations:
         raise ConfigError("calibration: seconds and matmul_seconds must be positive, "
                           "1 <= min_iterations <= max_iterations")
+    if s.probe_strategies:
+        overhead.check_keys(list(s.probe_strategies))
     if cluster.job.account_required and not cluster.job.account:
         raise ConfigError(f"cluster {cluster.name} needs an account to charge: add ACCOUNT=<name> "
                           "(or cluster.job.account=<name>)")
@@ -195,6 +203,23 @@ def summary_table(record: dict) -> str:
     return "\n".join(lines)
 
 
+def probe_keys(cfg: DictConfig) -> list[str]:
+    chosen = cfg.calibration.probe_strategies
+    return list(overhead.STRATEGIES) if chosen is None else list(chosen)
+
+
+def overhead_table(path: Path) -> str:
+    """Each strategy's fitted overhead and the probes it was solved from: markdown."""
+    record = yaml.safe_load(path.read_text())
+    lines = ["| strategy | fixed (ms) | per MB of parameters (ms) | probes: MB, predicted -> measured step (ms) |",
+             "|---|---:|---:|---|"]
+    for key, fit in record["strategies"].items():
+        probes = ", ".join(f"{p['param_bytes'] / 2**20:.2f} MB {p['predicted_s'] * 1e3:.1f} -> "
+                           f"{p['measured_s'] * 1e3:.1f}" for p in fit["probes"])
+        lines.append(f"| {key} | {fit['fixed_s'] * 1e3:+.1f} | {fit['per_byte_s'] * 2**20 * 1e3:.2f} | {probes} |")
+    return "\n".join(lines)
+
+
 def hardware_values(record: dict) -> dict[str, float]:
     """The cluster config's `hardware` fields the record measures (send/recv ping-pong), rounded to 4 digits."""
     values = {}
@@ -260,6 +285,9 @@ def main(argv: list[str]) -> int:
         check(cfg, args.dry_run)
         if cfg.cluster.scheduler != "local":
             submit(cfg, args.dry_run)
+            if probe_keys(cfg):
+                print(f"[{label(cfg)}] the library overhead's probes are not part of a batch job: "
+                      f"{overhead.overhead_path(name)} is left as it is", flush=True)
             return 0
         out = job_dir(cfg, create=True)
         print(f"[{label(cfg)}] calibrating {cfg.workers} ranks here; job directory {out.path}", flush=True)
@@ -275,6 +303,25 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"\n{summary_table(load_record(name))}\n\n[{label(cfg)}] recorded as run {done.run_id} and in "
           f"{record_path(name)}")
+    return measure_overhead(cfg)
+
+
+def measure_overhead(cfg: DictConfig) -> int:
+    """After the job here: the library overhead of `calibration.probe_strategies` on probe networks; exit code."""
+    keys = probe_keys(cfg)
+    if not keys:
+        return 0
+    print(f"\n[{label(cfg)}] library overhead of {', '.join(keys)}: {len(keys) * len(overhead.WIDTHS)} probe points "
+          f"here, experiment {overhead.EXPERIMENT}", flush=True)
+    try:
+        path = overhead.measure(cfg.cluster.name, keys)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    print(f"\n{overhead_table(path)}\n\n[{label(cfg)}] library overhead in {path}")
     return 0
 
 

@@ -60,21 +60,25 @@ def prediction_row(p: Prediction) -> list[str]:
     s = p.step
     return [p.point.label, describe(p.point), layout_text(p.point), str(p.point.global_batch_size), str(p.steps),
             f"{p.epoch_s:.3f}", f"{s.total:.4f}", f"{s.compute:.4f}", f"{s.comm:.4f}", f"{s.bubble:.4f}",
-            f"{s.optimizer:.4f}", f"{s.data:.4f}", f"{s.fitted:+.4f}", f"{s.sent / 2**20:.2f}", f"{p.peak_mb:.0f}",
-            fits_text(p)]
+            f"{s.optimizer:.4f}", f"{s.data:.4f}", f"{s.library:+.4f}", f"{s.fitted:+.4f}", f"{s.sent / 2**20:.2f}",
+            f"{p.peak_mb:.0f}", fits_text(p)]
 
 
 COLUMNS = ["point", "strategy", "layout", "global batch", "steps/epoch", "epoch (s)", "step (s)", "compute",
-           "exposed comm", "bubble", "optimizer", "data", "fitted", "comm MiB/step", "peak MB/rank", "fits"]
+           "exposed comm", "bubble", "optimizer", "data", "library", "fitted", "comm MiB/step", "peak MB/rank", "fits"]
 
 
 def notes(predictions: list[Prediction], variant: str) -> list[str]:
     profiled = sorted({p.profiled_on for p in predictions})
     priced = sorted({p.priced_by for p in predictions})
     corrected = sorted({p.corrected_by for p in predictions if p.corrected_by})
+    library = sorted({p.library_by for p in predictions if p.library_by})
+    library_note = (f" Library overhead measured on probe networks: {'; '.join(library)}." if library else
+                    " No library overhead measured for this cluster (`make calibrate` measures it on probe networks)."
+                    if variant != "study_j" else "")
     return [f"Model: {variant}. Profiled on {'; '.join(profiled)}: {WARMUP} warm-up steps, then the whole network's "
             f"mean over {WINDOW_S:g} s of timed steps ({STEPS} to {MAX_STEPS}), each layer's median over {STEPS} "
-            f"(results/profiles/). Links: {'; '.join(priced)}."
+            f"(results/profiles/). Links: {'; '.join(priced)}." + library_note
             + (f" Corrected by {'; '.join(corrected)}: the column fitted." if corrected else "")]
 
 

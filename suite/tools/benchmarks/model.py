@@ -2,10 +2,11 @@
 
 Measures the grid of conf/sweep/model_bench.yaml through the suite's own driver (a point with a finished run
 is not measured again; `--force` measures again, `--repeats N` N times, as N passes over the grid), predicts
-every point with the model (suite/predict, from this machine's calibration record, `make calibrate`), and prints
-the per-point errors, the per-strategy median / p90 / max / bias of the epoch-time error beside the measurements'
-own spread, the memory error, fits accuracy, and the recommender's top-1, regret and Kendall tau per cell.
-Nothing of the model itself is fitted to these measurements, so those scores are held out.
+every point with the model (suite/predict, from this machine's calibration record and the library overhead
+measured on probe networks, both by `make calibrate`), and prints the per-point errors, the per-strategy median /
+p90 / max / bias of the epoch-time error beside the measurements' own spread, the memory error, fits accuracy, and
+the recommender's top-1, regret and Kendall tau per cell. Nothing of the model itself is fitted to these
+measurements, so those scores are held out.
 
 Then a per-strategy correction (suite.predict.correction) in both forms, a factor and a per-step overhead, scored
 in-sample (fitted on every network) and leave-one-network-out (each network's points corrected by the fit on the
@@ -165,8 +166,9 @@ def main(argv: list[str]) -> int:
         table = strategy_table([s for s, _ in scored_points(study_j, store, "study_j")])
         title = "Study J's equations (Eq. 5.1; Eqs. 6.1 + 6.2) on the same points"
         print(f"\n{replace(table, title=title).markdown()}")
-    print(f"\nmodel: {first.profiled_on}; links: {first.priced_by}; the tables above fit nothing to these "
-          "measurements (all held out)")
+    library = first.library_by or "none measured (make calibrate)"
+    print(f"\nmodel: {first.profiled_on}; links: {first.priced_by}; library overhead: {library}; the tables above "
+          "fit nothing to these measurements (all held out)")
     print_corrections(scored, first.point.cfg.cluster.name)
     return 0
 

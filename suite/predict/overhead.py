@@ -1,0 +1,164 @@
+"""What a strategy's library costs per step beyond the model's compute and collectives: measured on probe
+networks by `make calibrate`, added to every prediction of the suite's model.
+
+The model prices a step from a profile of the plain network and the calibrated collectives. A strategy's library
+does more per step than either holds: DeepSpeed's engine (its flat buffers, the fp32 partition's copies), the
+per-module hooks of ZeRO-3 and FSDP, DTensor's dispatch under `megatron`, Horovod's background thread and its
+negotiation, a pipeline schedule's bookkeeping. Each strategy runs two probe networks that no benchmark scores (a
+two-block GPT-2, narrow and wide) through the sweep driver like any point; what its measured step takes beyond
+the model's prediction is fitted as a fixed time plus a time per parameter byte, the two numbers solved from the
+two probes (per byte no less than 0: a wider network is not cheaper to hook). The term is signed: where the model
+prices a strategy too dearly on the probes, it takes that back.
+
+Kept per cluster in results/calibration/<cluster>.overhead.yaml beside the calibration record, per
+`correction_key` (ZeRO-3 apart from stages 1-2). Where there is none, the model adds nothing and says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from suite.errors import ConfigError
+from suite.predict.correction import correction_key
+from suite.predict.links import calibration_path
+from suite.strategies.base import Strategy
+
+EXPERIMENT = "library_overhead"  # the probes' runs
+PROBE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=2", "dataset.seq_len=32", "dataset.samples=256",
+         "dataset.val_samples=16", "batch_size=8", "epochs=2", "warmup_steps=2", "steps_per_epoch=8",
+         "log_every=100", "eval_batches=1", "optimizer.name=adam", "optimizer.lr=0.001"]
+WIDTHS = {"narrow": ["network.n_embd=32", "network.n_head=2", "dataset.vocab_size=256"],
+          "wide": ["network.n_embd=512", "network.n_head=4", "dataset.vocab_size=4096"]}
+# Per correction key, the strategy as its probes run it: two ranks where it has two.
+STRATEGIES = {
+    "single": ["strategy=single", "workers=1"],
+    "ddp": ["strategy=ddp", "workers=2"],
+    "horovod": ["strategy=horovod", "workers=2"],
+    "zero": ["strategy=zero", "strategy.zero_stage=1", "workers=2"],
+    "zero3": ["strategy=zero", "strategy.zero_stage=3", "workers=2"],
+    "fsdp": ["strategy=fsdp", "workers=2"],
+    "megatron": ["strategy=megatron", "strategy.tp=2", "workers=2"],
+    "gpipe": ["strategy=gpipe", "strategy.micro_batches=4", "workers=2"],
+    "gpipe_dist": ["strategy=gpipe_dist", "strategy.micro_batches=4", "workers=2"],
+    "1f1b": ["strategy=1f1b", "strategy.micro_batches=4", "workers=2"],
+    "pipedream": ["strategy=pipedream", "workers=2"],
+}
+
+
+@dataclass(frozen=True)
+class Overhead:
+    fixed_s: float
+    per_byte_s: float  # per byte of the network's parameters
+
+    def step_s(self, param_bytes: float) -> float:
+        return self.fixed_s + self.per_byte_s * param_bytes
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe point, per training step."""
+
+    key: str
+    param_bytes: float
+    predicted_s: float
+    measured_s: float
+
+    @property
+    def residual_s(self) -> float:
+        return self.measured_s - self.predicted_s
+
+
+def fit(probes: list[Probe]) -> dict[str, Overhead]:
+    """Per key, the line through its narrowest and widest probe (flat where they are one width, or where the
+    wider one costs less)."""
+    fits = {}
+    for key in dict.fromkeys(p.key for p in probes):
+        mine = sorted((p for p in probes if p.key == key), key=lambda p: p.param_bytes)
+        narrow, wide = mine[0], mine[-1]
+        span = wide.param_bytes - narrow.param_bytes
+        slope = max((wide.residual_s - narrow.residual_s) / span, 0.0) if span else 0.0
+        if slope:
+            fits[key] = Overhead(narrow.residual_s - slope * narrow.param_bytes, slope)
+        else:
+            fits[key] = Overhead(sum(p.residual_s for p in mine) / len(mine), 0.0)
+    return fits
+
+
+def overhead_path(cluster: str) -> Path:
+    return calibration_path(cluster).with_name(f"{cluster}.overhead.yaml")
+
+
+@dataclass(frozen=True)
+class LibraryOverhead:
+    """A cluster's measured overheads and where they come from."""
+
+    fits: dict[str, Overhead]
+    date: str
+    path: Path
+
+    def step_s(self, strategy: Strategy, param_bytes: float) -> float:
+        fit = self.fits.get(correction_key(strategy))
+        return 0.0 if fit is None else fit.step_s(param_bytes)
+
+    def source(self) -> str:
+        return f"{self.path.name} (probes of {self.date})"
+
+
+def load(cluster: str) -> LibraryOverhead | None:
+    path = overhead_path(cluster)
+    if not path.exists():
+        return None
+    record = yaml.safe_load(path.read_text())
+    fits = {key: Overhead(float(f["fixed_s"]), float(f["per_byte_s"])) for key, f in record["strategies"].items()}
+    return LibraryOverhead(fits, str(record["date"]), path)
+
+
+def save(cluster: str, probes: list[Probe], run_ids: list[str]) -> Path:
+    """The fits and the probes they were solved from."""
+    path = overhead_path(cluster)
+    strategies = {key: {"fixed_s": f.fixed_s, "per_byte_s": f.per_byte_s,
+                        "probes": [{"param_bytes": p.param_bytes, "predicted_s": p.predicted_s,
+                                    "measured_s": p.measured_s} for p in probes if p.key == key]}
+                  for key, f in fit(probes).items()}
+    record = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "experiment": EXPERIMENT, "runs": run_ids,
+              "strategies": strategies}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# Per-step overhead of each strategy's library beyond the performance model, measured on probe "
+                    "networks\n# by `make calibrate` (suite/predict/overhead.py). Seconds and bytes.\n"
+                    + yaml.safe_dump(record, sort_keys=False))
+    return path
+
+
+def check_keys(keys: list[str]) -> None:
+    unknown = sorted(set(keys) - STRATEGIES.keys())
+    if unknown:
+        raise ConfigError(f"calibration.probe_strategies: {', '.join(unknown)} not among {', '.join(STRATEGIES)}")
+
+
+def measure(cluster: str, keys: list[str]) -> Path:
+    """Run the probes of `keys` on `cluster` here (measured again, a new run each), fit and save their overheads."""
+    from suite.predict.predictor import workload
+    from suite.predict.step import step_time
+    from suite.records.store import Store, store_uri
+    from suite.sweep.driver import run_sweep
+    from suite.sweep.plan import plan
+
+    check_keys(keys)
+    jobs = [[*PROBE, *width, *STRATEGIES[key], f"cluster={cluster}"] for key in keys for width in WIDTHS.values()]
+    points = plan(jobs, experiment=EXPERIMENT)
+    store = Store(store_uri(points[0].cfg))
+    probes, run_ids = [], []
+    for outcome in run_sweep(points, store, force=True):
+        if outcome.status != "finished":
+            raise ConfigError(f"probe {outcome.point.label} ({' '.join(outcome.point.overrides)}) "
+                              f"{outcome.status}: {outcome.error} (run {outcome.run_id})")
+        w, _, _ = workload(outcome.point)
+        metrics = store.client.get_run(outcome.run_id).data.metrics
+        probes.append(Probe(correction_key(outcome.point.strategy), w.profile.param_bytes, step_time(w).total,
+                            metrics["epoch_time_s_mean"] / metrics["steps_per_epoch"]))
+        run_ids.append(outcome.run_id)
+    return save(cluster, probes, run_ids)
