@@ -26,6 +26,7 @@ from suite.errors import ConfigError
 from suite.predict.correction import correction_key
 from suite.predict.links import calibration_path
 from suite.strategies.base import Strategy
+from suite.vocabulary import Status
 
 EXPERIMENT = "library_overhead"  # the probes' runs
 PROBE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=2", "dataset.seq_len=32", "dataset.samples=256",
@@ -153,7 +154,7 @@ def measure(cluster: str, keys: list[str]) -> Path:
     store = Store(store_uri(points[0].cfg))
     probes, run_ids = [], []
     for outcome in run_sweep(points, store, force=True):
-        if outcome.status != "finished":
+        if outcome.status != Status.finished:
             raise ConfigError(f"probe {outcome.point.label} ({' '.join(outcome.point.overrides)}) "
                               f"{outcome.status}: {outcome.error} (run {outcome.run_id})")
         w, _, _ = workload(outcome.point)
