@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from conftest import run_make, run_suite
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR
-from suite.predict.overhead import overhead_path
+from suite.predict import overhead
+from suite.predict.overhead import Overhead, Probe, overhead_path
 from suite.records.calibration import load_record, record_path
 from suite.records.store import Store
 from suite.tools.calibrate import CALIBRATED, apply_record, check, compose_config
@@ -161,19 +162,22 @@ def test_make_calibrate_measures_the_library_overhead_on_probe_networks(calibrat
     library = yaml.safe_load(overhead_path("local").read_text())
     assert list(library["strategies"]) == ["single"]  # calibration.probe_strategies=[single]
     single = library["strategies"]["single"]
-    narrow, wide = single["probes"]
-    assert wide["param_bytes"] > 10 * narrow["param_bytes"] > 0
-    residual = [p["measured_s"] - p["predicted_s"] for p in (narrow, wide)]
-    if single["per_byte_s"] > 0:  # the line through both probes
-        for probe, above in zip((narrow, wide), residual):
-            assert single["fixed_s"] + single["per_byte_s"] * probe["param_bytes"] == pytest.approx(above)
-    else:
-        assert single["fixed_s"] == pytest.approx(sum(residual) / 2)
+    probes = single["probes"]
+    narrow, wide, deep = probes
+    assert wide["param_bytes"] > 10 * narrow["param_bytes"] > 0 and wide["param_tensors"] == narrow["param_tensors"]
+    assert deep["param_tensors"] > 3 * narrow["param_tensors"] > 0
+    found = Overhead(single["fixed_s"], single["per_byte_s"], single["per_tensor_s"])
+    assert found == overhead.fit([Probe("single", p["param_bytes"], p["param_tensors"], p["predicted_s"],
+                                        p["measured_s"]) for p in probes])["single"]
+    if found.per_byte_s > 0 and found.per_tensor_s > 0:  # three terms from three probes: through each of them
+        for probe in probes:
+            assert found.step_s(probe["param_bytes"], probe["param_tensors"]) == pytest.approx(
+                probe["measured_s"] - probe["predicted_s"])
     client = MlflowClient(Store().uri)
     runs = [client.get_run(run_id) for run_id in library["runs"]]
-    assert [run.data.tags["suite.status"] for run in runs] == ["finished", "finished"]
+    assert [run.data.tags["suite.status"] for run in runs] == ["finished"] * 3
     assert {client.get_experiment(run.info.experiment_id).name for run in runs} == {"library_overhead"}
-    for run, probe in zip(runs, (narrow, wide)):
+    for run, probe in zip(runs, probes):
         m = run.data.metrics
         assert probe["measured_s"] == pytest.approx(m["epoch_time_s_mean"] / m["steps_per_epoch"])
     assert f"library overhead in {overhead_path('local')}" in made.stdout

@@ -114,7 +114,7 @@ def synthetic(strategy, layout: Layout, layers: list[LayerProfile], optimizer_s:
 
 
 def layer(params: float, forward: float = 0.0, backward: float = 0.0, out: int = 0, block: bool = True):
-    return LayerProfile("l", forward, backward, 0, 0, out, 0, int(params), 0, block)
+    return LayerProfile("l", forward, backward, 0, 0, out, 0, int(params), 1, 0, block)
 
 
 def test_zero_volumes_per_stage():

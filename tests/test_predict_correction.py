@@ -1,5 +1,5 @@
 """What is added to the model per strategy from measurements: the library overhead measured on probe networks (its
-line by hand, its file, the predictor adding it), and the correction fitted on measured points (both forms by hand,
+fit by hand, its file, the predictor adding it), and the correction fitted on measured points (both forms by hand,
 leave-one-network-out, its file, the predictor applying it)."""
 
 import pytest
@@ -11,6 +11,7 @@ from suite.predict.costs import StepTime
 from suite.predict.memory import Memory
 from suite.predict.overhead import Overhead, Probe
 from suite.predict.predictor import Prediction, with_correction, with_library_overhead
+from suite.predict.profile import LayerProfile, Profile
 from suite.strategies.ddp import DDP
 from suite.strategies.zero import Zero
 from suite.sweep.plan import plan
@@ -64,30 +65,49 @@ def test_the_predictor_applies_its_clusters_correction_file(results):
     assert with_correction(stage_1) == stage_1  # no fit for its strategy
 
 
-def test_the_library_overhead_is_the_line_through_the_narrow_and_the_wide_probe():
-    # ddp's measured step is 10 ms above the model's at 1 MB of parameters, 30 ms above at 5 MB
-    (ddp,) = overhead.fit([Probe("ddp", 1e6, 0.10, 0.11), Probe("ddp", 5e6, 0.20, 0.23)]).values()
-    assert (ddp.fixed_s, ddp.per_byte_s) == (pytest.approx(0.005), pytest.approx(5e-9))
-    assert ddp.step_s(3e6) == pytest.approx(0.02)
+def test_the_library_overhead_is_solved_from_the_narrow_wide_and_deep_probes():
+    # 5 ms + 5 ms per MB + 0.1 ms per tensor: 12 ms above the model at 1 MB in 20 tensors, 32 ms at 5 MB in 20,
+    # 25 ms at 2 MB in 100
+    (ddp,) = overhead.fit([Probe("ddp", 1e6, 20, 0.100, 0.112), Probe("ddp", 5e6, 20, 0.200, 0.232),
+                           Probe("ddp", 2e6, 100, 0.150, 0.175)]).values()
+    assert ddp == Overhead(pytest.approx(0.005), pytest.approx(5e-9), pytest.approx(1e-4))
+    assert ddp.step_s(3e6, 50) == pytest.approx(0.025)
 
 
-def test_a_wide_probe_that_costs_less_than_the_narrow_one_gives_a_flat_overhead():
-    fits = overhead.fit([Probe("zero3", 1e6, 0.1, 0.15), Probe("zero3", 5e6, 0.2, 0.23),
-                         Probe("1f1b", 1e6, 0.1, 0.08), Probe("1f1b", 5e6, 0.2, 0.15)])
-    assert fits["zero3"] == Overhead(pytest.approx(0.04), 0.0)
-    assert fits["1f1b"] == Overhead(pytest.approx(-0.035), 0.0)  # signed: the model prices 1f1b too dearly
+def test_a_term_the_probes_cannot_tell_apart_is_left_out():
+    # two probes of one tensor count: the line through them
+    (ddp,) = overhead.fit([Probe("ddp", 1e6, 20, 0.10, 0.11), Probe("ddp", 5e6, 20, 0.20, 0.23)]).values()
+    assert ddp == Overhead(pytest.approx(0.005), pytest.approx(5e-9), 0.0)
+
+
+def test_a_wider_or_deeper_probe_that_costs_less_gets_no_term_for_it():
+    fits = overhead.fit([Probe("zero3", 1e6, 20, 0.1, 0.15), Probe("zero3", 5e6, 20, 0.2, 0.23),
+                         Probe("1f1b", 1e6, 20, 0.1, 0.08), Probe("1f1b", 5e6, 20, 0.2, 0.15),
+                         Probe("megatron", 1e6, 20, 0.1, 0.112), Probe("megatron", 5e6, 20, 0.2, 0.232),
+                         Probe("megatron", 2e6, 100, 0.1, 0.110)])
+    assert fits["zero3"] == Overhead(pytest.approx(0.04), 0.0, 0.0)
+    assert fits["1f1b"] == Overhead(pytest.approx(-0.035), 0.0, 0.0)  # signed: the model prices 1f1b too dearly
+    # the deep probe is cheaper: per byte alone, the least-squares line through residuals 12, 32, 10 ms at 1, 5, 2 MB
+    slope_ms_per_mb = 48 / (78 / 9)
+    assert fits["megatron"] == Overhead(pytest.approx((18 - slope_ms_per_mb * 8 / 3) * 1e-3),
+                                        pytest.approx(slope_ms_per_mb * 1e-9), 0.0)
 
 
 def test_the_predictor_adds_its_clusters_library_overhead(results):
     plain = prediction("strategy=zero", "strategy.zero_stage=3")
-    assert with_library_overhead(plain, 4e6) == plain  # nothing measured for cluster local
-    path = overhead.save("local", [Probe("zero3", 1e6, 0.1, 0.15), Probe("zero3", 5e6, 0.2, 0.27)], ["a", "b"])
+    layer = LayerProfile("l", 0.0, 0.0, 0, 0, 0, 0, param_bytes=4_000_000, param_tensors=1, tied_bytes=0, block=True)
+    profile = Profile(key={}, layers=(layer,), input_bytes=0, forward_s=0.0, backward_s=0.0, optimizer_s=0.0,
+                      optimizer_state_bytes=0, train_bytes=0, buffer_bytes=0)
+    assert with_library_overhead(plain, profile) == plain  # nothing measured for cluster local
+    probes = [Probe("zero3", 1e6, 1, 0.1, 0.15), Probe("zero3", 5e6, 1, 0.2, 0.27), Probe("zero3", 1e6, 11, 0.1, 0.16)]
+    path = overhead.save("local", probes, ["a", "b", "c"])
     assert path == overhead.overhead_path("local") and path.name == "local.overhead.yaml"
     measured = overhead.load("local")
-    assert measured.fits == {"zero3": Overhead(pytest.approx(0.045), pytest.approx(5e-9))}  # 50 and 70 ms above
-    added = with_library_overhead(plain, 4e6)
+    # 50 and 70 ms above at 1 and 5 MB, 10 ms more at ten more tensors
+    assert measured.fits == {"zero3": Overhead(pytest.approx(0.044), pytest.approx(5e-9), pytest.approx(1e-3))}
+    added = with_library_overhead(plain, profile)
     assert added.step.library == pytest.approx(0.065)
     assert added.epoch_s == pytest.approx(8 * (0.15 + 0.065))
     assert added.library_by.startswith("local.overhead.yaml (probes of 20")
     stage_1 = prediction("strategy=zero")
-    assert with_library_overhead(stage_1, 4e6).step.library == 0.0  # no probe of its strategy
+    assert with_library_overhead(stage_1, profile).step.library == 0.0  # no probe of its strategy

@@ -4,11 +4,13 @@ networks by `make calibrate`, added to every prediction of the suite's model.
 The model prices a step from a profile of the plain network and the calibrated collectives. A strategy's library
 does more per step than either holds: DeepSpeed's engine (its flat buffers, the fp32 partition's copies), the
 per-module hooks of ZeRO-3 and FSDP, DTensor's dispatch under `megatron`, Horovod's background thread and its
-negotiation, a pipeline schedule's bookkeeping. Each strategy runs two probe networks that no benchmark scores (a
-two-block GPT-2, narrow and wide) through the sweep driver like any point; what its measured step takes beyond
-the model's prediction is fitted as a fixed time plus a time per parameter byte, the two numbers solved from the
-two probes (per byte no less than 0: a wider network is not cheaper to hook). The term is signed: where the model
-prices a strategy too dearly on the probes, it takes that back.
+negotiation per tensor, a pipeline schedule's bookkeeping. Each strategy runs three probe networks that no
+benchmark scores (GPT-2: two narrow blocks, two wide blocks, eight narrow blocks) through the sweep driver like
+any point; what its measured step takes beyond the model's prediction is fitted as a fixed time, a time per
+parameter byte (copies into and out of flat buffers) and a time per parameter tensor (hooks, messages and
+kernel launches per tensor), solved from the three probes. The per-byte and per-tensor terms are no less than 0
+(a wider or deeper network is not cheaper to hook; where one would be, the fit goes without it); the fixed term
+is signed: where the model prices a strategy too dearly on the probes, it takes that back.
 
 Kept per cluster in results/calibration/<cluster>.overhead.yaml beside the calibration record, per
 `correction_key` (ZeRO-3 apart from stages 1-2). Where there is none, the model adds nothing and says so.
@@ -16,10 +18,12 @@ Kept per cluster in results/calibration/<cluster>.overhead.yaml beside the calib
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from suite.errors import ConfigError
@@ -29,11 +33,13 @@ from suite.strategies.base import Strategy
 from suite.vocabulary import Status
 
 EXPERIMENT = "library_overhead"  # the probes' runs
-PROBE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=2", "dataset.seq_len=32", "dataset.samples=256",
+PROBE = ["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=32", "dataset.samples=256",
          "dataset.val_samples=16", "batch_size=8", "epochs=2", "warmup_steps=2", "steps_per_epoch=8",
          "log_every=100", "eval_batches=1", "optimizer.name=adam", "optimizer.lr=0.001"]
-WIDTHS = {"narrow": ["network.n_embd=32", "network.n_head=2", "dataset.vocab_size=256"],
-          "wide": ["network.n_embd=512", "network.n_head=4", "dataset.vocab_size=4096"]}
+NARROW = ["network.n_embd=32", "network.n_head=2", "dataset.vocab_size=256"]
+SHAPES = {"narrow": ["network.n_layer=2", *NARROW],  # 0.13 MB in 28 tensors
+          "wide": ["network.n_layer=2", "network.n_embd=512", "network.n_head=4", "dataset.vocab_size=4096"],  # 32 MB
+          "deep": ["network.n_layer=8", *NARROW]}  # 0.45 MB in 100 tensors
 # Per correction key, the strategy as its probes run it: two ranks where it has two.
 STRATEGIES = {
     "single": ["strategy=single", "workers=1"],
@@ -54,9 +60,10 @@ STRATEGIES = {
 class Overhead:
     fixed_s: float
     per_byte_s: float  # per byte of the network's parameters
+    per_tensor_s: float  # per parameter tensor
 
-    def step_s(self, param_bytes: float) -> float:
-        return self.fixed_s + self.per_byte_s * param_bytes
+    def step_s(self, param_bytes: float, param_tensors: int) -> float:
+        return self.fixed_s + self.per_byte_s * param_bytes + self.per_tensor_s * param_tensors
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class Probe:
 
     key: str
     param_bytes: float
+    param_tensors: int
     predicted_s: float
     measured_s: float
 
@@ -74,18 +82,30 @@ class Probe:
 
 
 def fit(probes: list[Probe]) -> dict[str, Overhead]:
-    """Per key, the line through its narrowest and widest probe (flat where they are one width, or where the
-    wider one costs less)."""
+    """Per key, the least-squares fit of its probes' residuals: a fixed term, and of the per-byte and per-tensor
+    terms those that the probes tell apart and that come out no less than 0 (the subset that fits best)."""
     fits = {}
     for key in dict.fromkeys(p.key for p in probes):
-        mine = sorted((p for p in probes if p.key == key), key=lambda p: p.param_bytes)
-        narrow, wide = mine[0], mine[-1]
-        span = wide.param_bytes - narrow.param_bytes
-        slope = max((wide.residual_s - narrow.residual_s) / span, 0.0) if span else 0.0
-        if slope:
-            fits[key] = Overhead(narrow.residual_s - slope * narrow.param_bytes, slope)
-        else:
-            fits[key] = Overhead(sum(p.residual_s for p in mine) / len(mine), 0.0)
+        mine = [p for p in probes if p.key == key]
+        residuals = np.array([p.residual_s for p in mine])
+        columns = {"per_byte_s": np.array([p.param_bytes for p in mine], dtype=float),
+                   "per_tensor_s": np.array([p.param_tensors for p in mine], dtype=float)}
+        best: tuple[float, Overhead] | None = None
+        for size in (0, 1, 2):
+            for terms in itertools.combinations(columns, size):
+                scale = [max(columns[t].max(), 1.0) for t in terms]  # columns of one magnitude: a conditioned matrix
+                a = np.column_stack([np.ones(len(mine)), *(columns[t] / s for t, s in zip(terms, scale))])
+                if np.linalg.matrix_rank(a) < a.shape[1]:
+                    continue
+                solution = np.linalg.lstsq(a, residuals, rcond=None)[0]
+                if any(solution[1:] < 0):
+                    continue
+                error = float(np.sum((a @ solution - residuals) ** 2))
+                if best is None or error < best[0] - 1e-15:  # fewer terms first: one that adds nothing is left out
+                    terms_s = {t: float(v / s) for t, v, s in zip(terms, solution[1:], scale)}
+                    best = error, Overhead(float(solution[0]), terms_s.get("per_byte_s", 0.0),
+                                           terms_s.get("per_tensor_s", 0.0))
+        fits[key] = best[1]
     return fits
 
 
@@ -101,9 +121,9 @@ class LibraryOverhead:
     date: str
     path: Path
 
-    def step_s(self, strategy: Strategy, param_bytes: float) -> float:
+    def step_s(self, strategy: Strategy, param_bytes: float, param_tensors: int) -> float:
         fit = self.fits.get(correction_key(strategy))
-        return 0.0 if fit is None else fit.step_s(param_bytes)
+        return 0.0 if fit is None else fit.step_s(param_bytes, param_tensors)
 
     def source(self) -> str:
         return f"{self.path.name} (probes of {self.date})"
@@ -114,22 +134,24 @@ def load(cluster: str) -> LibraryOverhead | None:
     if not path.exists():
         return None
     record = yaml.safe_load(path.read_text())
-    fits = {key: Overhead(float(f["fixed_s"]), float(f["per_byte_s"])) for key, f in record["strategies"].items()}
+    fits = {key: Overhead(float(f["fixed_s"]), float(f["per_byte_s"]), float(f.get("per_tensor_s", 0.0)))
+            for key, f in record["strategies"].items()}  # files of before the per-tensor term have none
     return LibraryOverhead(fits, str(record["date"]), path)
 
 
 def save(cluster: str, probes: list[Probe], run_ids: list[str]) -> Path:
     """The fits and the probes they were solved from."""
     path = overhead_path(cluster)
-    strategies = {key: {"fixed_s": f.fixed_s, "per_byte_s": f.per_byte_s,
-                        "probes": [{"param_bytes": p.param_bytes, "predicted_s": p.predicted_s,
-                                    "measured_s": p.measured_s} for p in probes if p.key == key]}
+    strategies = {key: {"fixed_s": f.fixed_s, "per_byte_s": f.per_byte_s, "per_tensor_s": f.per_tensor_s,
+                        "probes": [{"param_bytes": p.param_bytes, "param_tensors": p.param_tensors,
+                                    "predicted_s": p.predicted_s, "measured_s": p.measured_s}
+                                   for p in probes if p.key == key]}
                   for key, f in fit(probes).items()}
     record = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "experiment": EXPERIMENT, "runs": run_ids,
               "strategies": strategies}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# Per-step overhead of each strategy's library beyond the performance model, measured on probe "
-                    "networks\n# by `make calibrate` (suite/predict/overhead.py). Seconds and bytes.\n"
+                    "networks\n# by `make calibrate` (suite/predict/overhead.py). Seconds, bytes and tensors.\n"
                     + yaml.safe_dump(record, sort_keys=False))
     return path
 
@@ -149,7 +171,7 @@ def measure(cluster: str, keys: list[str]) -> Path:
     from suite.sweep.plan import plan
 
     check_keys(keys)
-    jobs = [[*PROBE, *width, *STRATEGIES[key], f"cluster={cluster}"] for key in keys for width in WIDTHS.values()]
+    jobs = [[*PROBE, *shape, *STRATEGIES[key], f"cluster={cluster}"] for key in keys for shape in SHAPES.values()]
     points = plan(jobs, experiment=EXPERIMENT)
     store = Store(store_uri(points[0].cfg))
     probes, run_ids = [], []
@@ -159,7 +181,7 @@ def measure(cluster: str, keys: list[str]) -> Path:
                               f"{outcome.status}: {outcome.error} (run {outcome.run_id})")
         w, _, _ = workload(outcome.point)
         metrics = store.client.get_run(outcome.run_id).data.metrics
-        probes.append(Probe(correction_key(outcome.point.strategy), w.profile.param_bytes, step_time(w).total,
-                            metrics["epoch_time_s_mean"] / metrics["steps_per_epoch"]))
+        probes.append(Probe(correction_key(outcome.point.strategy), w.profile.param_bytes, w.profile.param_tensors,
+                            step_time(w).total, metrics["epoch_time_s_mean"] / metrics["steps_per_epoch"]))
         run_ids.append(outcome.run_id)
     return save(cluster, probes, run_ids)

@@ -138,16 +138,17 @@ def predict(point: Point, variant: str = "suite") -> Prediction:
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
     prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
-    return with_library_overhead(prediction, w.profile.param_bytes) if variant == "suite" else prediction
+    return with_library_overhead(prediction, w.profile) if variant == "suite" else prediction
 
 
-def with_library_overhead(prediction: Prediction, param_bytes: float) -> Prediction:
+def with_library_overhead(prediction: Prediction, profile: Profile) -> Prediction:
     """The prediction with what its strategy's library costs per step on its cluster added to its step, where
     `make calibrate` measured it (suite.predict.overhead); Study J's equations are kept as published."""
     library = overhead.load(prediction.point.cfg.cluster.name)
     if library is None:
         return prediction
-    step = replace(prediction.step, library=library.step_s(prediction.point.strategy, param_bytes))
+    step = replace(prediction.step, library=library.step_s(prediction.point.strategy, profile.param_bytes,
+                                                           profile.param_tensors))
     return replace(prediction, step=step, library_by=library.source())
 
 

@@ -8,12 +8,12 @@ halves within seconds), and so must its profile, which a few steps would catch i
 is timed over `STEPS` steps, their median. It holds, per layer of `suite.models.layers` (the unit a
 pipeline cuts between; the last one includes the loss): forward and backward seconds, forward and backward
 FLOPs (torch's FlopCounterMode, 2 per multiply-add), the bytes of its output (what a stage boundary after
-it sends, and the gradient that comes back), the bytes autograd keeps for its backward, and its parameter
-bytes (a tied weight counted in its first layer, and as tied in the others). Layers are timed one at a time
-on the previous layer's output, which costs a little more than the same layers inside the whole network, so their times
-are scaled to add up to the whole network's forward and backward, timed in the same steps as its optimizer
-step; their sum is Study J's sequential measurement of a training step. Loading a batch is profiled
-apart (`data_profile`), at the batch a rank reads, which a pipeline's micro-batch is not.
+it sends, and the gradient that comes back), the bytes autograd keeps for its backward, and its parameters'
+bytes and count (a tied weight counted in its first layer, and as tied in the others). Layers are timed one
+at a time on the previous layer's output, which costs a little more than the same layers inside the whole
+network, so their times are scaled to add up to the whole network's forward and backward, timed in the same
+steps as its optimizer step; their sum is Study J's sequential measurement of a training step. Loading a batch
+is profiled apart (`data_profile`), at the batch a rank reads, which a pipeline's micro-batch is not.
 
 Profiles are JSON files under `results/profiles/`, named by what they were taken on and a digest of the
 rest, so a sweep or a recommendation profiles each (network, data shape, batch, precision, optimizer,
@@ -53,7 +53,7 @@ from suite.runtime.timing import synchronize
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn
 
-VERSION = 5  # of what a profile holds: a profile of another version is taken again
+VERSION = 6  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
 STEPS = 5  # timed steps at least
 WINDOW_S = 5.0  # of the whole network's timed steps, unless MAX_STEPS come first
@@ -76,6 +76,7 @@ class LayerProfile:
     output_bytes: int  # the layer's output: the activation a stage boundary after it sends per micro-batch
     saved_bytes: int  # what autograd keeps for this layer's backward (its parameters excluded)
     param_bytes: int  # its own parameters
+    param_tensors: int  # how many they are (what per-parameter hooks and messages scale with)
     tied_bytes: int  # parameters it shares with an earlier layer (GPT-2's LM head: the token embedding)
     block: bool  # one of the network's own submodules with parameters: an FSDP unit, a checkpointing candidate
 
@@ -102,6 +103,10 @@ class Profile:
     @property
     def param_bytes(self) -> int:
         return sum(layer.param_bytes for layer in self.layers)
+
+    @property
+    def param_tensors(self) -> int:
+        return sum(layer.param_tensors for layer in self.layers)
 
     @property
     def step_s(self) -> float:
@@ -333,7 +338,8 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
                 name=layer.prefix.removesuffix(".") or type(layer.module).__name__, forward_s=forward_s,
                 backward_s=backward_s, forward_flops=fwd_count.get_total_flops(),
                 backward_flops=bwd_count.get_total_flops(), output_bytes=_nbytes(y), saved_bytes=saved.total,
-                param_bytes=sum(_nbytes(p) for p in params), tied_bytes=sum(_nbytes(p) for p in tied),
+                param_bytes=sum(_nbytes(p) for p in params), param_tensors=len(params),
+                tied_bytes=sum(_nbytes(p) for p in tied),
                 block=bool(layer.prefix) and any(True for _ in layer.module.parameters()))))
             x = y.detach()
     finally:

@@ -9,7 +9,7 @@ GPUs; on a batch cluster one job script, as `make sweep` writes them, submitted 
 whoever records it (this command here, the job's last step there) leaves an MLflow run in the experiment
 `calibration` and the record results/calibration/<cluster>.yaml (suite.records.calibration).
 
-Here, after the job, each strategy of `calibration.probe_strategies` (all by default) runs two probe networks
+Here, after the job, each strategy of `calibration.probe_strategies` (all by default) runs three probe networks
 through the sweep driver, and what its step takes beyond the performance model is fitted and kept in
 results/calibration/<cluster>.overhead.yaml (suite.predict.overhead). A batch cluster's job does not run them.
 
@@ -211,12 +211,13 @@ def probe_keys(cfg: DictConfig) -> list[str]:
 def overhead_table(path: Path) -> str:
     """Each strategy's fitted overhead and the probes it was solved from: markdown."""
     record = yaml.safe_load(path.read_text())
-    lines = ["| strategy | fixed (ms) | per MB of parameters (ms) | probes: MB, predicted -> measured step (ms) |",
-             "|---|---:|---:|---|"]
+    lines = ["| strategy | fixed (ms) | per MB of parameters (ms) | per parameter tensor (ms) | "
+             "probes: MB in tensors, predicted -> measured step (ms) |", "|---|---:|---:|---:|---|"]
     for key, fit in record["strategies"].items():
-        probes = ", ".join(f"{p['param_bytes'] / 2**20:.2f} MB {p['predicted_s'] * 1e3:.1f} -> "
-                           f"{p['measured_s'] * 1e3:.1f}" for p in fit["probes"])
-        lines.append(f"| {key} | {fit['fixed_s'] * 1e3:+.1f} | {fit['per_byte_s'] * 2**20 * 1e3:.2f} | {probes} |")
+        probes = ", ".join(f"{p['param_bytes'] / 2**20:.2f} MB in {p['param_tensors']} {p['predicted_s'] * 1e3:.1f} "
+                           f"-> {p['measured_s'] * 1e3:.1f}" for p in fit["probes"])
+        lines.append(f"| {key} | {fit['fixed_s'] * 1e3:+.1f} | {fit['per_byte_s'] * 2**20 * 1e3:.2f} | "
+                     f"{fit['per_tensor_s'] * 1e3:.3f} | {probes} |")
     return "\n".join(lines)
 
 
@@ -311,7 +312,7 @@ def measure_overhead(cfg: DictConfig) -> int:
     keys = probe_keys(cfg)
     if not keys:
         return 0
-    print(f"\n[{label(cfg)}] library overhead of {', '.join(keys)}: {len(keys) * len(overhead.WIDTHS)} probe points "
+    print(f"\n[{label(cfg)}] library overhead of {', '.join(keys)}: {len(keys) * len(overhead.SHAPES)} probe points "
           f"here, experiment {overhead.EXPERIMENT}", flush=True)
     try:
         path = overhead.measure(cfg.cluster.name, keys)

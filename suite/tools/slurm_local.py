@@ -20,6 +20,7 @@ CONF = Path("/etc/slurm/slurm.conf")
 MARK = "# one-node Slurm written by the suite (suite/tools/slurm_local.py)"
 STATE = Path("/var/spool/slurm-local")
 PACKAGES = ("slurm-wlm", "munge")
+APT_LOCK_WAIT_S = 600
 COMMANDS = ("sbatch", "squeue", "scancel", "slurmctld", "slurmd", "munged")
 SEARCH_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"  # the daemons live in sbin, off a user's PATH
 
@@ -36,9 +37,9 @@ def _as_root(cmd: list[str]) -> list[str]:
     return cmd if os.geteuid() == 0 else ["sudo", "-n", *cmd]
 
 
-def _run(cmd: list[str], what: str, stdin: str | None = None) -> str:
+def _run(cmd: list[str], what: str, stdin: str | None = None, timeout_s: int = 600) -> str:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, input=stdin)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, input=stdin)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SlurmUnavailable(f"{what}: {e}") from e
     if done.returncode:
@@ -51,13 +52,16 @@ def _install() -> None:
     if os.geteuid() != 0 and not shutil.which("sudo"):
         raise SlurmUnavailable("installing slurm-wlm and munge needs root or passwordless sudo: "
                                "run `make slurm-local` as root")
-    apt = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]  # through sudo too, which resets the environment
+    # A machine that has just booted may be running its own apt (daily upgrades): wait for its lock.
+    apt = ["env", "DEBIAN_FRONTEND=noninteractive",  # through sudo too, which resets the environment
+           "apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT_S}"]
     install = _as_root([*apt, "install", "-y", *PACKAGES])
+    timeout_s = APT_LOCK_WAIT_S + 600
     try:
-        _run(install, "installing slurm-wlm and munge")
+        _run(install, "installing slurm-wlm and munge", timeout_s=timeout_s)
     except SlurmUnavailable:  # a fresh machine may have no package lists yet
-        _run(_as_root([*apt, "update"]), "apt-get update")
-        _run(install, "installing slurm-wlm and munge")
+        _run(_as_root([*apt, "update"]), "apt-get update", timeout_s=timeout_s)
+        _run(install, "installing slurm-wlm and munge", timeout_s=timeout_s)
 
 
 def slurm_conf(host: str, cpus: int, memory_mb: int) -> str:
