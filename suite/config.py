@@ -193,6 +193,7 @@ class CalibrationSettings:
     # Strategies whose library overhead is then measured on probe networks here (suite.predict.overhead); None:
     # every strategy's; []: none. Not by a batch cluster's job.
     probe_strategies: list[str] | None = None
+    probe_passes: int = 3  # runs of each probe, in passes over all of them; its step is their median
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The performance model's analytic pieces against hand-computed cases, its profile and its cache."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -23,6 +24,7 @@ from suite.predict.profile import LayerProfile, Profile, _median_times, network_
 from suite.predict.step import Workload, step_time
 from suite.strategies.ddp import DDP
 from suite.strategies.fsdp import FSDP
+from suite.strategies.gpipe import GPipe
 from suite.strategies.horovod import Horovod
 from suite.strategies.layout import Layout
 from suite.strategies.one_f_one_b import OneFOneB
@@ -185,6 +187,20 @@ def test_pipeline_step_from_the_partition():
     assert step.bubble == pytest.approx(3.0 + send)
 
 
+def test_torchgpipe_on_cpu_runs_its_stages_in_turn():
+    """One worker thread runs every stage's forward, slower there than on the caller (x1.5 here), the caller
+    runs backward and recomputes the checkpointed micro-batches' forward (3 of 4 with `except_last`)."""
+    layers = [layer(4, 1.0, 2.0, out=1000), layer(4, 1.0, 2.0, out=10**6), layer(4, 0.5, 1.0, out=1000),
+              layer(4, 0.5, 1.0, out=4)]
+    layout = Layout(dp=1, pp=2, mini_batch=4, micro_batches=4, stages_in_one_process=True)
+    for checkpoint, recomputed in (("never", 0.0), ("except_last", 3 / 4 * 3.0)):
+        w = synthetic(GPipe(balance=[2, 2], micro_batches=4, checkpoint=checkpoint), layout, layers)
+        one_thread = replace(w, stages_overlap=False, worker_forward_slowdown=1.5)
+        step = step_time(one_thread)
+        assert (step.comm, step.bubble) == (0.0, 0.0)
+        assert step.compute == pytest.approx(4 * (1.5 * 3.0 + 6.0 + recomputed))
+
+
 TINY_GPT = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "network.n_head=1", "network.n_embd=8",
             "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=64", "batch_size=2", "optimizer.name=adam"]
 
@@ -227,6 +243,20 @@ def test_profile_is_cached(results):
     again, hit = network_profile(point.cfg, 2, torch.device("cpu"), 1)
     assert hit and again == first
     assert len(list((results / "profiles").glob("net-gpt2_tiny-b2-fp32-t1-*.json"))) == 1
+
+
+@pytest.mark.slow  # profiles in a child interpreter
+def test_gpipe_on_cpu_prices_its_forwards_on_a_worker_thread(results):
+    """A CPU gpipe point's workload takes the forward's slowdown on a worker thread from a profile of its own,
+    taken at the micro-batch; other strategies' do not."""
+    w, _, profiled_on = workload(tiny_point("strategy=gpipe", "workers=2", "strategy.micro_batches=2"))
+    (path,) = (results / "profiles").glob("thread-gpt2_tiny-b1-*.json")
+    taken = json.loads(path.read_text())
+    assert taken["forward_s"] > 0 and taken["worker_forward_s"] > 0
+    assert w.worker_forward_slowdown == pytest.approx(taken["worker_forward_s"] / taken["forward_s"])
+    assert f"forward x{w.worker_forward_slowdown:.2f} on torchgpipe's worker thread" in profiled_on
+    ddp, _, _ = workload(tiny_point("strategy=ddp"))
+    assert ddp.worker_forward_slowdown == 1.0
 
 
 def scored(label: str, predicted: float, measured: float | None, status: str = "finished", fits: bool = True,

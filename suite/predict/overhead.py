@@ -6,7 +6,8 @@ does more per step than either holds: DeepSpeed's engine (its flat buffers, the 
 per-module hooks of ZeRO-3 and FSDP, DTensor's dispatch under `megatron`, Horovod's background thread and its
 negotiation per tensor, a pipeline schedule's bookkeeping. Each strategy runs three probe networks that no
 benchmark scores (GPT-2: two narrow blocks, two wide blocks, eight narrow blocks) through the sweep driver like
-any point; what its measured step takes beyond the model's prediction is fitted as a fixed time, a time per
+any point, in several passes over all of them (the median of a probe's runs); what its measured step takes
+beyond the model's prediction is fitted as a fixed time, a time per
 parameter byte (copies into and out of flat buffers) and a time per parameter tensor (hooks, messages and
 kernel launches per tensor), solved from the three probes. The per-byte and per-tensor terms are no less than 0
 (a wider or deeper network is not cheaper to hook; where one would be, the fit goes without it); the fixed term
@@ -19,6 +20,7 @@ Kept per cluster in results/calibration/<cluster>.overhead.yaml beside the calib
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +76,8 @@ class Probe:
     param_bytes: float
     param_tensors: int
     predicted_s: float
-    measured_s: float
+    measured_s: float  # the median of its passes'
+    passes_s: tuple[float, ...] = ()  # each run's step
 
     @property
     def residual_s(self) -> float:
@@ -144,7 +147,8 @@ def save(cluster: str, probes: list[Probe], run_ids: list[str]) -> Path:
     path = overhead_path(cluster)
     strategies = {key: {"fixed_s": f.fixed_s, "per_byte_s": f.per_byte_s, "per_tensor_s": f.per_tensor_s,
                         "probes": [{"param_bytes": p.param_bytes, "param_tensors": p.param_tensors,
-                                    "predicted_s": p.predicted_s, "measured_s": p.measured_s}
+                                    "predicted_s": p.predicted_s, "measured_s": p.measured_s,
+                                    "passes_s": list(p.passes_s)}
                                    for p in probes if p.key == key]}
                   for key, f in fit(probes).items()}
     record = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "experiment": EXPERIMENT, "runs": run_ids,
@@ -162,8 +166,9 @@ def check_keys(keys: list[str]) -> None:
         raise ConfigError(f"calibration.probe_strategies: {', '.join(unknown)} not among {', '.join(STRATEGIES)}")
 
 
-def measure(cluster: str, keys: list[str]) -> Path:
-    """Run the probes of `keys` on `cluster` here (measured again, a new run each), fit and save their overheads."""
+def measure(cluster: str, keys: list[str], passes: int) -> Path:
+    """Run the probes of `keys` on `cluster` here, `passes` times over all of them (a new run each: a probe's runs
+    are minutes apart, and one that a swing of the machine slowed is outvoted), fit and save their overheads."""
     from suite.predict.predictor import workload
     from suite.predict.step import step_time
     from suite.records.store import Store, store_uri
@@ -171,17 +176,24 @@ def measure(cluster: str, keys: list[str]) -> Path:
     from suite.sweep.plan import plan
 
     check_keys(keys)
-    jobs = [[*PROBE, *shape, *STRATEGIES[key], f"cluster={cluster}"] for key in keys for shape in SHAPES.values()]
-    points = plan(jobs, experiment=EXPERIMENT)
+    probes = [[*PROBE, *shape, *STRATEGIES[key], f"cluster={cluster}"] for key in keys for shape in SHAPES.values()]
+    points = plan([[*probe, f"repeat={n}"] for n in range(passes) for probe in probes], experiment=EXPERIMENT)
+    which = {point.config_hash: index % len(probes) for index, point in enumerate(points)}
     store = Store(store_uri(points[0].cfg))
-    probes, run_ids = [], []
+    priced: dict[int, tuple[str, float, int, float]] = {}
+    steps: dict[int, list[float]] = {}
+    run_ids = []
     for outcome in run_sweep(points, store, force=True):
         if outcome.status != Status.finished:
             raise ConfigError(f"probe {outcome.point.label} ({' '.join(outcome.point.overrides)}) "
                               f"{outcome.status}: {outcome.error} (run {outcome.run_id})")
-        w, _, _ = workload(outcome.point)
+        probe = which[outcome.point.config_hash]
+        if probe not in priced:
+            w, _, _ = workload(outcome.point)
+            priced[probe] = (correction_key(outcome.point.strategy), w.profile.param_bytes, w.profile.param_tensors,
+                             step_time(w).total)
         metrics = store.client.get_run(outcome.run_id).data.metrics
-        probes.append(Probe(correction_key(outcome.point.strategy), w.profile.param_bytes, w.profile.param_tensors,
-                            step_time(w).total, metrics["epoch_time_s_mean"] / metrics["steps_per_epoch"]))
+        steps.setdefault(probe, []).append(metrics["epoch_time_s_mean"] / metrics["steps_per_epoch"])
         run_ids.append(outcome.run_id)
-    return save(cluster, probes, run_ids)
+    measured = [Probe(*priced[i], statistics.median(steps[i]), tuple(steps[i])) for i in range(len(probes))]
+    return save(cluster, measured, run_ids)

@@ -24,7 +24,7 @@ from suite.predict import correction, overhead
 from suite.predict.costs import StepTime
 from suite.predict.links import calibration_path, link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
-from suite.predict.profile import Profile, data_profile, network_profile, rank_base_mb
+from suite.predict.profile import Profile, data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.predict.step import VARIANTS, Workload, step_time
 from suite.sweep.plan import Point
 
@@ -121,8 +121,13 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
     profiled_on = (f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
                    + (f", compute x{scale:.3g}" if scale != 1 else ""))
     on_gpus = will_use_cuda(cfg.cluster)
+    slowdown = 1.0
+    if layout.stages_in_one_process and not on_gpus:
+        worker, _ = worker_thread_profile(cfg, layout.micro_batch_size, device, threads, together)
+        slowdown = worker.slowdown
+        profiled_on += f", forward x{slowdown:.2f} on torchgpipe's worker thread"
     w = Workload(cfg, point.strategy, layout, _scaled(profile, scale), data.batch_s, links,
-                 steps_per_epoch(cfg, layout), stages_overlap=on_gpus,
+                 steps_per_epoch(cfg, layout), stages_overlap=on_gpus, worker_forward_slowdown=slowdown,
                  data_overlaps=on_gpus and cfg.dataset.loader_workers > 0, comm_hides=on_gpus)
     return w, device, profiled_on
 

@@ -13,7 +13,8 @@ bytes and count (a tied weight counted in its first layer, and as tied in the ot
 at a time on the previous layer's output, which costs a little more than the same layers inside the whole
 network, so their times are scaled to add up to the whole network's forward and backward, timed in the same
 steps as its optimizer step; their sum is Study J's sequential measurement of a training step. Loading a batch
-is profiled apart (`data_profile`), at the batch a rank reads, which a pipeline's micro-batch is not.
+is profiled apart (`data_profile`), at the batch a rank reads, which a pipeline's micro-batch is not. So is the
+forward on a worker thread (`worker_thread_profile`), where torchgpipe runs it.
 
 Profiles are JSON files under `results/profiles/`, named by what they were taken on and a digest of the
 rest, so a sweep or a recommendation profiles each (network, data shape, batch, precision, optimizer,
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,25 @@ class DataProfile:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class WorkerThreadProfile:
+    """The network's training forward on the calling thread, and on a worker thread that takes turns with it, as
+    torchgpipe's worker runs every forward and the caller runs backward. On CPU the worker's OpenMP team competes
+    for the cores with the caller's, which spins a while after each of its parallel regions."""
+
+    key: dict[str, Any]
+    forward_s: float
+    worker_forward_s: float
+
+    @property
+    def slowdown(self) -> float:
+        return self.worker_forward_s / self.forward_s
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkerThreadProfile:
+        return cls(**data)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -180,6 +201,13 @@ def data_profile(cfg, batch: int, device: torch.device, threads: int, together: 
     key = {**_key(cfg, batch, device, threads, ("dataset",)), "together": together}
     data, hit = _cached("data", key, lambda: _in_children("data", cfg, batch, device, threads, together))
     return DataProfile.from_json(data), hit
+
+
+def worker_thread_profile(cfg, batch: int, device: torch.device, threads: int,
+                          together: int = 1) -> tuple[WorkerThreadProfile, bool]:
+    key = {**_key(cfg, batch, device, threads, ("network", "dataset", "optimizer")), "together": together}
+    data, hit = _cached("thread", key, lambda: _in_children("thread", cfg, batch, device, threads, together))
+    return WorkerThreadProfile.from_json(data), hit
 
 
 def _in_children(what: str, cfg, batch: int, device: torch.device, threads: int, together: int) -> dict[str, Any]:
@@ -268,19 +296,25 @@ class _SavedBytes:
         return sum(self.storages.values())
 
 
-def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
+def _training_forward(cfg, batch: int, device: torch.device):
+    """The point's model, precision and one batch, and its forward with the loss."""
     torch.manual_seed(cfg.seed)
-    before = _status_bytes("VmRSS")
     model = build_model(cfg.network, cfg.dataset).to(device).train()
-    layers = flatten_layers(model)
     precision = make_precision(cfg.precision, device)
-    optimizer = build_optimizer(model.parameters(), cfg.optimizer)
     inputs, targets = profile_sample(cfg, batch).to(device), _targets(cfg, batch).to(device)
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def forward(_) -> torch.Tensor:
         with precision.autocast():
             return loss_fn(model(inputs), targets)
+    return model, precision, inputs, targets, forward
+
+
+def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
+    before = _status_bytes("VmRSS")
+    model, precision, inputs, targets, forward = _training_forward(cfg, batch, device)
+    layers = flatten_layers(model)
+    optimizer = build_optimizer(model.parameters(), cfg.optimizer)
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def step(_) -> None:
         precision.step(optimizer)
@@ -348,6 +382,20 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
     return out
 
 
+def _time_worker_forward(cfg, batch: int, device: torch.device) -> dict[str, Any]:
+    """Training steps with the forward on the caller, then with the forward on one long-lived worker thread."""
+    model, precision, _, _, forward = _training_forward(cfg, batch, device)
+
+    def backward(loss: torch.Tensor) -> None:
+        precision.backward(loss)
+        model.zero_grad(set_to_none=True)
+
+    caller = _timed_steps([forward, backward], device, WINDOW_S)
+    with ThreadPoolExecutor(1) as worker:
+        in_worker = _timed_steps([lambda _: worker.submit(forward, None).result(), backward], device, WINDOW_S)
+    return {"forward_s": statistics.mean(caller[0]), "worker_forward_s": statistics.mean(in_worker[0])}
+
+
 def _time_data(cfg, batch: int, device: torch.device) -> float:
     """Loading one batch as the trainer does (its DataLoader settings), the loader started again when the data
     runs out. With loader processes, their steady rate: the first batch of each process arrives nearly at once,
@@ -408,11 +456,15 @@ def rank_base_mb(strategy: str, threads: int) -> float:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m suite.predict.profile network|data BATCH DEVICE CONFIG` (the point's resolved config, a yaml
-    file): one profile as JSON on stdout (what `network_profile` and `data_profile` run in fresh interpreters)."""
+    """`python -m suite.predict.profile network|data|thread BATCH DEVICE CONFIG` (the point's resolved config, a
+    yaml file): one profile as JSON on stdout (what `network_profile`, `data_profile` and `worker_thread_profile`
+    run in fresh interpreters)."""
     what, batch, device = argv[0], int(argv[1]), torch.device(argv[2])
     cfg = OmegaConf.load(argv[3])
-    result = _profile_network(cfg, batch, device) if what == "network" else {"batch_s": _time_data(cfg, batch, device)}
+    takes = {"network": lambda: _profile_network(cfg, batch, device),
+             "data": lambda: {"batch_s": _time_data(cfg, batch, device)},
+             "thread": lambda: _time_worker_forward(cfg, batch, device)}
+    result = takes[what]()
     print(json.dumps(result))
     return 0
 

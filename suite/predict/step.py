@@ -54,6 +54,7 @@ class Workload:
     links: LinkModel
     steps: int  # per epoch
     stages_overlap: bool  # torchgpipe's stages in one process run at once (GPUs), not in turn (CPU: one thread)
+    worker_forward_slowdown: float = 1.0  # of a forward on torchgpipe's CPU worker thread (`WorkerThreadProfile`)
     data_overlaps: bool = False  # loader processes make the next batches while a GPU computes this one
     # Collectives overlapping compute are hidden by it: they run on a GPU's own engines. A CPU rank's collectives
     # take the cores it computes on, so all of their time adds to the step (measured here: DDP's all-reduce of
@@ -281,14 +282,15 @@ def _stage_sync(w: Workload, device: Device, tied_ranks: int) -> tuple[float, fl
 
 def flushed_pipeline(w: Workload, variant: str) -> StepTime:
     """gpipe, gpipe_dist, 1f1b: m micro-batches through p stages, then a flush, each stage's gradient sync and
-    its optimizer step. torchgpipe's stages in one process on CPU share one thread: they run in turn, every
-    micro-batch on every stage one after the other, with nothing to send."""
+    its optimizer step. torchgpipe's stages in one process on CPU share one worker thread: they run in turn, every
+    micro-batch on every stage one after the other, with nothing to send; the forwards there run slower than on
+    the caller, which runs backward and its recomputation."""
     m = w.layout.micro_batches
     if variant == "study_j":
         return _study_j_pipeline(w)
     stages = devices(w, _gpipe_recompute(w))
     if w.layout.stages_in_one_process and not w.stages_overlap:
-        work = m * sum(d.work.compute for d in stages)
+        work = m * (sum(d.work.compute for d in stages) + (w.worker_forward_slowdown - 1) * forward_s(w.layers))
         return StepTime(compute=work, comm=0.0, optimizer=w.profile.optimizer_s, data=w.data_s)
     schedule = flushed_schedule([d.work for d in stages], m, w.layout.virtual_stages)
     tied_ranks = 2 if w.layout.pp > 1 else 1

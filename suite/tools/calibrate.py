@@ -10,8 +10,9 @@ whoever records it (this command here, the job's last step there) leaves an MLfl
 `calibration` and the record results/calibration/<cluster>.yaml (suite.records.calibration).
 
 Here, after the job, each strategy of `calibration.probe_strategies` (all by default) runs three probe networks
-through the sweep driver, and what its step takes beyond the performance model is fitted and kept in
-results/calibration/<cluster>.overhead.yaml (suite.predict.overhead). A batch cluster's job does not run them.
+through the sweep driver (`calibration.probe_passes` times, in passes over all of them), and what its step takes
+beyond the performance model is fitted and kept in results/calibration/<cluster>.overhead.yaml
+(suite.predict.overhead). A batch cluster's job does not run them.
 
 `--apply` measures nothing: it copies the record's send/recv bandwidths and latencies into the cluster
 config's `hardware.*_bandwidth_gbs` / `*_latency_us`, under a comment that says where they come from. The
@@ -106,6 +107,8 @@ def check(cfg: DictConfig, dry_run: bool) -> None:
                           "1 <= min_iterations <= max_iterations")
     if s.probe_strategies:
         overhead.check_keys(list(s.probe_strategies))
+    if s.probe_passes < 1:
+        raise ConfigError(f"calibration.probe_passes must be at least 1, got {s.probe_passes}")
     if cluster.job.account_required and not cluster.job.account:
         raise ConfigError(f"cluster {cluster.name} needs an account to charge: add ACCOUNT=<name> "
                           "(or cluster.job.account=<name>)")
@@ -312,10 +315,11 @@ def measure_overhead(cfg: DictConfig) -> int:
     keys = probe_keys(cfg)
     if not keys:
         return 0
+    passes = cfg.calibration.probe_passes
     print(f"\n[{label(cfg)}] library overhead of {', '.join(keys)}: {len(keys) * len(overhead.SHAPES)} probe points "
-          f"here, experiment {overhead.EXPERIMENT}", flush=True)
+          f"here, {passes} pass(es) over them, experiment {overhead.EXPERIMENT}", flush=True)
     try:
-        path = overhead.measure(cfg.cluster.name, keys)
+        path = overhead.measure(cfg.cluster.name, keys, passes)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
