@@ -7,11 +7,11 @@ per-module hooks of ZeRO-3 and FSDP, DTensor's dispatch under `megatron`, Horovo
 negotiation per tensor, a pipeline schedule's bookkeeping. Each strategy runs three probe networks that no
 benchmark scores (GPT-2: two narrow blocks, two wide blocks, eight narrow blocks) through the sweep driver like
 any point, in several passes over all of them (the median of a probe's runs); what its measured step takes
-beyond the model's prediction is fitted as a fixed time, a time per
-parameter byte (copies into and out of flat buffers) and a time per parameter tensor (hooks, messages and
-kernel launches per tensor), solved from the three probes. The per-byte and per-tensor terms are no less than 0
-(a wider or deeper network is not cheaper to hook; where one would be, the fit goes without it); the fixed term
-is signed: where the model prices a strategy too dearly on the probes, it takes that back.
+beyond the model's prediction is fitted as a fixed time, a time per parameter byte (copies into and out of flat
+buffers) and a time per parameter tensor (hooks, messages and kernel launches per tensor), solved from the three
+probes. The per-byte and per-tensor terms are no less than 0 (a wider or deeper network is not cheaper to hook;
+where one would be, the fit goes without it); the fixed term is signed: where the model prices a strategy too
+dearly on the probes, it takes that back.
 
 Kept per cluster in results/calibration/<cluster>.overhead.yaml beside the calibration record, per
 `correction_key` (ZeRO-3 apart from stages 1-2). Where there is none, the model adds nothing and says so.
@@ -41,7 +41,7 @@ PROBE = ["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=32", "dataset.s
 NARROW = ["network.n_embd=32", "network.n_head=2", "dataset.vocab_size=256"]
 SHAPES = {"narrow": ["network.n_layer=2", *NARROW],  # 0.13 MB in 28 tensors
           "wide": ["network.n_layer=2", "network.n_embd=512", "network.n_head=4", "dataset.vocab_size=4096"],  # 32 MB
-          "deep": ["network.n_layer=8", *NARROW]}  # 0.45 MB in 100 tensors
+          "deep": ["network.n_layer=8", *NARROW]}  # 0.42 MB in 100 tensors
 # Per correction key, the strategy as its probes run it: two ranks where it has two.
 STRATEGIES = {
     "single": ["strategy=single", "workers=1"],

@@ -205,7 +205,7 @@ def data_profile(cfg, batch: int, device: torch.device, threads: int, together: 
 
 def worker_thread_profile(cfg, batch: int, device: torch.device, threads: int,
                           together: int = 1) -> tuple[WorkerThreadProfile, bool]:
-    key = {**_key(cfg, batch, device, threads, ("network", "dataset", "optimizer")), "together": together}
+    key = {**_key(cfg, batch, device, threads, ("network", "dataset")), "together": together}  # no optimizer step
     data, hit = _cached("thread", key, lambda: _in_children("thread", cfg, batch, device, threads, together))
     return WorkerThreadProfile.from_json(data), hit
 
