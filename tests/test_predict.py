@@ -1,6 +1,7 @@
 """The performance model's analytic pieces against hand-computed cases, its profile and its cache."""
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -28,6 +29,7 @@ from suite.strategies.gpipe import GPipe
 from suite.strategies.horovod import Horovod
 from suite.strategies.layout import Layout
 from suite.strategies.one_f_one_b import OneFOneB
+from suite.strategies.pipedream import PipeDream
 from suite.strategies.zero import Zero
 from suite.sweep.plan import plan
 
@@ -187,6 +189,25 @@ def test_pipeline_step_from_the_partition():
     assert step.bubble == pytest.approx(3.0 + send)
 
 
+def test_a_pipeline_on_fewer_cores_than_ranks_lasts_at_least_its_work_shared_among_them():
+    """The stages above (6 s and 3 s per micro-batch) with their ranks 2 to a core: the 4 micro-batches' work per
+    stage, 24 s and 12 s, shared out, take 2 x 18 s = 36 s, longer than the schedule's 27 s and its sends: the rest
+    is the ranks' wait for a core. At 1.25 ranks a core, 22.5 s: the schedule is the longer, nothing is added.
+    PipeDream's step is one mini-batch per stage (6 s and 3 s), its fill spread over 1000 steps: at 2 ranks a core,
+    9 s."""
+    layers = [layer(4, 1.0, 2.0, out=1000), layer(4, 1.0, 2.0, out=10**6), layer(4, 0.5, 1.0, out=1000),
+              layer(4, 0.5, 1.0, out=4)]
+    w = synthetic(OneFOneB(balance=[2, 2], micro_batches=4), Layout(dp=1, pp=2, mini_batch=4, micro_batches=4),
+                  layers)
+    scheduled = step_time(w).total
+    crowded = step_time(replace(w, oversubscription=2.0))
+    assert crowded.total == pytest.approx(36.0)
+    assert crowded.core_wait == pytest.approx(36.0 - scheduled)
+    assert step_time(replace(w, oversubscription=1.25)) == step_time(w)
+    pipedream = synthetic(PipeDream(balance=[2, 2]), Layout(dp=1, pp=2, mini_batch=4), layers)
+    assert step_time(replace(pipedream, steps=1000, oversubscription=2.0)).total == pytest.approx(9.0)
+
+
 def test_torchgpipe_on_cpu_runs_its_stages_in_turn():
     """One worker thread runs every stage's forward, slower there than on the caller (x1.5 here), the caller
     runs backward and recomputes the checkpointed micro-batches' forward (3 of 4 with `except_last`)."""
@@ -257,6 +278,20 @@ def test_gpipe_on_cpu_prices_its_forwards_on_a_worker_thread(results):
     assert f"forward x{w.worker_forward_slowdown:.2f} on torchgpipe's worker thread" in profiled_on
     ddp, _, _ = workload(tiny_point("strategy=ddp"))
     assert ddp.worker_forward_slowdown == 1.0
+
+
+@pytest.mark.slow  # profiles in a child interpreter
+def test_a_pipeline_of_more_ranks_than_cores_is_profiled_at_the_ranks_they_run_at_once(calibrated):
+    """A 1f1b point of 2 ranks per core: its stages are profiled with as many ranks at once as the cores run (the
+    profile's `together`), and its step is bounded by the oversubscription; a ddp point's ranks all compute at
+    once, so its profile is taken with all of them and it has none."""
+    cores = os.cpu_count()
+    w, _, _ = workload(tiny_point("strategy=1f1b", f"workers={2 * cores}", "network.n_layer=2", "batch_size=4",
+                                  "strategy.micro_batches=4"))
+    assert w.oversubscription == 2.0
+    assert w.profile.key["together"] == cores
+    ddp, _, _ = workload(tiny_point("strategy=ddp", f"workers={2 * cores}"))
+    assert (ddp.oversubscription, ddp.profile.key["together"]) == (1.0, 2 * cores)
 
 
 def scored(label: str, predicted: float, measured: float | None, status: str = "finished", fits: bool = True,

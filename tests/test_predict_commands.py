@@ -83,15 +83,20 @@ def test_bench_model_prints_its_scores(calibrated, results):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(r"^\| tokens/gpt2_tiny local w2 \| ddp \| finished \| \d+\.\d+ \| \d+\.\d+ \|", result.stdout,
                      re.M), result.stdout
-    assert re.search(r"^\| ddp \| 4 \| \d+\.\d%", result.stdout, re.M), result.stdout
-    assert re.search(r"^Top-1 right in \d of 2 cells", result.stdout, re.M), result.stdout
+    assert re.search(r"^\| ddp \| 6 \| \d+\.\d%", result.stdout, re.M), result.stdout
+    # ddp on 4 workers, beyond the 2 ranks the links were measured among, scored apart (2 networks)
+    beyond = result.stdout.split("points of more than 2 workers: links extrapolated from 2 ranks")[1]
+    assert re.search(r"^\| ddp \| 2 \| \d+\.\d%", beyond, re.M), result.stdout
+    assert re.search(r"^Top-1 right in \d of 2 cells", result.stdout, re.M), result.stdout  # w4: ddp alone
     # The correction fitted on both networks, scored on each with the other's fit, kept for --variant fitted.
     assert re.search(r"^### .*, corrected by factor, leave-one-network-out$", result.stdout, re.M), result.stdout
+    assert re.search(r"^### .*, corrected by factor, fitted on the points of at most 2 workers, scored on those of "
+                     r"more$\n(.*\n){3}\| ddp \| 2 \|", result.stdout, re.M), result.stdout
     assert (results / "calibration" / "local.correction.yaml").exists()
     # The runs recorded their predictions: the sweep's report scores them (the `model` view).
     report = run_make("report", "SWEEP=model_bench")
     assert report.returncode == 0, report.stderr[-3000:]
-    assert re.search(r"^\| ddp \| 4 \| \d+\.\d%", report.stdout, re.M), report.stdout
+    assert re.search(r"^\| ddp \| 6 \| \d+\.\d%", report.stdout, re.M), report.stdout
     assert (results / "reports" / "model_bench" / "model_strategies.csv").exists()
     fits = re.search(r"Fits / does not fit right in (\d+) of \1 points", (results / "reports" / "model_bench" /
                                                                           "report.md").read_text())

@@ -46,7 +46,7 @@ def test_zero_3_is_corrected_apart_from_stages_1_and_2():
 def prediction(*overrides: str) -> Prediction:
     (point,) = plan([["dataset=tokens", "network=gpt2_tiny", "cluster=local", "workers=2", "optimizer.name=adam",
                       *overrides]])
-    return Prediction(point, StepTime(compute=0.1, comm=0.05), 8, Memory(0, 0, 0, 0, 0, 0), None, "test", "test")
+    return Prediction(point, StepTime(compute=0.1, comm=0.05), 8, Memory(0, 0, 0, 0, 0, 0), None, "test", "test", 2)
 
 
 def test_the_predictor_applies_its_clusters_correction_file(results):

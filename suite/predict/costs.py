@@ -26,10 +26,12 @@ class StepTime:
     sent: float = 0.0  # bytes the rank sends in collectives and sends, counted as suite.runtime.comm counts them
     library: float = 0.0  # the strategy's library beyond all of the above, measured on probes (suite.predict.overhead)
     fitted: float = 0.0  # what a correction fitted on measurements adds (suite.predict.correction); may be negative
+    core_wait: float = 0.0  # ranks waiting for a core, where a CPU node's ranks outnumber what its cores run at once
 
     @property
     def total(self) -> float:
-        return self.compute + self.comm + self.bubble + self.optimizer + self.data + self.library + self.fitted
+        return (self.compute + self.comm + self.bubble + self.optimizer + self.data + self.library + self.fitted
+                + self.core_wait)
 
 
 def forward_s(layers: Sequence[LayerProfile]) -> float:

@@ -13,6 +13,7 @@ networks (suite.predict.overhead). Where `make bench-model` fitted a correction 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -41,6 +42,7 @@ class Prediction:
     capacity: float | None  # bytes one rank may use; None: unknown
     profiled_on: str  # the device, threads and any compute scaling
     priced_by: str  # where the link costs come from
+    link_ranks: int  # ranks the link costs were measured among: a point of more ranks is priced beyond them
     corrected_by: str | None = None  # the fitted correction in the step, if any
     library_by: str | None = None  # the measured library overhead in the step, if any
 
@@ -116,6 +118,10 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
         raise ConfigError(links.missing)
     scale = compute_scale(cfg, device)
     together = processes_per_node(point) if device.type == "cpu" else 1  # a node's ranks share its cores
+    oversubscription = 1.0
+    at_once = max(1, (os.cpu_count() or 1) // threads)
+    if device.type == "cpu" and layout.pp > 1 and not layout.stages_in_one_process and together > at_once:
+        together, oversubscription = at_once, together / at_once  # see step.shared_cores
     profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
     data, _ = data_profile(cfg, layout.mini_batch, device, threads, together)
     profiled_on = (f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
@@ -128,6 +134,7 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
         profiled_on += f", forward x{slowdown:.2f} on torchgpipe's worker thread"
     w = Workload(cfg, point.strategy, layout, _scaled(profile, scale), data.batch_s, links,
                  steps_per_epoch(cfg, layout), stages_overlap=on_gpus, worker_forward_slowdown=slowdown,
+                 oversubscription=oversubscription,
                  data_overlaps=on_gpus and cfg.dataset.loader_workers > 0, comm_hides=on_gpus)
     return w, device, profiled_on
 
@@ -142,7 +149,8 @@ def predict(point: Point, variant: str = "suite") -> Prediction:
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
-    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source,
+                            w.links.world_size)
     return with_library_overhead(prediction, w.profile) if variant == "suite" else prediction
 
 

@@ -10,6 +10,7 @@ the variant `study_j`: Eq. 5.1 for data parallelism and Eqs. 6.1 + 6.2 for pipel
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -56,6 +57,9 @@ class Workload:
     stages_overlap: bool  # torchgpipe's stages in one process run at once (GPUs), not in turn (CPU: one thread)
     worker_forward_slowdown: float = 1.0  # of a forward on torchgpipe's CPU worker thread (`WorkerThreadProfile`)
     data_overlaps: bool = False  # loader processes make the next batches while a GPU computes this one
+    # A CPU node's ranks over those its cores run at once (cores / a rank's threads) where more, for a pipeline
+    # across processes, whose profile is then taken at the speed of as many ranks as run at once (`shared_cores`).
+    oversubscription: float = 1.0
     # Collectives overlapping compute are hidden by it: they run on a GPU's own engines. A CPU rank's collectives
     # take the cores it computes on, so all of their time adds to the step (measured here: DDP's all-reduce of
     # ResNet-18's gradients added 1.2-2.8x its time alone to backward, on two ranks of one core each).
@@ -296,8 +300,19 @@ def flushed_pipeline(w: Workload, variant: str) -> StepTime:
     tied_ranks = 2 if w.layout.pp > 1 else 1
     sync, sent = max(_stage_sync(w, d, tied_ranks) for d in stages)
     per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
-    return StepTime(compute=schedule.compute, comm=schedule.comm + sync, bubble=schedule.bubble,
+    step = StepTime(compute=schedule.compute, comm=schedule.comm + sync, bubble=schedule.bubble,
                     optimizer=max(per_byte * d.params for d in stages), data=w.data_s, sent=schedule.sent + sent)
+    return shared_cores(w, step, [m * d.work.compute + per_byte * d.params for d in stages])
+
+
+def shared_cores(w: Workload, step: StepTime, work: list[float]) -> StepTime:
+    """A pipeline whose CPU node has more ranks than its cores run at once: its stages compute in turn as much as
+    together (a rank blocked in a receive takes no core), so each is priced at the speed of as many ranks as run
+    at once, and the step lasts at least the node's compute shared out among its cores, the stages' mean `work`
+    per step times the oversubscription; what that adds is the ranks' wait for a core."""
+    if w.oversubscription <= 1:
+        return step
+    return replace(step, core_wait=max(0.0, statistics.mean(work) * w.oversubscription - step.total))
 
 
 def _study_j_pipeline(w: Workload) -> StepTime:
@@ -329,7 +344,7 @@ def async_pipeline(w: Workload, variant: str) -> StepTime:
         paces.append(pace)
     slowest = max(paces, key=lambda pace: pace.total)
     fill = sum(pace.total - pace.data for pace in paces) - (slowest.total - slowest.data)
-    return replace(slowest, bubble=fill / w.steps)
+    return shared_cores(w, replace(slowest, bubble=fill / w.steps), [pace.compute + pace.optimizer for pace in paces])
 
 
 FAMILIES: dict[str, Callable[[Workload, str], StepTime]] = {

@@ -65,7 +65,8 @@ def prediction_row(p: Prediction) -> list[str]:
 
 
 COLUMNS = ["point", "strategy", "layout", "global batch", "steps/epoch", "epoch (s)", "step (s)", "compute",
-           "exposed comm", "bubble", "optimizer", "data", "library", "fitted", "comm MiB/step", "peak MB/rank", "fits"]
+           "exposed comm", "bubble", "core wait", "optimizer", "data", "library", "fitted", "comm MiB/step",
+           "peak MB/rank", "fits"]
 
 
 def notes(predictions: list[Prediction], variant: str) -> list[str]:

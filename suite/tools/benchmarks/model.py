@@ -6,11 +6,14 @@ every point with the model (suite/predict, from this machine's calibration recor
 measured on probe networks, both by `make calibrate`), and prints the per-point errors, the per-strategy median /
 p90 / max / bias of the epoch-time error beside the measurements' own spread, the memory error, fits accuracy, and
 the recommender's top-1, regret and Kendall tau per cell. Nothing of the model itself is fitted to these
-measurements, so those scores are held out.
+measurements, so those scores are held out. Points of more workers than the calibration record's links were
+measured among (the grid's 4-worker points here, beyond its 2 ranks) are scored apart as well: held out by worker
+count.
 
 Then a per-strategy correction (suite.predict.correction) in both forms, a factor and a per-step overhead, scored
 in-sample (fitted on every network) and leave-one-network-out (each network's points corrected by the fit on the
-other networks' points); the form with the smaller held-out median error, fitted on every point, is written to
+other networks' points) and, where the grid has them, on the points beyond the calibrated ranks with the fit on
+those within them; the form with the smaller leave-one-network-out median error, fitted on every point, is written to
 results/calibration/<cluster>.correction.yaml, which `make predict` and `make recommend` add with `--variant fitted`.
 
     python -m suite.tools.benchmarks.model [--strategies ddp,zero] [--repeats N] [--force] [override ...]
@@ -95,13 +98,28 @@ def observed(scored: list[tuple[Scored, Prediction]]) -> list[Observed]:
             for s, p in scored if s.measured_s is not None]
 
 
+def beyond(prediction: Prediction) -> bool:
+    """Whether the point has more ranks than its links were measured among (held out by worker count)."""
+    return prediction.point.cfg.workers > prediction.link_ranks
+
+
+def _with(correction: Correction, scored: Scored, prediction: Prediction) -> Scored:
+    step = correction.step_s(prediction.point.strategy, scored.predicted_s / prediction.steps)
+    return replace(scored, predicted_s=prediction.steps * step)
+
+
 def corrected(scored: list[tuple[Scored, Prediction]], form: str, held_out: bool) -> list[Scored]:
     """Every point's prediction corrected by the `form` fit on all points, or `held_out` on the points of the
     other networks only."""
     points = observed(scored)
     fits = {n: fit(points, form, leave_out=n if held_out else None) for n in {network(p) for _, p in scored}}
-    return [replace(s, predicted_s=p.steps * fits[network(p)].step_s(p.point.strategy, s.predicted_s / p.steps))
-            for s, p in scored]
+    return [_with(fits[network(p)], s, p) for s, p in scored]
+
+
+def corrected_beyond(scored: list[tuple[Scored, Prediction]], form: str) -> list[Scored]:
+    """The points beyond their calibrated ranks, corrected by the `form` fit on the points within them."""
+    within = fit(observed([(s, p) for s, p in scored if not beyond(p)]), form)
+    return [_with(within, s, p) for s, p in scored if beyond(p)]
 
 
 def fits_table(corrections: dict[str, Correction]) -> Table:
@@ -131,6 +149,10 @@ def print_corrections(scored: list[tuple[Scored, Prediction]], cluster: str) -> 
         tables = [(strategy_table(corrected(scored, form, held_out=False)), "in-sample (fitted on every network)"),
                   (strategy_table(held_out[form]), "leave-one-network-out"),
                   (recommender_table(held_out[form]), "leave-one-network-out")]
+        if any(beyond(p) for _, p in scored):
+            more = corrected_beyond(scored, form)
+            how = f"fitted on the points of at most {scored[0][1].link_ranks} workers, scored on those of more"
+            tables += [(strategy_table(more), how), (recommender_table(more), how)]
         for table, how in tables:
             print(f"\n{replace(table, title=f'{table.title}, corrected by {form}, {how}').markdown()}")
     best = min(FORMS, key=lambda form: median_error(held_out[form]))
@@ -161,6 +183,12 @@ def main(argv: list[str]) -> int:
     uncorrected = [s for s, _ in scored]
     for table in (point_table(uncorrected), strategy_table(uncorrected), recommender_table(uncorrected)):
         print(f"\n{table.markdown()}")
+    if any(beyond(p) for _, p in scored):
+        ranks = first.link_ranks
+        for far, how in ((False, f"at most {ranks} workers (the ranks the links were measured among)"),
+                         (True, f"more than {ranks} workers: links extrapolated from {ranks} ranks")):
+            table = strategy_table([s for s, p in scored if beyond(p) == far])
+            print(f"\n{replace(table, title=f'{table.title}, points of {how}').markdown()}")
     study_j = [p for p in points if p.strategy.name in STUDY_J_STRATEGIES]
     if study_j:
         table = strategy_table([s for s, _ in scored_points(study_j, store, "study_j")])
