@@ -17,3 +17,9 @@ def will_use_cuda(cluster) -> bool:
 def threads_per_worker(configured: int | None, local_workers: int) -> int:
     """CPU intra-op threads of one rank: as configured, else the cores shared out among this node's ranks."""
     return configured or max(1, (os.cpu_count() or 1) // local_workers)
+
+
+def node_threads(rank_threads: int, local_workers: int) -> int:
+    """The intra-op threads a CPU node's ranks run at once: theirs together, at most its cores (more threads than
+    cores only take turns)."""
+    return min(rank_threads * local_workers, os.cpu_count() or 1)

@@ -155,6 +155,7 @@ def test_make_calibrate_records_a_bus_bandwidth_curve_that_rises(calibrated, mon
     assert yaml.safe_load(client.download_artifacts(run.info.run_id, "calibration.yaml", str(results)) and
                           (results / "calibration.yaml").read_text()) == found
     assert f"recorded as run {run.info.run_id} and in {record_path('local')}" in made.stdout
+    assert yaml.safe_load(record_path("local", ranks=2).read_text()) == found  # the latest among 2 ranks
 
 
 @pytest.mark.slow

@@ -18,9 +18,9 @@ from suite.predict.costs import (
     prefetched_compute,
     trailing_comm,
 )
-from suite.predict.links import LinkModel, Measured, link_model
+from suite.predict.links import LinkModel, Measured, calibrated_links, link_model
 from suite.predict.memory import rank_memory
-from suite.predict.predictor import workload
+from suite.predict.predictor import crowding, workload
 from suite.predict.profile import LayerProfile, Profile, _median_times, network_profile
 from suite.predict.step import Workload, step_time
 from suite.strategies.ddp import DDP
@@ -86,6 +86,26 @@ def test_link_model_reads_a_calibration_record(tmp_path):
     rest = LINK.collective("all_reduce", 2**26, 4) - alpha
     assert links.collective("all_reduce", 2**26, 8) == pytest.approx(alpha * 14 / 6 + rest * (14 / 8) / (6 / 4))
     assert links.send(4096) == pytest.approx(links.send(1024))  # a time below a smaller message's is noise
+
+
+def test_links_come_from_the_calibration_of_ranks_nearest_the_points(tmp_path, monkeypatch):
+    """`make calibrate` at 2 ranks, then at 4 (`<cluster>.w<ranks>.yaml` beside the latest): a point of 4 or 8
+    ranks is priced by the 4-rank curves, one of 2 by the 2-rank ones; held out by worker count (`fewer_ranks`),
+    the 4-rank point by the 2-rank curves. The latest record counts at its own ranks, where it is the newest."""
+    monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path))
+    directory = tmp_path / "calibration"
+    calibration_record(directory, world_size=2).rename(directory / "test.w2.yaml")
+    calibration_record(directory, world_size=4).rename(directory / "test.w4.yaml")
+    cluster = OmegaConf.create({"name": "test", "hardware": {}})
+    assert [links.world_size for links in calibrated_links("test", nodes=1)] == [2, 4]
+    assert link_model(cluster, nodes=1, ranks=2).world_size == 2
+    assert link_model(cluster, nodes=1, ranks=4).world_size == 4
+    assert link_model(cluster, nodes=1, ranks=8).source == "calibration test.w4.yaml (intra_node, 4 ranks)"
+    assert link_model(cluster, nodes=1, ranks=4, fewer_ranks=True).world_size == 2
+    latest = calibration_record(directory, world_size=2)
+    record = yaml.safe_load(latest.read_text())
+    latest.write_text(yaml.safe_dump({**record, "provenance": {**record["provenance"], "date": "2026-11-23"}}))
+    assert link_model(cluster, nodes=1, ranks=2).source == "calibration test.yaml (intra_node, 2 ranks)"
 
 
 def test_bubble_formula():
@@ -290,8 +310,11 @@ def test_a_pipeline_of_more_ranks_than_cores_is_profiled_at_the_ranks_they_run_a
                                   "strategy.micro_batches=4"))
     assert w.oversubscription == 2.0
     assert w.profile.key["together"] == cores
-    ddp, _, _ = workload(tiny_point("strategy=ddp", f"workers={2 * cores}"))
+    ddp_point = tiny_point("strategy=ddp", f"workers={2 * cores}")
+    ddp, _, _ = workload(ddp_point)
     assert (ddp.oversubscription, ddp.profile.key["together"]) == (1.0, 2 * cores)
+    assert crowding(ddp_point) == 2.0  # its library overhead, a rank's CPU work, takes twice the probes'
+    assert crowding(tiny_point("strategy=ddp", f"workers={cores}")) == 1.0
 
 
 def scored(label: str, predicted: float, measured: float | None, status: str = "finished", fits: bool = True,
@@ -331,7 +354,7 @@ def test_a_one_rank_calibration_record_prices_one_rank_points_and_refuses_more(t
     path.write_text(yaml.safe_dump({**record, "collectives": {}, "p2p": {}}))
     assert LinkModel.from_calibration(path) is None
     cluster = OmegaConf.create({"name": "test", "hardware": {}})
-    links = link_model(cluster, nodes=1)
+    links = link_model(cluster, nodes=1, ranks=2)
     assert links.collective("all_reduce", 2**20, 1) == 0.0
     with pytest.raises(ConfigError, match="cluster test has no link costs: run `make calibrate CLUSTER=test`"):
         links.collective("all_reduce", 2**20, 2)

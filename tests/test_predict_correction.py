@@ -2,6 +2,8 @@
 fit by hand, its file, the predictor adding it), and the correction fitted on measured points (both forms by hand,
 leave-one-network-out, its file, the predictor applying it)."""
 
+from dataclasses import replace
+
 import pytest
 
 from suite.errors import ConfigError
@@ -72,6 +74,11 @@ def test_the_library_overhead_is_solved_from_the_narrow_wide_and_deep_probes():
                            Probe("ddp", 2e6, 100, 0.150, 0.175)]).values()
     assert ddp == Overhead(pytest.approx(0.005), pytest.approx(5e-9), pytest.approx(1e-4))
     assert ddp.step_s(3e6, 50) == pytest.approx(0.025)
+    # A rank's CPU work: twice as long where two ranks share each core the probes' ranks had to themselves.
+    assert ddp.step_s(3e6, 50, crowding=2.0) == pytest.approx(0.050)
+    (crowded,) = overhead.fit([replace(p, crowding=2.0) for p in (Probe("ddp", 1e6, 20, 0.100, 0.112),
+                                                                  Probe("ddp", 5e6, 20, 0.200, 0.232))]).values()
+    assert crowded.step_s(3e6, 20, crowding=1.0) == pytest.approx(0.022 / 2)
 
 
 def test_a_term_the_probes_cannot_tell_apart_is_left_out():

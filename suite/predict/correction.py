@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from suite.predict.links import calibration_path
+from suite.records.calibration import record_path
 
 FORMS = ("factor", "per_step")
 
@@ -86,7 +86,7 @@ def fit(observed: list[Observed], form: str, leave_out: str | None = None) -> Co
 
 def correction_path(cluster: str) -> Path:
     """Beside the cluster's calibration record."""
-    return calibration_path(cluster).with_name(f"{cluster}.correction.yaml")
+    return record_path(cluster).with_name(f"{cluster}.correction.yaml")
 
 
 def save(correction: Correction, path: Path) -> None:

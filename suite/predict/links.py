@@ -1,15 +1,17 @@
 """What a collective or a point-to-point send of n bytes costs among p ranks, from a calibration record.
 
-A calibration record (`results/calibration/<cluster>.yaml`, written by `make calibrate` on the cluster)
-holds, per scope (`intra_node`: the ranks of a node; `inter_node`: all ranks of several nodes) and collective,
-the time of a message of each measured size among the scope's `ranks`, and the one-way time of a send between
-two ranks (`p2p.<scope>.curve`). A point on one node is priced by the `intra_node` curves, one on several
-nodes by the `inter_node` ones (the slowest link of its rings). Between measured sizes the time is
-interpolated log-log; beyond the largest it grows at the largest size's bandwidth. To price the same
-collective among p ranks the measured time is split into its latency (the smallest message's time), which
-grows with the ring's steps, and the rest, which grows with the bandwidth-optimal ring's bus factor
-(nccl-tests: busbw is the same at every p): all-reduce 2(p-1)/p, all-gather and reduce-scatter (p-1)/p,
-broadcast 1.
+A calibration record (written by `make calibrate` on the cluster: `results/calibration/<cluster>.yaml`, the
+latest, and `<cluster>.w<ranks>.yaml`, the latest among each number of ranks) holds, per scope (`intra_node`:
+the ranks of a node; `inter_node`: all ranks of several nodes) and collective, the time of a message of each
+measured size among the scope's `ranks`, and the one-way time of a send between two ranks
+(`p2p.<scope>.curve`). A point on one node is priced by the `intra_node` curves, one on several nodes by the
+`inter_node` ones (the slowest link of its rings), of the record whose ranks are nearest the point's: on a CPU
+node of fewer cores than ranks a collective also waits for its ranks to be scheduled, which only a record among
+as many ranks holds. Between measured sizes the time is interpolated log-log; beyond the largest it grows at
+the largest size's bandwidth. To price the same collective among p ranks the measured time is split into its
+latency (the smallest message's time), which grows with the ring's steps, and the rest, which grows with the
+bandwidth-optimal ring's bus factor (nccl-tests: busbw is the same at every p): all-reduce 2(p-1)/p, all-gather
+and reduce-scatter (p-1)/p, broadcast 1.
 Where a cluster has no record, its `hardware` latency and bandwidth give an alpha-beta model instead.
 
 Message sizes are the whole buffer, as `suite.runtime.comm` counts them: an all-gather's output, a
@@ -27,7 +29,7 @@ from typing import Protocol
 import yaml
 
 from suite.errors import ConfigError
-from suite.paths import results_dir
+from suite.records.calibration import record_path
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 P2P = "p2p"
@@ -137,7 +139,10 @@ class LinkModel:
         """The curves of the scope a point of `nodes` nodes communicates in (intra-node where the record has
         no inter-node curves: a record taken on one node); None where the record measured no links (a job of
         one rank, e.g. on a machine with one GPU)."""
-        record = yaml.safe_load(path.read_text())
+        return cls.from_record(yaml.safe_load(path.read_text()), path, nodes)
+
+    @classmethod
+    def from_record(cls, record: dict, path: Path, nodes: int) -> LinkModel | None:
         try:
             scopes = record["collectives"]
             if not scopes:
@@ -169,27 +174,41 @@ def _measured(rows: list[dict]) -> Measured:
     return Measured(tuple(float(r["bytes"]) for r in rows), tuple(times))
 
 
-def calibration_path(cluster: str) -> Path:
-    return results_dir() / "calibration" / f"{cluster}.yaml"
+def calibrated_links(cluster: str, nodes: int) -> list[LinkModel]:
+    """The links of each number of ranks the cluster's records measured (in the scope of a point of `nodes`
+    nodes), the newest record of each; fewest ranks first."""
+    newest: dict[int, tuple[str, LinkModel]] = {}
+    paths = [record_path(cluster), *record_path(cluster).parent.glob(f"{cluster}.w*.yaml")]
+    for path in paths:
+        if not path.exists():
+            continue
+        record = yaml.safe_load(path.read_text())
+        links = LinkModel.from_record(record, path, nodes)
+        date = str((record.get("provenance") or {}).get("date", ""))
+        if links and (links.world_size not in newest or date > newest[links.world_size][0]):
+            newest[links.world_size] = date, links
+    return [links for _, (_, links) in sorted(newest.items())]
 
 
 def matmul_tflops(cluster: str, precision: str) -> float | None:
     """The matrix-multiply throughput a cluster's calibration record measured, if any."""
-    path = calibration_path(cluster)
+    path = record_path(cluster)
     if not path.exists():
         return None
     value = ((yaml.safe_load(path.read_text()).get("matmul") or {}).get("tflops") or {}).get(precision)
     return float(value) if value else None
 
 
-def link_model(cluster, nodes: int) -> LinkModel:
-    """The links of a point's cluster: its calibration record, else its hardware's latency and bandwidth
-    (inter-node where the point spans nodes); with neither, no links, which only a one-rank point can be priced
-    without."""
-    path = calibration_path(cluster.name)
-    measured = LinkModel.from_calibration(path, nodes) if path.exists() else None
+def link_model(cluster, nodes: int, ranks: int, fewer_ranks: bool = False) -> LinkModel:
+    """The links of a point of `ranks` ranks on `nodes` nodes of a cluster: those its calibration records
+    measured among the number of ranks nearest its own (`fewer_ranks`: only among fewer than its own, a point
+    held out by worker count), else its hardware's latency and bandwidth (inter-node where the point spans
+    nodes); with neither, no links, which only a one-rank point can be priced without."""
+    measured = [links for links in calibrated_links(cluster.name, nodes)
+                if not fewer_ranks or links.world_size < ranks]
     if measured:
-        return measured
+        return min(measured, key=lambda links: (abs(math.log(links.world_size / max(ranks, 1))), links.world_size))
+    path = record_path(cluster.name)
     hw = cluster.hardware
     scope = "inter_node" if nodes > 1 else "intra_node"
     latency, bandwidth = hw.get(f"{scope}_latency_us"), hw.get(f"{scope}_bandwidth_gbs")

@@ -11,7 +11,8 @@ beyond the model's prediction is fitted as a fixed time, a time per parameter by
 buffers) and a time per parameter tensor (hooks, messages and kernel launches per tensor), solved from the three
 probes. The per-byte and per-tensor terms are no less than 0 (a wider or deeper network is not cheaper to hook;
 where one would be, the fit goes without it); the fixed term is signed: where the model prices a strategy too
-dearly on the probes, it takes that back.
+dearly on the probes, it takes that back. The overhead is a rank's CPU work: on a node whose ranks share its
+cores more crowded than the probes' (more ranks than cores run at once), it grows with the ranks to a core.
 
 Kept per cluster in results/calibration/<cluster>.overhead.yaml beside the calibration record, per
 `correction_key` (ZeRO-3 apart from stages 1-2). Where there is none, the model adds nothing and says so.
@@ -30,7 +31,7 @@ import yaml
 
 from suite.errors import ConfigError
 from suite.predict.correction import correction_key
-from suite.predict.links import calibration_path
+from suite.records.calibration import record_path
 from suite.strategies.base import Strategy
 from suite.vocabulary import Status
 
@@ -63,9 +64,13 @@ class Overhead:
     fixed_s: float
     per_byte_s: float  # per byte of the network's parameters
     per_tensor_s: float  # per parameter tensor
+    crowding: float = 1.0  # the probes' ranks per slot of their node's cores (predictor.crowding)
 
-    def step_s(self, param_bytes: float, param_tensors: int) -> float:
-        return self.fixed_s + self.per_byte_s * param_bytes + self.per_tensor_s * param_tensors
+    def step_s(self, param_bytes: float, param_tensors: int, crowding: float | None = None) -> float:
+        """On a node whose ranks share its cores `crowding` to a slot: the overhead is a rank's CPU work (Python,
+        hooks, copies), which takes longer in proportion to the share of a core the rank gets."""
+        scale = 1.0 if crowding is None else crowding / self.crowding
+        return (self.fixed_s + self.per_byte_s * param_bytes + self.per_tensor_s * param_tensors) * scale
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class Probe:
     predicted_s: float
     measured_s: float  # the median of its passes'
     passes_s: tuple[float, ...] = ()  # each run's step
+    crowding: float = 1.0  # ranks per slot of its node's cores
 
     @property
     def residual_s(self) -> float:
@@ -107,13 +113,13 @@ def fit(probes: list[Probe]) -> dict[str, Overhead]:
                 if best is None or error < best[0] - 1e-15:  # fewer terms first: one that adds nothing is left out
                     terms_s = {t: float(v / s) for t, v, s in zip(terms, solution[1:], scale)}
                     best = error, Overhead(float(solution[0]), terms_s.get("per_byte_s", 0.0),
-                                           terms_s.get("per_tensor_s", 0.0))
+                                           terms_s.get("per_tensor_s", 0.0), max(p.crowding for p in mine))
         fits[key] = best[1]
     return fits
 
 
 def overhead_path(cluster: str) -> Path:
-    return calibration_path(cluster).with_name(f"{cluster}.overhead.yaml")
+    return record_path(cluster).with_name(f"{cluster}.overhead.yaml")
 
 
 @dataclass(frozen=True)
@@ -124,9 +130,9 @@ class LibraryOverhead:
     date: str
     path: Path
 
-    def step_s(self, strategy: Strategy, param_bytes: float, param_tensors: int) -> float:
+    def step_s(self, strategy: Strategy, param_bytes: float, param_tensors: int, crowding: float) -> float:
         fit = self.fits.get(correction_key(strategy))
-        return 0.0 if fit is None else fit.step_s(param_bytes, param_tensors)
+        return 0.0 if fit is None else fit.step_s(param_bytes, param_tensors, crowding)
 
     def source(self) -> str:
         return f"{self.path.name} (probes of {self.date})"
@@ -137,8 +143,9 @@ def load(cluster: str) -> LibraryOverhead | None:
     if not path.exists():
         return None
     record = yaml.safe_load(path.read_text())
-    fits = {key: Overhead(float(f["fixed_s"]), float(f["per_byte_s"]), float(f.get("per_tensor_s", 0.0)))
-            for key, f in record["strategies"].items()}  # files of before the per-tensor term have none
+    fits = {key: Overhead(float(f["fixed_s"]), float(f["per_byte_s"]), float(f.get("per_tensor_s", 0.0)),
+                          float(f.get("crowding", 1.0)))
+            for key, f in record["strategies"].items()}  # files of before the per-tensor term (crowding) have none
     return LibraryOverhead(fits, str(record["date"]), path)
 
 
@@ -146,6 +153,7 @@ def save(cluster: str, probes: list[Probe], run_ids: list[str]) -> Path:
     """The fits and the probes they were solved from."""
     path = overhead_path(cluster)
     strategies = {key: {"fixed_s": f.fixed_s, "per_byte_s": f.per_byte_s, "per_tensor_s": f.per_tensor_s,
+                        "crowding": f.crowding,
                         "probes": [{"param_bytes": p.param_bytes, "param_tensors": p.param_tensors,
                                     "predicted_s": p.predicted_s, "measured_s": p.measured_s,
                                     "passes_s": list(p.passes_s)}
@@ -169,7 +177,7 @@ def check_keys(keys: list[str]) -> None:
 def measure(cluster: str, keys: list[str], passes: int) -> Path:
     """Run the probes of `keys` on `cluster` here, `passes` times over all of them (a new run each: a probe's runs
     are minutes apart, and one that a swing of the machine slowed is outvoted), fit and save their overheads."""
-    from suite.predict.predictor import workload
+    from suite.predict.predictor import crowding, workload
     from suite.predict.step import step_time
     from suite.records.store import Store, store_uri
     from suite.sweep.driver import run_sweep
@@ -181,6 +189,7 @@ def measure(cluster: str, keys: list[str], passes: int) -> Path:
     which = {point.config_hash: index % len(probes) for index, point in enumerate(points)}
     store = Store(store_uri(points[0].cfg))
     priced: dict[int, tuple[str, float, int, float]] = {}
+    crowded: dict[int, float] = {}
     steps: dict[int, list[float]] = {}
     run_ids = []
     for outcome in run_sweep(points, store, force=True):
@@ -192,8 +201,9 @@ def measure(cluster: str, keys: list[str], passes: int) -> Path:
             w, _, _ = workload(outcome.point)
             priced[probe] = (correction_key(outcome.point.strategy), w.profile.param_bytes, w.profile.param_tensors,
                              step_time(w).total)
+            crowded[probe] = crowding(outcome.point)
         metrics = store.client.get_run(outcome.run_id).data.metrics
         steps.setdefault(probe, []).append(metrics["epoch_time_s_mean"] / metrics["steps_per_epoch"])
         run_ids.append(outcome.run_id)
-    measured = [Probe(*priced[i], statistics.median(steps[i]), tuple(steps[i])) for i in range(len(probes))]
+    measured = [Probe(*priced[i], statistics.median(steps[i]), tuple(steps[i]), crowded[i]) for i in range(len(probes))]
     return save(cluster, measured, run_ids)

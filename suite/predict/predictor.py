@@ -23,10 +23,11 @@ from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
 from suite.predict import correction, overhead
 from suite.predict.costs import StepTime
-from suite.predict.links import calibration_path, link_model, matmul_tflops
+from suite.predict.links import link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
 from suite.predict.profile import Profile, data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.predict.step import VARIANTS, Workload, step_time
+from suite.records.calibration import record_path
 from suite.sweep.plan import Point
 
 FITTED = "fitted"  # the suite's model plus the cluster's fitted correction
@@ -108,20 +109,34 @@ def base_bytes(point: Point, threads: int) -> float:
     return rank_base_mb(library, threads) * MIB
 
 
-def workload(point: Point) -> tuple[Workload, torch.device, str]:
-    """What the point's step is priced from, the device it was profiled on, and how (for the report)."""
+def ranks_at_once(threads: int) -> int:
+    """How many ranks of `threads` intra-op threads each this machine's cores run at once."""
+    return max(1, (os.cpu_count() or 1) // threads)
+
+
+def crowding(point: Point) -> float:
+    """How many ranks of the point share each slot of its CPU node's cores (the ranks its cores run at once),
+    where more than one; 1 on GPUs."""
+    if profile_device(point.cfg).type != "cpu":
+        return 1.0
+    threads = threads_per_worker(point.cfg.cluster.threads_per_worker, processes_per_node(point))
+    return max(1.0, processes_per_node(point) / ranks_at_once(threads))
+
+
+def workload(point: Point, fewer_link_ranks: bool = False) -> tuple[Workload, torch.device, str]:
+    """What the point's step is priced from, the device it was profiled on, and how (for the report);
+    `fewer_link_ranks`: its links from calibrations among fewer ranks than its own (held out by worker count)."""
     cfg, layout = point.cfg, point.layout
     device = profile_device(cfg)
     threads = threads_per_worker(cfg.cluster.threads_per_worker, processes_per_node(point))
-    links = link_model(cfg.cluster, cfg.nodes)
+    links = link_model(cfg.cluster, cfg.nodes, point.processes, fewer_link_ranks)
     if links.missing and point.processes > 1:  # said before profiling, which it would make pointless
         raise ConfigError(links.missing)
     scale = compute_scale(cfg, device)
     together = processes_per_node(point) if device.type == "cpu" else 1  # a node's ranks share its cores
     oversubscription = 1.0
-    at_once = max(1, (os.cpu_count() or 1) // threads)
-    if device.type == "cpu" and layout.pp > 1 and not layout.stages_in_one_process and together > at_once:
-        together, oversubscription = at_once, together / at_once  # see step.shared_cores
+    if layout.pp > 1 and not layout.stages_in_one_process and crowding(point) > 1:
+        together, oversubscription = ranks_at_once(threads), crowding(point)  # see step.shared_cores
     profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
     data, _ = data_profile(cfg, layout.mini_batch, device, threads, together)
     profiled_on = (f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
@@ -139,12 +154,12 @@ def workload(point: Point) -> tuple[Workload, torch.device, str]:
     return w, device, profiled_on
 
 
-def predict(point: Point, variant: str = "suite") -> Prediction:
+def predict(point: Point, variant: str = "suite", fewer_link_ranks: bool = False) -> Prediction:
     """The point's prediction by the suite's model, Study J's equations, or (`fitted`) the suite's model with its
-    cluster's correction fitted by `make bench-model`."""
+    cluster's correction fitted by `make bench-model`; `fewer_link_ranks` as `workload`'s."""
     if variant == FITTED:
-        return with_correction(predict(point))
-    w, _, profiled_on = workload(point)
+        return with_correction(predict(point, fewer_link_ranks=fewer_link_ranks))
+    w, _, profiled_on = workload(point, fewer_link_ranks)
     threads = threads_per_worker(point.cfg.cluster.threads_per_worker, processes_per_node(point))
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
@@ -157,11 +172,12 @@ def predict(point: Point, variant: str = "suite") -> Prediction:
 def with_library_overhead(prediction: Prediction, profile: Profile) -> Prediction:
     """The prediction with what its strategy's library costs per step on its cluster added to its step, where
     `make calibrate` measured it (suite.predict.overhead); Study J's equations are kept as published."""
-    library = overhead.load(prediction.point.cfg.cluster.name)
+    point = prediction.point
+    library = overhead.load(point.cfg.cluster.name)
     if library is None:
         return prediction
-    step = replace(prediction.step, library=library.step_s(prediction.point.strategy, profile.param_bytes,
-                                                           profile.param_tensors))
+    step = replace(prediction.step, library=library.step_s(point.strategy, profile.param_bytes,
+                                                           profile.param_tensors, crowding(point)))
     return replace(prediction, step=step, library_by=library.source())
 
 
@@ -186,7 +202,7 @@ def recorded_prediction(point: Point) -> dict[str, float]:
     """The prediction a sweep records with a point's run (the model's own, so that the sweep's report scores it
     held out): none where its cluster has no calibration record (`make calibrate`), so that a sweep never waits on
     profiling it did not ask for, nor with `record_prediction=false`."""
-    if not point.cfg.record_prediction or not calibration_path(point.cfg.cluster.name).exists():
+    if not point.cfg.record_prediction or not record_path(point.cfg.cluster.name).exists():
         return {}
     try:
         return predict(point).metrics()

@@ -9,7 +9,9 @@
   bandwidths and latencies into conf/cluster/<cluster>.yaml): `provenance` (date, hosts, git sha, torch,
   backend, device, ranks, MLflow run), `matmul` (n, threads on CPU, TFLOP/s per math dtype), `collectives`
   (per scope and collective, per size: bytes, time_s, algbw_gbs, busbw_gbs) and `p2p` (per scope: the two ranks,
-  latency_s, bandwidth_gbs, the curve). Earlier records stay in their job directories and runs.
+  latency_s, bandwidth_gbs, the curve). Beside it results/calibration/<cluster>.w<ranks>.yaml, the latest
+  calibration among each number of ranks: the performance model prices a point's links from the one nearest its
+  ranks (suite.predict.links). Earlier records stay in their job directories and runs.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ HEADER = ("# A calibration record, written by `make calibrate` (suite/records/ca
           "# GB/s (1e9 bytes/s), TFLOP/s; busbw is nccl-tests' bus bandwidth.\n")
 
 
-def record_path(cluster: str) -> Path:
-    return results_dir() / "calibration" / f"{cluster}.yaml"
+def record_path(cluster: str, ranks: int | None = None) -> Path:
+    """The cluster's latest record, or with `ranks` the latest of those taken among that many ranks."""
+    return results_dir() / "calibration" / (f"{cluster}.yaml" if ranks is None else f"{cluster}.w{ranks}.yaml")
 
 
 def jobs_dir(cluster: str) -> Path:
@@ -97,7 +100,8 @@ def write_calibration(out: PointDir, store: Store, tags: dict[str, str], start: 
         record = out.path / RECORD_FILE
         record.write_text(HEADER + yaml.safe_dump(build_record(out, run_id, store.uri), sort_keys=False))
         store.client.log_artifact(run_id, str(record))
-        latest = record_path(point["params"]["cluster"])
-        latest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(record, latest)
+        for latest in (record_path(point["params"]["cluster"]),
+                       record_path(point["params"]["cluster"], measured["world_size"])):
+            latest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(record, latest)
     return run_id

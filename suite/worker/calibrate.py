@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from suite.placement import node_threads
 from suite.records.manifest import rank_info
 from suite.runtime.comm import SHARE_SENT
 from suite.runtime.dist import DistEnv
@@ -143,11 +144,12 @@ class Calibration:
 
     def matmuls(self) -> dict:
         """Rank 0's device, every math dtype (the other ranks wait). On CPU the device is the node: rank 0 runs
-        with the threads of all its ranks, as a point's ranks on a node share its cores (see
+        with the threads of all its ranks (at most the node's cores), as a point's ranks on a node share its cores (see
         suite.runtime.utilisation)."""
         s = self.settings
         n = s.matmul_n or (8192 if self.env.device.type == "cuda" else 2048)
-        threads = torch.get_num_threads() * self.env.local_world_size if self.env.device.type == "cpu" else None
+        cpu = self.env.device.type == "cpu"
+        threads = node_threads(torch.get_num_threads(), self.env.local_world_size) if cpu else None
         result = {"n": n, "threads": threads, "tflops": {}}
         if self.env.is_main:
             kept = torch.get_num_threads()

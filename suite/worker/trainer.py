@@ -26,6 +26,7 @@ from suite.data import Datasets, build_datasets
 from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.models import build_model
+from suite.placement import node_threads
 from suite.records.manifest import rank_info
 from suite.records.point_dir import PointDir, error_line
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
@@ -279,7 +280,8 @@ class Trainer:
             devices, measured = self.layout.devices, Device(rank_info(device)["device"])
         else:  # the ranks of a node share its cores: the node is the device
             devices = self.env.world_size // self.env.local_world_size
-            measured = Device(rank_info(device)["device"], torch.get_num_threads() * self.env.local_world_size)
+            threads = node_threads(torch.get_num_threads(), self.env.local_world_size)
+            measured = Device(rank_info(device)["device"], threads)
         dtype = math_dtype(self.cfg.precision, device, convolutional=self.cfg.dataset.kind == "image")
         peak = find_peak(self.cfg.cluster, dtype, measured)
         metrics, tags = utilisation(self.flops, self.layout.dp, steps, seconds, devices, peak)

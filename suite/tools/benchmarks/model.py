@@ -6,14 +6,15 @@ every point with the model (suite/predict, from this machine's calibration recor
 measured on probe networks, both by `make calibrate`), and prints the per-point errors, the per-strategy median /
 p90 / max / bias of the epoch-time error beside the measurements' own spread, the memory error, fits accuracy, and
 the recommender's top-1, regret and Kendall tau per cell. Nothing of the model itself is fitted to these
-measurements, so those scores are held out. Points of more workers than the calibration record's links were
-measured among (the grid's 4-worker points here, beyond its 2 ranks) are scored apart as well: held out by worker
-count.
+measurements, so those scores are held out. Points of more ranks than the fewest the links were calibrated among
+(the grid's 4-worker points here, with `make calibrate` at 2 ranks) are scored apart as well, priced from the
+links of fewer ranks than theirs: held out by worker count (and, where `make calibrate workers=4` measured them,
+beside their prediction from links among their own ranks).
 
 Then a per-strategy correction (suite.predict.correction) in both forms, a factor and a per-step overhead, scored
 in-sample (fitted on every network) and leave-one-network-out (each network's points corrected by the fit on the
-other networks' points) and, where the grid has them, on the points beyond the calibrated ranks with the fit on
-those within them; the form with the smaller leave-one-network-out median error, fitted on every point, is written to
+other networks' points) and, where the grid has them, on the points held out by worker count with the fit on
+the others; the form with the smaller leave-one-network-out median error, fitted on every point, is written to
 results/calibration/<cluster>.correction.yaml, which `make predict` and `make recommend` add with `--variant fitted`.
 
     python -m suite.tools.benchmarks.model [--strategies ddp,zero] [--repeats N] [--force] [override ...]
@@ -30,6 +31,7 @@ from analysis.model_score import Scored, point_table, recommender_table, strateg
 from analysis.tables import Table
 from suite.errors import ConfigError
 from suite.predict.correction import FORMS, Correction, Observed, correction_key, correction_path, fit, save
+from suite.predict.links import calibrated_links
 from suite.predict.predictor import Prediction, predict
 from suite.records.store import Store
 from suite.sweep.driver import run_sweep
@@ -71,15 +73,30 @@ def measured(store: Store, points: list[Point]) -> tuple[str, float | None, floa
     return Status.finished, statistics.median(r.data.metrics["epoch_time_s_mean"] for r in done), memory, spread
 
 
-def scored_points(points: list[Point], store: Store, variant: str) -> list[tuple[Scored, Prediction]]:
-    """Each point (its repeats together) scored: the model's prediction, uncorrected, against the measurement."""
+def fewest_link_ranks(point: Point) -> int | None:
+    """The fewest ranks the point's cluster calibrated its links among (in the point's scope), if any."""
+    links = calibrated_links(point.cfg.cluster.name, point.cfg.nodes)
+    return links[0].world_size if links else None
+
+
+def held_out_by_ranks(point: Point) -> bool:
+    """Whether the point has more ranks than some calibration of its links: priced from one of those, it is held
+    out by worker count."""
+    fewest = fewest_link_ranks(point)
+    return fewest is not None and point.processes > fewest
+
+
+def scored_points(points: list[Point], store: Store, variant: str,
+                  fewer_link_ranks: bool = False) -> list[tuple[Scored, Prediction]]:
+    """Each point (its repeats together) scored: the model's prediction, uncorrected, against the measurement;
+    `fewer_link_ranks`: those held out by worker count priced from links measured among fewer ranks."""
     groups: dict[tuple[str, ...], list[Point]] = {}
     for point in points:
         groups.setdefault(identity(point), []).append(point)
     scored = []
     for same in groups.values():
         first = same[0]
-        prediction = predict(first, variant)
+        prediction = predict(first, variant, fewer_link_ranks and held_out_by_ranks(first))
         status, seconds, memory, spread = measured(store, same)
         cfg = first.cfg
         cell = f"{cfg.dataset.name}/{cfg.network.name} {cfg.cluster.name} w{cfg.workers}"
@@ -98,11 +115,6 @@ def observed(scored: list[tuple[Scored, Prediction]]) -> list[Observed]:
             for s, p in scored if s.measured_s is not None]
 
 
-def beyond(prediction: Prediction) -> bool:
-    """Whether the point has more ranks than its links were measured among (held out by worker count)."""
-    return prediction.point.cfg.workers > prediction.link_ranks
-
-
 def _with(correction: Correction, scored: Scored, prediction: Prediction) -> Scored:
     step = correction.step_s(prediction.point.strategy, scored.predicted_s / prediction.steps)
     return replace(scored, predicted_s=prediction.steps * step)
@@ -116,10 +128,12 @@ def corrected(scored: list[tuple[Scored, Prediction]], form: str, held_out: bool
     return [_with(fits[network(p)], s, p) for s, p in scored]
 
 
-def corrected_beyond(scored: list[tuple[Scored, Prediction]], form: str) -> list[Scored]:
-    """The points beyond their calibrated ranks, corrected by the `form` fit on the points within them."""
-    within = fit(observed([(s, p) for s, p in scored if not beyond(p)]), form)
-    return [_with(within, s, p) for s, p in scored if beyond(p)]
+def corrected_beyond(scored: list[tuple[Scored, Prediction]], held: list[tuple[Scored, Prediction]],
+                     form: str) -> list[Scored]:
+    """The points held out by worker count (`held`, priced from links of fewer ranks), corrected by the `form`
+    fit on the other points."""
+    within = fit(observed([(s, p) for s, p in scored if not held_out_by_ranks(p.point)]), form)
+    return [_with(within, s, p) for s, p in held]
 
 
 def fits_table(corrections: dict[str, Correction]) -> Table:
@@ -135,9 +149,10 @@ def median_error(points: list[Scored]) -> float:
     return statistics.median(abs(p.time_error) for p in points if p.time_error is not None)
 
 
-def print_corrections(scored: list[tuple[Scored, Prediction]], cluster: str) -> None:
-    """Both forms of the correction scored in-sample and held out, and the better held out written for `make
-    predict` and `make recommend`."""
+def print_corrections(scored: list[tuple[Scored, Prediction]], held: list[tuple[Scored, Prediction]],
+                      cluster: str) -> None:
+    """Both forms of the correction scored in-sample and held out (by network; by worker count on `held`), and
+    the better held out by network written for `make predict` and `make recommend`."""
     points = observed(scored)
     if not points:
         return
@@ -149,9 +164,10 @@ def print_corrections(scored: list[tuple[Scored, Prediction]], cluster: str) -> 
         tables = [(strategy_table(corrected(scored, form, held_out=False)), "in-sample (fitted on every network)"),
                   (strategy_table(held_out[form]), "leave-one-network-out"),
                   (recommender_table(held_out[form]), "leave-one-network-out")]
-        if any(beyond(p) for _, p in scored):
-            more = corrected_beyond(scored, form)
-            how = f"fitted on the points of at most {scored[0][1].link_ranks} workers, scored on those of more"
+        if held:
+            more = corrected_beyond(scored, held, form)
+            how = (f"fitted on the points of at most {fewest_link_ranks(held[0][1].point)} ranks, scored on those "
+                   "of more (links measured among fewer ranks)")
             tables += [(strategy_table(more), how), (recommender_table(more), how)]
         for table, how in tables:
             print(f"\n{replace(table, title=f'{table.title}, corrected by {form}, {how}').markdown()}")
@@ -161,6 +177,32 @@ def print_corrections(scored: list[tuple[Scored, Prediction]], cluster: str) -> 
     others = ", ".join(f"{form} {median_error(held_out[form]):.1%}" for form in FORMS)
     print(f"\nwrote {path}: the {best} fit (held-out median |error| {others}), for make predict / recommend "
           "--variant fitted")
+
+
+def held_out(points: list[Point], scored: list[tuple[Scored, Prediction]],
+             store: Store) -> list[tuple[Scored, Prediction]]:
+    """The points of more ranks than the fewest the links were calibrated among, priced from calibrations of
+    fewer ranks than theirs (held out by worker count), and their tables beside those of the others; with
+    them priced from their own ranks' links too, where those were measured."""
+    far = [p for p in points if held_out_by_ranks(p)]
+    if not far:
+        return []
+    held = scored_points(far, store, "suite", fewer_link_ranks=True)
+    fewest = fewest_link_ranks(far[0])
+    own = [(s, p) for s, p in scored if held_out_by_ranks(p.point) and p.link_ranks == p.point.processes]
+    cells = {s.cell for s, _ in held}
+    same_cells = [s for s, p in scored if s.cell in cells and not held_out_by_ranks(p.point)]  # e.g. no links
+    tables = [(strategy_table([s for s, p in scored if not held_out_by_ranks(p.point)]),
+               f"points of at most {fewest} ranks"),
+              (strategy_table([s for s, _ in own]), f"points of more than {fewest} ranks, links measured among "
+                                                   "their own ranks"),
+              (strategy_table([s for s, _ in held]), f"points of more than {fewest} ranks, held out by worker count: "
+                                                    "links measured among fewer ranks"),
+              (recommender_table([s for s, _ in held] + same_cells), "cells held out by worker count")]
+    for table, how in tables:
+        if table.rows:
+            print(f"\n{replace(table, title=f'{table.title}, {how}').markdown()}")
+    return held
 
 
 def main(argv: list[str]) -> int:
@@ -183,12 +225,7 @@ def main(argv: list[str]) -> int:
     uncorrected = [s for s, _ in scored]
     for table in (point_table(uncorrected), strategy_table(uncorrected), recommender_table(uncorrected)):
         print(f"\n{table.markdown()}")
-    if any(beyond(p) for _, p in scored):
-        ranks = first.link_ranks
-        for far, how in ((False, f"at most {ranks} workers (the ranks the links were measured among)"),
-                         (True, f"more than {ranks} workers: links extrapolated from {ranks} ranks")):
-            table = strategy_table([s for s, p in scored if beyond(p) == far])
-            print(f"\n{replace(table, title=f'{table.title}, points of {how}').markdown()}")
+    held = held_out(points, scored, store)
     study_j = [p for p in points if p.strategy.name in STUDY_J_STRATEGIES]
     if study_j:
         table = strategy_table([s for s, _ in scored_points(study_j, store, "study_j")])
@@ -197,7 +234,7 @@ def main(argv: list[str]) -> int:
     library = first.library_by or "none measured (make calibrate)"
     print(f"\nmodel: {first.profiled_on}; links: {first.priced_by}; library overhead: {library}; the tables above "
           "fit nothing to these measurements (all held out)")
-    print_corrections(scored, first.point.cfg.cluster.name)
+    print_corrections(scored, held, first.point.cfg.cluster.name)
     return 0
 
 
