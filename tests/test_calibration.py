@@ -166,6 +166,7 @@ def test_make_calibrate_measures_the_library_overhead_on_probe_networks(calibrat
     library = yaml.safe_load(overhead_path("local").read_text())
     assert list(library["strategies"]) == ["single"]  # calibration.probe_strategies=[single]
     single = library["strategies"]["single"]
+    assert single["workers"] == 1  # the others on the calibration's 2
     probes = single["probes"]
     narrow, wide, deep = probes
     assert wide["param_bytes"] > 10 * narrow["param_bytes"] > 0 and wide["param_tensors"] == narrow["param_tensors"]

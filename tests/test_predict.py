@@ -90,18 +90,19 @@ def test_link_model_reads_a_calibration_record(tmp_path):
 
 def test_links_come_from_the_calibration_of_ranks_nearest_the_points(tmp_path, monkeypatch):
     """`make calibrate` at 2 ranks, then at 4 (`<cluster>.w<ranks>.yaml` beside the latest): a point of 4 or 8
-    ranks is priced by the 4-rank curves, one of 2 by the 2-rank ones; held out by worker count (`fewer_ranks`),
+    ranks is priced by the 4-rank curves, one of 2 by the 2-rank ones; held out by worker count (`fewer_than`),
     the 4-rank point by the 2-rank curves. The latest record counts at its own ranks, where it is the newest."""
     monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path))
     directory = tmp_path / "calibration"
     calibration_record(directory, world_size=2).rename(directory / "test.w2.yaml")
     calibration_record(directory, world_size=4).rename(directory / "test.w4.yaml")
+    (directory / "test.w2.overhead.yaml").write_text("strategies: {}\n")  # beside them, not a record
     cluster = OmegaConf.create({"name": "test", "hardware": {}})
     assert [links.world_size for links in calibrated_links("test", nodes=1)] == [2, 4]
     assert link_model(cluster, nodes=1, ranks=2).world_size == 2
     assert link_model(cluster, nodes=1, ranks=4).world_size == 4
     assert link_model(cluster, nodes=1, ranks=8).source == "calibration test.w4.yaml (intra_node, 4 ranks)"
-    assert link_model(cluster, nodes=1, ranks=4, fewer_ranks=True).world_size == 2
+    assert link_model(cluster, nodes=1, ranks=4, fewer_than=4).world_size == 2
     latest = calibration_record(directory, world_size=2)
     record = yaml.safe_load(latest.read_text())
     latest.write_text(yaml.safe_dump({**record, "provenance": {**record["provenance"], "date": "2026-11-23"}}))

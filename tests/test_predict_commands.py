@@ -85,15 +85,15 @@ def test_bench_model_prints_its_scores(calibrated, results):
                      re.M), result.stdout
     assert re.search(r"^\| ddp \| 6 \| \d+\.\d%", result.stdout, re.M), result.stdout
     # ddp on 4 workers, beyond the 2 ranks the links were measured among, scored apart (2 networks)
-    beyond = result.stdout.split("points of more than 2 ranks, held out by worker count: links measured among "
-                                 "fewer ranks")[1]
+    beyond = result.stdout.split("points of more than 2 workers, held out by worker count: priced from calibrations "
+                                 "of fewer ranks")[1]
     assert re.search(r"^\| ddp \| 2 \| \d+\.\d%", beyond, re.M), result.stdout
     assert re.search(r"^Top-1 right in \d of 2 cells", result.stdout, re.M), result.stdout  # w4: ddp alone
     # The correction fitted on both networks, scored on each with the other's fit, kept for --variant fitted.
     assert re.search(r"^### .*, corrected by factor, leave-one-network-out$", result.stdout, re.M), result.stdout
-    assert re.search(r"^### .*, corrected by factor, fitted on the points of at most 2 ranks, scored on those of "
-                     r"more \(links measured among fewer ranks\)$\n(.*\n){3}\| ddp \| 2 \|", result.stdout, re.M), \
-        result.stdout
+    corrected = (r"^### .*, corrected by factor, fitted on the points of at most 2 workers, scored on those of more "
+                 r"\(priced from calibrations of fewer ranks\)$\n(.*\n){3}\| ddp \| 2 \|")
+    assert re.search(corrected, result.stdout, re.M), result.stdout
     assert (results / "calibration" / "local.correction.yaml").exists()
     # The runs recorded their predictions: the sweep's report scores them (the `model` view).
     report = run_make("report", "SWEEP=model_bench")

@@ -12,7 +12,7 @@ from suite.predict.correction import Correction, Fit, Observed, correction_key, 
 from suite.predict.costs import StepTime
 from suite.predict.memory import Memory
 from suite.predict.overhead import Overhead, Probe
-from suite.predict.predictor import Prediction, with_correction, with_library_overhead
+from suite.predict.predictor import Prediction, crowding, with_correction, with_library_overhead
 from suite.predict.profile import LayerProfile, Profile
 from suite.strategies.ddp import DDP
 from suite.strategies.zero import Zero
@@ -45,9 +45,9 @@ def test_zero_3_is_corrected_apart_from_stages_1_and_2():
     assert correction_key(DDP()) == "ddp"
 
 
-def prediction(*overrides: str) -> Prediction:
-    (point,) = plan([["dataset=tokens", "network=gpt2_tiny", "cluster=local", "workers=2", "optimizer.name=adam",
-                      *overrides]])
+def prediction(*overrides: str, workers: int = 2) -> Prediction:
+    (point,) = plan([["dataset=tokens", "network=gpt2_tiny", "cluster=local", f"workers={workers}",
+                      "optimizer.name=adam", *overrides]])
     return Prediction(point, StepTime(compute=0.1, comm=0.05), 8, Memory(0, 0, 0, 0, 0, 0), None, "test", "test", 2)
 
 
@@ -100,21 +100,49 @@ def test_a_wider_or_deeper_probe_that_costs_less_gets_no_term_for_it():
                                         pytest.approx(slope_ms_per_mb * 1e-9), 0.0)
 
 
+def profile_of(param_bytes: int, param_tensors: int) -> Profile:
+    layer = LayerProfile("l", 0.0, 0.0, 0, 0, 0, 0, param_bytes=param_bytes, param_tensors=param_tensors, tied_bytes=0,
+                         block=True)
+    return Profile(key={}, layers=(layer,), input_bytes=0, forward_s=0.0, backward_s=0.0, optimizer_s=0.0,
+                   optimizer_state_bytes=0, train_bytes=0, buffer_bytes=0)
+
+
 def test_the_predictor_adds_its_clusters_library_overhead(results):
     plain = prediction("strategy=zero", "strategy.zero_stage=3")
-    layer = LayerProfile("l", 0.0, 0.0, 0, 0, 0, 0, param_bytes=4_000_000, param_tensors=1, tied_bytes=0, block=True)
-    profile = Profile(key={}, layers=(layer,), input_bytes=0, forward_s=0.0, backward_s=0.0, optimizer_s=0.0,
-                      optimizer_state_bytes=0, train_bytes=0, buffer_bytes=0)
+    profile = profile_of(4_000_000, 1)
     assert with_library_overhead(plain, profile) == plain  # nothing measured for cluster local
     probes = [Probe("zero3", 1e6, 1, 0.1, 0.15), Probe("zero3", 5e6, 1, 0.2, 0.27), Probe("zero3", 1e6, 11, 0.1, 0.16)]
-    path = overhead.save("local", probes, ["a", "b", "c"])
+    path = overhead.save("local", probes, ["a", "b", "c"], workers=2)
     assert path == overhead.overhead_path("local") and path.name == "local.overhead.yaml"
+    assert overhead.overhead_path("local", 2).read_text() == path.read_text()
     measured = overhead.load("local")
     # 50 and 70 ms above at 1 and 5 MB, 10 ms more at ten more tensors
-    assert measured.fits == {"zero3": Overhead(pytest.approx(0.044), pytest.approx(5e-9), pytest.approx(1e-3))}
+    assert measured.fits.keys() == {"zero3"}
+    found, source = measured.measured(Zero(zero_stage=3), workers=2)
+    assert found == Overhead(pytest.approx(0.044), pytest.approx(5e-9), pytest.approx(1e-3))
+    assert source.startswith("local.w2.overhead.yaml (probes of 20")
     added = with_library_overhead(plain, profile)
     assert added.step.library == pytest.approx(0.065)
     assert added.epoch_s == pytest.approx(8 * (0.15 + 0.065))
-    assert added.library_by.startswith("local.overhead.yaml (probes of 20")
+    assert added.library_by == source
     stage_1 = prediction("strategy=zero")
     assert with_library_overhead(stage_1, profile).step.library == 0.0  # no probe of its strategy
+
+
+def test_the_library_overhead_comes_from_the_probes_of_workers_nearest_the_points(results):
+    """Probed on 2 workers (10 ms above the model), then on 4 (30 ms): a point of 4 workers takes the 4-worker fit;
+    held out by worker count (`fewer_ranks`), the 2-worker fit, grown by as many more ranks to a core as it has
+    beyond the probes' (2 on a machine of 2 cores); a point of 2 workers the 2-worker fit."""
+    four = prediction("strategy=ddp", workers=4)
+    crowded = crowding(four.point)
+    overhead.save("local", [Probe("ddp", 1e6, 1, 0.1, 0.11), Probe("ddp", 5e6, 1, 0.2, 0.21)], ["a"], workers=2)
+    overhead.save("local", [Probe("ddp", 1e6, 1, 0.1, 0.13, crowding=crowded, workers=4),
+                            Probe("ddp", 5e6, 1, 0.2, 0.23, crowding=crowded, workers=4)], ["b"], workers=4)
+    profile = profile_of(4_000_000, 1)
+    own = with_library_overhead(four, profile)
+    assert own.step.library == pytest.approx(0.03) and own.library_by.startswith("local.w4.overhead.yaml")
+    held = with_library_overhead(four, profile, fewer_ranks=True)
+    assert held.step.library == pytest.approx(0.01 * crowded) and held.library_by.startswith("local.w2.overhead.yaml")
+    assert with_library_overhead(prediction("strategy=ddp"), profile).step.library == pytest.approx(0.01)
+
+

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -178,7 +180,9 @@ def calibrated_links(cluster: str, nodes: int) -> list[LinkModel]:
     """The links of each number of ranks the cluster's records measured (in the scope of a point of `nodes`
     nodes), the newest record of each; fewest ranks first."""
     newest: dict[int, tuple[str, LinkModel]] = {}
-    paths = [record_path(cluster), *record_path(cluster).parent.glob(f"{cluster}.w*.yaml")]
+    named = re.compile(rf"{re.escape(cluster)}\.w\d+\.yaml")  # not the overhead and correction files beside them
+    paths = [*(p for p in record_path(cluster).parent.glob(f"{cluster}.w*.yaml") if named.fullmatch(p.name)),
+             record_path(cluster)]
     for path in paths:
         if not path.exists():
             continue
@@ -199,15 +203,20 @@ def matmul_tflops(cluster: str, precision: str) -> float | None:
     return float(value) if value else None
 
 
-def link_model(cluster, nodes: int, ranks: int, fewer_ranks: bool = False) -> LinkModel:
+def nearest(counts: Iterable[int], ranks: int) -> int:
+    """Of the numbers of ranks a calibration measured, the nearest `ranks` (by ratio; the fewer where two are)."""
+    return min(counts, key=lambda count: (abs(math.log(count / max(ranks, 1))), count))
+
+
+def link_model(cluster, nodes: int, ranks: int, fewer_than: int | None = None) -> LinkModel:
     """The links of a point of `ranks` ranks on `nodes` nodes of a cluster: those its calibration records
-    measured among the number of ranks nearest its own (`fewer_ranks`: only among fewer than its own, a point
+    measured among the number of ranks nearest its own (`fewer_than`: only among fewer ranks than that, a point
     held out by worker count), else its hardware's latency and bandwidth (inter-node where the point spans
     nodes); with neither, no links, which only a one-rank point can be priced without."""
-    measured = [links for links in calibrated_links(cluster.name, nodes)
-                if not fewer_ranks or links.world_size < ranks]
+    measured = {links.world_size: links for links in calibrated_links(cluster.name, nodes)
+                if fewer_than is None or links.world_size < fewer_than}
     if measured:
-        return min(measured, key=lambda links: (abs(math.log(links.world_size / max(ranks, 1))), links.world_size))
+        return measured[nearest(measured, ranks)]
     path = record_path(cluster.name)
     hw = cluster.hardware
     scope = "inter_node" if nodes > 1 else "intra_node"

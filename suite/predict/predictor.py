@@ -123,13 +123,13 @@ def crowding(point: Point) -> float:
     return max(1.0, processes_per_node(point) / ranks_at_once(threads))
 
 
-def workload(point: Point, fewer_link_ranks: bool = False) -> tuple[Workload, torch.device, str]:
+def workload(point: Point, fewer_ranks: bool = False) -> tuple[Workload, torch.device, str]:
     """What the point's step is priced from, the device it was profiled on, and how (for the report);
-    `fewer_link_ranks`: its links from calibrations among fewer ranks than its own (held out by worker count)."""
+    `fewer_ranks`: its links from calibrations among fewer ranks than its workers (held out by worker count)."""
     cfg, layout = point.cfg, point.layout
     device = profile_device(cfg)
     threads = threads_per_worker(cfg.cluster.threads_per_worker, processes_per_node(point))
-    links = link_model(cfg.cluster, cfg.nodes, point.processes, fewer_link_ranks)
+    links = link_model(cfg.cluster, cfg.nodes, point.processes, cfg.workers if fewer_ranks else None)
     if links.missing and point.processes > 1:  # said before profiling, which it would make pointless
         raise ConfigError(links.missing)
     scale = compute_scale(cfg, device)
@@ -154,31 +154,33 @@ def workload(point: Point, fewer_link_ranks: bool = False) -> tuple[Workload, to
     return w, device, profiled_on
 
 
-def predict(point: Point, variant: str = "suite", fewer_link_ranks: bool = False) -> Prediction:
+def predict(point: Point, variant: str = "suite", fewer_ranks: bool = False) -> Prediction:
     """The point's prediction by the suite's model, Study J's equations, or (`fitted`) the suite's model with its
-    cluster's correction fitted by `make bench-model`; `fewer_link_ranks` as `workload`'s."""
+    cluster's correction fitted by `make bench-model`; `fewer_ranks` as `workload`'s."""
     if variant == FITTED:
-        return with_correction(predict(point, fewer_link_ranks=fewer_link_ranks))
-    w, _, profiled_on = workload(point, fewer_link_ranks)
+        return with_correction(predict(point, fewer_ranks=fewer_ranks))
+    w, _, profiled_on = workload(point, fewer_ranks)
     threads = threads_per_worker(point.cfg.cluster.threads_per_worker, processes_per_node(point))
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
     prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source,
                             w.links.world_size)
-    return with_library_overhead(prediction, w.profile) if variant == "suite" else prediction
+    return with_library_overhead(prediction, w.profile, fewer_ranks) if variant == "suite" else prediction
 
 
-def with_library_overhead(prediction: Prediction, profile: Profile) -> Prediction:
+def with_library_overhead(prediction: Prediction, profile: Profile, fewer_ranks: bool = False) -> Prediction:
     """The prediction with what its strategy's library costs per step on its cluster added to its step, where
-    `make calibrate` measured it (suite.predict.overhead); Study J's equations are kept as published."""
+    `make calibrate` measured it (suite.predict.overhead), on the number of workers nearest the point's
+    (`fewer_ranks`: fewer than its own); Study J's equations are kept as published."""
     point = prediction.point
     library = overhead.load(point.cfg.cluster.name)
-    if library is None:
+    measured = library and library.measured(point.strategy, point.cfg.workers, fewer_ranks)
+    if not measured:
         return prediction
-    step = replace(prediction.step, library=library.step_s(point.strategy, profile.param_bytes,
-                                                           profile.param_tensors, crowding(point)))
-    return replace(prediction, step=step, library_by=library.source())
+    fitted, source = measured
+    step = replace(prediction.step, library=fitted.step_s(profile.param_bytes, profile.param_tensors, crowding(point)))
+    return replace(prediction, step=step, library_by=source)
 
 
 def with_correction(prediction: Prediction) -> Prediction:

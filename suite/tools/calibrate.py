@@ -10,9 +10,10 @@ whoever records it (this command here, the job's last step there) leaves an MLfl
 `calibration` and the record results/calibration/<cluster>.yaml (suite.records.calibration).
 
 Here, after the job, each strategy of `calibration.probe_strategies` (all by default) runs three probe networks
-through the sweep driver (`calibration.probe_passes` times, in passes over all of them), and what its step takes
-beyond the performance model is fitted and kept in results/calibration/<cluster>.overhead.yaml
-(suite.predict.overhead). A batch cluster's job does not run them.
+on the job's workers through the sweep driver (`calibration.probe_passes` times, in passes over all of them),
+and what its step takes beyond the performance model is fitted and kept in
+results/calibration/<cluster>.overhead.yaml and <cluster>.w<workers>.overhead.yaml (suite.predict.overhead).
+A batch cluster's job does not run them.
 
 `--apply` measures nothing: it copies the record's send/recv bandwidths and latencies into the cluster
 config's `hardware.*_bandwidth_gbs` / `*_latency_us`, under a comment that says where they come from. The
@@ -317,9 +318,10 @@ def measure_overhead(cfg: DictConfig) -> int:
         return 0
     passes = cfg.calibration.probe_passes
     print(f"\n[{label(cfg)}] library overhead of {', '.join(keys)}: {len(keys) * len(overhead.SHAPES)} probe points "
-          f"here, {passes} pass(es) over them, experiment {overhead.EXPERIMENT}", flush=True)
+          f"here on {max(cfg.workers, 2)} workers (single on 1), {passes} pass(es) over them, experiment "
+          f"{overhead.EXPERIMENT}", flush=True)
     try:
-        path = overhead.measure(cfg.cluster.name, keys, passes)
+        path = overhead.measure(cfg.cluster.name, keys, passes, cfg.workers)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -8,8 +8,8 @@ p90 / max / bias of the epoch-time error beside the measurements' own spread, th
 the recommender's top-1, regret and Kendall tau per cell. Nothing of the model itself is fitted to these
 measurements, so those scores are held out. Points of more ranks than the fewest the links were calibrated among
 (the grid's 4-worker points here, with `make calibrate` at 2 ranks) are scored apart as well, priced from the
-links of fewer ranks than theirs: held out by worker count (and, where `make calibrate workers=4` measured them,
-beside their prediction from links among their own ranks).
+calibrations (links and library overhead) of fewer ranks than theirs: held out by worker count (and, where `make
+calibrate ARGS=workers=4` measured them, beside their prediction from the calibration of their own ranks).
 
 Then a per-strategy correction (suite.predict.correction) in both forms, a factor and a per-step overhead, scored
 in-sample (fitted on every network) and leave-one-network-out (each network's points corrected by the fit on the
@@ -80,23 +80,23 @@ def fewest_link_ranks(point: Point) -> int | None:
 
 
 def held_out_by_ranks(point: Point) -> bool:
-    """Whether the point has more ranks than some calibration of its links: priced from one of those, it is held
-    out by worker count."""
+    """Whether the point has more workers than the fewest ranks its cluster was calibrated on: priced from the
+    calibrations of fewer, it is held out by worker count."""
     fewest = fewest_link_ranks(point)
-    return fewest is not None and point.processes > fewest
+    return fewest is not None and point.cfg.workers > fewest
 
 
 def scored_points(points: list[Point], store: Store, variant: str,
-                  fewer_link_ranks: bool = False) -> list[tuple[Scored, Prediction]]:
+                  fewer_ranks: bool = False) -> list[tuple[Scored, Prediction]]:
     """Each point (its repeats together) scored: the model's prediction, uncorrected, against the measurement;
-    `fewer_link_ranks`: those held out by worker count priced from links measured among fewer ranks."""
+    `fewer_ranks`: those held out by worker count priced from links measured among fewer ranks."""
     groups: dict[tuple[str, ...], list[Point]] = {}
     for point in points:
         groups.setdefault(identity(point), []).append(point)
     scored = []
     for same in groups.values():
         first = same[0]
-        prediction = predict(first, variant, fewer_link_ranks and held_out_by_ranks(first))
+        prediction = predict(first, variant, fewer_ranks and held_out_by_ranks(first))
         status, seconds, memory, spread = measured(store, same)
         cfg = first.cfg
         cell = f"{cfg.dataset.name}/{cfg.network.name} {cfg.cluster.name} w{cfg.workers}"
@@ -166,8 +166,8 @@ def print_corrections(scored: list[tuple[Scored, Prediction]], held: list[tuple[
                   (recommender_table(held_out[form]), "leave-one-network-out")]
         if held:
             more = corrected_beyond(scored, held, form)
-            how = (f"fitted on the points of at most {fewest_link_ranks(held[0][1].point)} ranks, scored on those "
-                   "of more (links measured among fewer ranks)")
+            how = (f"fitted on the points of at most {fewest_link_ranks(held[0][1].point)} workers, scored on those "
+                   "of more (priced from calibrations of fewer ranks)")
             tables += [(strategy_table(more), how), (recommender_table(more), how)]
         for table, how in tables:
             print(f"\n{replace(table, title=f'{table.title}, corrected by {form}, {how}').markdown()}")
@@ -181,24 +181,25 @@ def print_corrections(scored: list[tuple[Scored, Prediction]], held: list[tuple[
 
 def held_out(points: list[Point], scored: list[tuple[Scored, Prediction]],
              store: Store) -> list[tuple[Scored, Prediction]]:
-    """The points of more ranks than the fewest the links were calibrated among, priced from calibrations of
-    fewer ranks than theirs (held out by worker count), and their tables beside those of the others; with
-    them priced from their own ranks' links too, where those were measured."""
+    """The points of more workers than the fewest ranks of the cluster's calibrations, priced from calibrations of
+    fewer ranks than theirs (links and library overhead: held out by worker count), and their tables beside
+    those of the others and, where the cluster was calibrated on more ranks too, of their own prediction."""
     far = [p for p in points if held_out_by_ranks(p)]
     if not far:
         return []
-    held = scored_points(far, store, "suite", fewer_link_ranks=True)
+    held = scored_points(far, store, "suite", fewer_ranks=True)
     fewest = fewest_link_ranks(far[0])
-    own = [(s, p) for s, p in scored if held_out_by_ranks(p.point) and p.link_ranks == p.point.processes]
+    more_calibrated = len(calibrated_links(far[0].cfg.cluster.name, far[0].cfg.nodes)) > 1
     cells = {s.cell for s, _ in held}
-    same_cells = [s for s, p in scored if s.cell in cells and not held_out_by_ranks(p.point)]  # e.g. no links
     tables = [(strategy_table([s for s, p in scored if not held_out_by_ranks(p.point)]),
-               f"points of at most {fewest} ranks"),
-              (strategy_table([s for s, _ in own]), f"points of more than {fewest} ranks, links measured among "
-                                                   "their own ranks"),
-              (strategy_table([s for s, _ in held]), f"points of more than {fewest} ranks, held out by worker count: "
-                                                    "links measured among fewer ranks"),
-              (recommender_table([s for s, _ in held] + same_cells), "cells held out by worker count")]
+               f"points of at most {fewest} workers"),
+              (strategy_table([s for s, p in scored if held_out_by_ranks(p.point) and more_calibrated]),
+               f"points of more than {fewest} workers, priced from the calibrations nearest their ranks"),
+              (strategy_table([s for s, _ in held]), f"points of more than {fewest} workers, held out by worker "
+                                                    "count: priced from calibrations of fewer ranks"),
+              (recommender_table([s for s, _ in held] + [s for s, p in scored if s.cell in cells
+                                                         and not held_out_by_ranks(p.point)]),
+               "cells held out by worker count")]
     for table, how in tables:
         if table.rows:
             print(f"\n{replace(table, title=f'{table.title}, {how}').markdown()}")
