@@ -78,8 +78,9 @@ def test_a_sweeps_runs_carry_their_prediction(calibrated, store):
 
 
 def test_bench_model_prints_its_scores(calibrated, results):
+    # a 1-block GPT-2, which the grid's 4-stage pipelines could not take: --strategies leaves them out before planning
     result = run_make("bench-model", "ARGS=--strategies single,ddp steps_per_epoch=1 epochs=1 warmup_steps=1 "
-                                     "dataset.samples=64 network.n_layer=2 dataset.image_size=8")
+                                     "dataset.samples=64 network.n_layer=1 dataset.image_size=8")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(r"^\| tokens/gpt2_tiny local w2 \| ddp \| finished \| \d+\.\d+ \| \d+\.\d+ \|", result.stdout,
                      re.M), result.stdout

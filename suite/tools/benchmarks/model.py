@@ -52,6 +52,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def strategy_of(job: list[str]) -> str | None:
+    """The strategy a point's overrides name (the last `strategy=`)."""
+    return next((o.split("=", 1)[1] for o in reversed(job) if o.startswith("strategy=")), None)
+
+
 def identity(point: Point) -> tuple[str, ...]:
     """A point without its repeat index: its repeats are measurements of one thing."""
     return tuple(o for o in point.overrides if not o.startswith("repeat="))
@@ -210,9 +215,10 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
         lines = sweep_lines(SWEEP, args.repeats)
-        points = plan([job for line in lines for job in expand(line + args.overrides, multirun=True)], experiment=SWEEP)
-        if args.strategies:
-            points = [p for p in points if p.strategy.name in args.strategies.split(",")]
+        jobs = [job for line in lines for job in expand(line + args.overrides, multirun=True)]
+        if args.strategies:  # before planning: an override the other strategies' points cannot take is no error
+            jobs = [job for job in jobs if strategy_of(job) in args.strategies.split(",")]
+        points = plan(jobs, experiment=SWEEP)
         # Repeats as passes over the whole grid, minutes apart: their spread then holds the machine's drift.
         points.sort(key=lambda p: p.cfg.repeat)
         first = predict(points[0])  # fails early without a calibration record
