@@ -101,6 +101,15 @@ def test_bench_model_prints_its_scores(calibrated, results):
     assert report.returncode == 0, report.stderr[-3000:]
     assert re.search(r"^\| ddp \| 6 \| \d+\.\d%", report.stdout, re.M), report.stdout
     assert (results / "reports" / "model_bench" / "model_strategies.csv").exists()
+    # Another sweep's grid, its runs in its own experiment; the correction stays the one fitted on model_bench.
+    written = (results / "calibration" / "local.correction.yaml").read_text()
+    other = run_make("bench-model", "ARGS=--sweep pipelines --strategies single steps_per_epoch=1 epochs=1 "
+                                    "warmup_steps=1 dataset.samples=64 dataset.val_samples=8 network.n_layer=1 "
+                                    "dataset.image_size=8")
+    assert other.returncode == 0, other.stdout[-3000:] + other.stderr[-3000:]
+    assert re.search(r"^\| single \| 2 \| \d+\.\d%", other.stdout, re.M), other.stdout
+    assert "no correction written: fitted on another grid than model_bench's" in other.stdout
+    assert (results / "calibration" / "local.correction.yaml").read_text() == written
     fits = re.search(r"Fits / does not fit right in (\d+) of \1 points", (results / "reports" / "model_bench" /
                                                                           "report.md").read_text())
     assert fits and int(fits.group(1)) > 0  # every run recorded whether it would fit, and it did

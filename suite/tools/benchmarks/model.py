@@ -17,7 +17,10 @@ other networks' points) and, where the grid has them, on the points held out by 
 the others; the form with the smaller leave-one-network-out median error, fitted on every point, is written to
 results/calibration/<cluster>.correction.yaml, which `make predict` and `make recommend` add with `--variant fitted`.
 
-    python -m suite.tools.benchmarks.model [--strategies ddp,zero] [--repeats N] [--force] [override ...]
+`--sweep pipelines` (or any sweep) scores the model on that sweep's grid instead, its runs as `make sweep` records
+them (measured here where it has none); the correction is then printed, not written.
+
+    python -m suite.tools.benchmarks.model [--sweep NAME] [--strategies ddp,zero] [--repeats N] [--force] [override ...]
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from suite.predict.links import calibrated_links
 from suite.predict.predictor import Prediction, predict
 from suite.records.store import Store
 from suite.sweep.driver import run_sweep
-from suite.sweep.plan import Point, expand, plan, sweep_lines
+from suite.sweep.plan import InvalidPoint, Point, expand, plan, sweep_lines
 from suite.tools.predict import describe
 from suite.vocabulary import Status
 
@@ -45,6 +48,9 @@ STUDY_J_STRATEGIES = ("ddp", "horovod", "gpipe", "gpipe_dist", "1f1b")  # where 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", default=SWEEP,
+                        help=f"score the model on this sweep's grid (its runs, measured where it has none), e.g. "
+                        f"pipelines or sharded; the correction is written from {SWEEP} only")
     parser.add_argument("--strategies", help="only the points of these strategies (comma-separated)")
     parser.add_argument("--repeats", type=int, help="measure every point N times (the spread comes from them)")
     parser.add_argument("--force", action="store_true", help="measure points that have a finished run again")
@@ -155,9 +161,9 @@ def median_error(points: list[Scored]) -> float:
 
 
 def print_corrections(scored: list[tuple[Scored, Prediction]], held: list[tuple[Scored, Prediction]],
-                      cluster: str) -> None:
+                      cluster: str, write: bool) -> None:
     """Both forms of the correction scored in-sample and held out (by network; by worker count on `held`), and
-    the better held out by network written for `make predict` and `make recommend`."""
+    (`write`) the better held out by network written for `make predict` and `make recommend`."""
     points = observed(scored)
     if not points:
         return
@@ -176,6 +182,9 @@ def print_corrections(scored: list[tuple[Scored, Prediction]], held: list[tuple[
             tables += [(strategy_table(more), how), (recommender_table(more), how)]
         for table, how in tables:
             print(f"\n{replace(table, title=f'{table.title}, corrected by {form}, {how}').markdown()}")
+    if not write:
+        print(f"\nno correction written: fitted on another grid than {SWEEP}'s")
+        return
     best = min(FORMS, key=lambda form: median_error(held_out[form]))
     path = correction_path(cluster)
     save(every[best], path)
@@ -214,11 +223,12 @@ def held_out(points: list[Point], scored: list[tuple[Scored, Prediction]],
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
-        lines = sweep_lines(SWEEP, args.repeats)
+        lines = sweep_lines(args.sweep, args.repeats)
         jobs = [job for line in lines for job in expand(line + args.overrides, multirun=True)]
         if args.strategies:  # before planning: an override the other strategies' points cannot take is no error
             jobs = [job for job in jobs if strategy_of(job) in args.strategies.split(",")]
-        points = plan(jobs, experiment=SWEEP)
+        unrunnable: list[InvalidPoint] = []  # a study's points recorded as invalid: nothing to predict
+        points = plan(jobs, experiment=args.sweep, invalid=unrunnable)
         # Repeats as passes over the whole grid, minutes apart: their spread then holds the machine's drift.
         points.sort(key=lambda p: p.cfg.repeat)
         first = predict(points[0])  # fails early without a calibration record
@@ -241,7 +251,7 @@ def main(argv: list[str]) -> int:
     library = first.library_by or "none measured (make calibrate)"
     print(f"\nmodel: {first.profiled_on}; links: {first.priced_by}; library overhead: {library}; the tables above "
           "fit nothing to these measurements (all held out)")
-    print_corrections(scored, held, first.point.cfg.cluster.name)
+    print_corrections(scored, held, first.point.cfg.cluster.name, write=args.sweep == SWEEP)
     return 0
 
 
