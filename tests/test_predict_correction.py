@@ -48,7 +48,7 @@ def test_zero_3_is_corrected_apart_from_stages_1_and_2():
 def prediction(*overrides: str, workers: int = 2) -> Prediction:
     (point,) = plan([["dataset=tokens", "network=gpt2_tiny", "cluster=local", f"workers={workers}",
                       "optimizer.name=adam", *overrides]])
-    return Prediction(point, StepTime(compute=0.1, comm=0.05), 8, Memory(0, 0, 0, 0, 0, 0), None, "test", "test", 2)
+    return Prediction(point, StepTime(compute=0.1, comm=0.05), 8, Memory(0, 0, 0, 0, 0, 0), None, "test", "test")
 
 
 def test_the_predictor_applies_its_clusters_correction_file(results):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Protocol
 import yaml
 
 from suite.errors import ConfigError
-from suite.records.calibration import record_path
+from suite.records.calibration import calibration_files, record_path
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 P2P = "p2p"
@@ -180,12 +179,7 @@ def calibrated_links(cluster: str, nodes: int) -> list[LinkModel]:
     """The links of each number of ranks the cluster's records measured (in the scope of a point of `nodes`
     nodes), the newest record of each; fewest ranks first."""
     newest: dict[int, tuple[str, LinkModel]] = {}
-    named = re.compile(rf"{re.escape(cluster)}\.w\d+\.yaml")  # not the overhead and correction files beside them
-    paths = [*(p for p in record_path(cluster).parent.glob(f"{cluster}.w*.yaml") if named.fullmatch(p.name)),
-             record_path(cluster)]
-    for path in paths:
-        if not path.exists():
-            continue
+    for path in calibration_files(cluster):
         record = yaml.safe_load(path.read_text())
         links = LinkModel.from_record(record, path, nodes)
         date = str((record.get("provenance") or {}).get("date", ""))

@@ -35,7 +35,7 @@ import yaml
 from suite.errors import ConfigError
 from suite.predict.correction import correction_key
 from suite.predict.links import nearest
-from suite.records.calibration import record_path
+from suite.records.calibration import calibration_files, record_path
 from suite.strategies.base import Strategy
 from suite.vocabulary import Status
 
@@ -154,10 +154,7 @@ class LibraryOverhead:
 def load(cluster: str) -> LibraryOverhead | None:
     """Every overhead file of the cluster (the latest and the latest of each number of workers probed)."""
     newest: dict[tuple[str, int], tuple[str, Overhead, str]] = {}
-    paths = [*overhead_path(cluster).parent.glob(f"{cluster}.w*.overhead.yaml"), overhead_path(cluster)]
-    for path in paths:
-        if not path.exists():
-            continue
+    for path in calibration_files(cluster, "overhead"):
         record = yaml.safe_load(path.read_text())
         date = str(record["date"])
         for key, f in record["strategies"].items():  # files of before per-tensor terms, crowding, workers have none

@@ -43,7 +43,6 @@ class Prediction:
     capacity: float | None  # bytes one rank may use; None: unknown
     profiled_on: str  # the device, threads and any compute scaling
     priced_by: str  # where the link costs come from
-    link_ranks: int  # ranks the link costs were measured among: a point of more ranks is priced beyond them
     corrected_by: str | None = None  # the fitted correction in the step, if any
     library_by: str | None = None  # the measured library overhead in the step, if any
 
@@ -135,8 +134,9 @@ def workload(point: Point, fewer_ranks: bool = False) -> tuple[Workload, torch.d
     scale = compute_scale(cfg, device)
     together = processes_per_node(point) if device.type == "cpu" else 1  # a node's ranks share its cores
     oversubscription = 1.0
-    if layout.pp > 1 and not layout.stages_in_one_process and crowding(point) > 1:
-        together, oversubscription = ranks_at_once(threads), crowding(point)  # see step.shared_cores
+    crowded = crowding(point)
+    if layout.pp > 1 and not layout.stages_in_one_process and crowded > 1:
+        together, oversubscription = ranks_at_once(threads), crowded  # see step.shared_cores
     profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
     data, _ = data_profile(cfg, layout.mini_batch, device, threads, together)
     profiled_on = (f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
@@ -164,8 +164,7 @@ def predict(point: Point, variant: str = "suite", fewer_ranks: bool = False) -> 
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
-    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source,
-                            w.links.world_size)
+    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
     return with_library_overhead(prediction, w.profile, fewer_ranks) if variant == "suite" else prediction
 
 

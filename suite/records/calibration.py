@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -40,6 +41,17 @@ HEADER = ("# A calibration record, written by `make calibrate` (suite/records/ca
 def record_path(cluster: str, ranks: int | None = None) -> Path:
     """The cluster's latest record, or with `ranks` the latest of those taken among that many ranks."""
     return results_dir() / "calibration" / (f"{cluster}.yaml" if ranks is None else f"{cluster}.w{ranks}.yaml")
+
+
+def calibration_files(cluster: str, kind: str = "") -> list[Path]:
+    """The cluster's files of one kind that exist (records; `kind` "overhead": the library overhead's fits), those
+    of each number of ranks (`<cluster>.w<ranks>[.kind].yaml`) first, then the latest (`<cluster>[.kind].yaml`)."""
+    suffix = f".{kind}.yaml" if kind else ".yaml"
+    per_ranks = re.compile(rf"{re.escape(cluster)}\.w\d+{re.escape(suffix)}")  # not the other kinds beside them
+    directory = results_dir() / "calibration"
+    latest = directory / f"{cluster}{suffix}"
+    return [*sorted(p for p in directory.glob(f"{cluster}.w*{suffix}") if per_ranks.fullmatch(p.name)),
+            *([latest] if latest.exists() else [])]
 
 
 def jobs_dir(cluster: str) -> Path:

@@ -29,6 +29,7 @@ import argparse
 import statistics
 import sys
 from dataclasses import replace
+from functools import cache
 
 from analysis.model_score import Scored, point_table, recommender_table, strategy_table
 from analysis.tables import Table
@@ -86,7 +87,12 @@ def measured(store: Store, points: list[Point]) -> tuple[str, float | None, floa
 
 def fewest_link_ranks(point: Point) -> int | None:
     """The fewest ranks the point's cluster calibrated its links among (in the point's scope), if any."""
-    links = calibrated_links(point.cfg.cluster.name, point.cfg.nodes)
+    return _fewest_link_ranks(point.cfg.cluster.name, point.cfg.nodes)
+
+
+@cache  # the records are read once per run, not for every point and table
+def _fewest_link_ranks(cluster: str, nodes: int) -> int | None:
+    links = calibrated_links(cluster, nodes)
     return links[0].world_size if links else None
 
 
