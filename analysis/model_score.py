@@ -82,6 +82,12 @@ def strategy_errors(points: list[Scored]) -> dict[str, dict[str, float]]:
     return out
 
 
+def cell_name(dataset: str, network: str, cluster: str, workers: int, memory_gb: float | None) -> str:
+    """A recommender's cell: workload x cluster (with the memory a rank may use, where given) x workers."""
+    memory = f" {memory_gb:g} GB" if memory_gb else ""
+    return f"{dataset}/{network} {cluster}{memory} w{workers}"
+
+
 def fits_accuracy(points: list[Scored]) -> tuple[int, int]:
     """(right, judged): a point ran out of memory or finished, and the model said it would not fit or would."""
     judged = [p for p in points if p.predicted_fits is not None and p.status in ("finished", "oom")]
@@ -168,7 +174,9 @@ def scored_rows(rows: list[Row], histories: Histories, protocol: str) -> list[Sc
         values = samples(repeats, histories, protocol)
         done = finished(repeats)
         first = predicted[0]
-        cell = f"{dataset}/{network} {first.params.get('cluster.name', '?')} w{workers}"
+        memory_gb = first.params.get("cluster.hardware.device_memory_gb", "None")
+        cell = cell_name(dataset, network, first.params.get("cluster.name", "?"), workers,
+                         None if memory_gb == "None" else float(memory_gb))
         measured_s = (statistics.mean(values) if len(done) == 1 else statistics.median(values)) if values else None
         spread = statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else None
         memory = statistics.median(r.peak_memory_mb for r in done) if done else None

@@ -10,7 +10,7 @@ from suite.vocabulary import MEMORY_SPLIT
 # Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).
 SPLIT_METRICS = (*MEMORY_SPLIT, "comm_mb_per_step")
 # Settings besides the strategy's own knobs that tell two runs of one strategy apart in a report.
-VARIANT_PARAMS = ("precision", "optimizer.name", "activation_checkpointing")
+VARIANT_PARAMS = ("precision", "optimizer.name", "activation_checkpointing", "cluster.hardware.device_memory_gb")
 
 
 @dataclass(frozen=True)

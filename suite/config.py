@@ -109,7 +109,7 @@ class HardwareConfig:
     cpu: str | None = None
     cpu_memory_gb: float | None = None  # per node
     gpu: str | None = None
-    device_memory_gb: float | None = None  # per GPU
+    device_memory_gb: float | None = None  # per GPU; on CPU, if set, per rank (held to it: suite.runtime.memory)
     fp64_tflops: float | None = None  # peak per GPU
     # Dense matmul peak per device, TFLOP/s, by math dtype (fp32, tf32, bf16, fp16): the vendor's datasheet. MFU
     # divides by a measured peak (`make calibrate`) where there is one, else by this.

@@ -52,6 +52,17 @@ def test_failing_points_are_recorded_and_the_sweep_goes_on(store):
     assert logs == {"logs/rank0.log", "logs/rank1.log"}
 
 
+def test_a_cpu_rank_held_to_its_memory_runs_out_of_it(store):
+    # ResNet-18's DDP ranks peak near 0.8 GB here: held to 0.6 GB, an allocation fails as on a full GPU.
+    result = run_suite("-m", *FAST, "strategy=ddp", "workers=2", "cluster.hardware.device_memory_gb=0.6,2")
+    assert result.returncode == 1, result.stderr[-3000:]
+    runs = {r.data.params["cluster.hardware.device_memory_gb"]: r for r in store.runs("adhoc")}
+    assert runs["0.6"].data.tags["suite.status"] == "oom"
+    assert "can't allocate memory" in runs["0.6"].data.tags["suite.error"]
+    assert runs["2.0"].data.tags["suite.status"] == "finished"
+    assert 600 < runs["2.0"].data.metrics["peak_memory_mb"] < 2048
+
+
 def test_hung_point_ends_as_timeout(store):
     result = run_suite(*FAST, "strategy=single", "fault.kind=hang", "timeout_s=25")
     assert result.returncode == 1

@@ -180,3 +180,8 @@ def test_a_points_identity_is_what_it_was_when_recorded(line):
     assert point.config_hash == RECORDED_HASHES[line]
     (shared,) = plan([[*line, "cluster.share_gpus=true"]])
     assert shared.config_hash != point.config_hash
+    # The machine's description is not a point's identity, but the memory a CPU rank is held to changes what runs.
+    (described,) = plan([[*line, "cluster.hardware.cores_per_node=2"]])
+    assert described.config_hash == point.config_hash
+    held = {gb: plan([[*line, f"cluster.hardware.device_memory_gb={gb}"]])[0].config_hash for gb in (1, 2)}
+    assert len({point.config_hash, *held.values()}) == 3

@@ -163,6 +163,32 @@ def test_a_killed_rank_that_reported_first_is_judged_by_its_report(out):
     assert judge(out, result, TIMEOUT_S, EPOCHS) == ("failed", "rank 0: RuntimeError: injected fault at step 1")
 
 
+# horovodrun's log of a point held to less memory than Horovod's init needed: its background thread got no stack.
+HOROVOD_ABORTED_LOG = """\
+[1]<stderr>:terminate called after throwing an instance of 'std::system_error'
+[1]<stderr>:  what():  Resource temporarily unavailable
+[0]<stderr>:terminate called after throwing an instance of 'std::system_error'
+[0]<stderr>:  what():  Resource temporarily unavailable
+[1]<stderr>:Aborted
+Process 1 exit with status code 134.
+Terminating remaining workers after failure of Process 1.
+Process 0 exit with status code 134.
+"""
+
+
+def test_a_rank_aborted_on_a_failed_allocation_in_native_code_ran_out_of_memory(out):
+    out.launcher_log.write_text(HOROVOD_ABORTED_LOG)
+    assert judge(out, EXITED, TIMEOUT_S, EPOCHS) == (
+        "oom", "rank 1 aborted on std::system_error: Resource temporarily unavailable (out of memory)")
+    out.launcher_log.write_text("[rank0]: terminate called after throwing an instance of 'std::bad_alloc'\n"
+                                "[rank0]:   what():  std::bad_alloc\n")
+    assert judge(out, LaunchResult(-6, False, 5.0, failed_ranks={0: -6}), TIMEOUT_S, EPOCHS) == (
+        "oom", "rank 0 aborted on std::bad_alloc: std::bad_alloc (out of memory)")
+    out.launcher_log.write_text("[rank0]: terminate called after throwing an instance of 'c10::Error'\n"
+                                "[rank0]:   what():  bad things\n")
+    assert judge(out, LaunchResult(-6, False, 5.0, failed_ranks={0: -6}), TIMEOUT_S, EPOCHS)[0] == "failed"
+
+
 def test_exit_code_without_a_report(out):
     result = LaunchResult(3, False, 5.0, failed_ranks={0: 3})
     assert judge(out, result, TIMEOUT_S, EPOCHS) == (

@@ -19,6 +19,7 @@ from suite.vocabulary import Status
 # Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.
 OWN_FAILURES = (Status.failed, Status.oom, Status.invalid)
 SIGTERM = -15  # how launchers stop the ranks that survive a failure: never the cause
+SIGABRT = -6
 HOROVODRUN_EXIT = re.compile(r"^Process (\d+) exit with status code (\d+)\.$")
 HOROVODRUN_STOPS_THE_OTHERS = "Terminating remaining workers after failure of Process"
 
@@ -54,6 +55,23 @@ def _first_exception_line(launcher_text: str) -> str | None:
         line = re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line)  # horovodrun with [<rank>]<stderr>:
         if re.match(r"^[\w.]*(Error|Exception)\b", line):
             return line
+    return None
+
+
+def _native_out_of_memory(launcher_text: str) -> str | None:
+    """The C++ exception a rank aborted on (`terminate called after throwing ...`) when it is a failed
+    allocation: std::bad_alloc, or a thread that got no memory for its stack (std::system_error, EAGAIN)."""
+    thrown = None
+    for line in launcher_text.splitlines():
+        line = re.sub(r"^\[\d+\]<std(?:out|err)>:|^\[rank\d+\]: ", "", line).strip()
+        started = re.match(r"terminate called after throwing an instance of '([\w:]+)'", line)
+        if started:
+            thrown = started.group(1)
+        elif thrown and line.startswith("what():"):
+            what = line.removeprefix("what():").strip()
+            if thrown == "std::bad_alloc" or what == "Resource temporarily unavailable":
+                return f"{thrown}: {what}"
+            thrown = None
     return None
 
 
@@ -119,6 +137,9 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int | N
     who = "a worker" if rank is None else f"rank {rank}"
     if code == -9:
         return Status.oom, f"{who} was killed by SIGKILL (most likely the kernel's out-of-memory killer)"
+    native = _native_out_of_memory(text) if code == SIGABRT else None
+    if native:
+        return Status.oom, f"{who} aborted on {native} (out of memory)"
     died = f"killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
     exception = _first_exception_line(text)
     detail = f": {exception}" if exception else " without an error report (see its log)"

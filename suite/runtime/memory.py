@@ -4,6 +4,7 @@ held in parameters, gradients and optimizer states (see Strategy.memory_split)."
 from __future__ import annotations
 
 import os
+import re
 import resource
 
 import torch
@@ -11,6 +12,28 @@ from torch.distributed.tensor import DTensor
 
 # Per rank; a point reports the largest. mem_master_mb: fp32 master copies of the parameters that an
 # optimizer steps beside the model's own (ZeRO keeps its partition of them even in fp32 training).
+
+
+def _status_bytes(field: str) -> int:
+    """A size from /proc/self/status (Linux reports kB)."""
+    with open("/proc/self/status") as status:
+        return 1024 * int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
+
+
+def limit_cpu_memory(limit_bytes: float) -> None:
+    """Hold this process to `limit_bytes` of resident memory, as a GPU's size holds a rank: an allocation past it
+    fails (torch: "can't allocate memory"), and the point is recorded as out of memory. The kernel limits the
+    data segment (RLIMIT_DATA: the heap and private writable mappings, where tensors live), which also counts
+    what is reserved but not yet resident (thread stacks, malloc arenas), so the limit is the data segment now
+    plus what is left of `limit_bytes` beside the resident set now. The intra-op threads are started first, so
+    that their stacks (reserved, barely resident) are in the data segment the limit starts from."""
+    torch.ones(2**16).sum()  # a parallel op: the thread pool starts at the first
+    resident, data = _status_bytes("VmRSS"), _status_bytes("VmData")
+    if resident >= limit_bytes:
+        raise MemoryError(f"out of memory: this rank holds {resident / 2**20:.0f} MiB before training, more than "
+                          f"the {limit_bytes / 2**20:.0f} MiB it may use (cluster.hardware.device_memory_gb)")
+    ceiling = int(data + limit_bytes - resident)
+    resource.setrlimit(resource.RLIMIT_DATA, (ceiling, ceiling))
 
 
 def reset_peak(device: torch.device) -> None:

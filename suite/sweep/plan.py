@@ -37,6 +37,8 @@ from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, Opti
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "record_prediction", "cluster.job",
                 "cluster.hardware", "cluster.tracking_uri")
+# Under those, what does change the measurement, where set: the memory a CPU rank is held to (suite.runtime.memory).
+MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
 IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False}
@@ -131,8 +133,10 @@ def config_hash(cfg: DictConfig) -> str:
     for key, default in IDENTITY_DEFAULTS.items():
         if _lookup(identity, key) == default:
             _drop(identity, key)
+    kept = {key: _lookup(identity, key) for key in MEASURED_HARDWARE}
     for key in NOT_IDENTITY:
         _drop(identity, key)
+    identity.update({key: value for key, value in kept.items() if value is not None})
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -66,12 +66,16 @@ def process_group(out: PointDir, cfg, processes: int, what: str) -> Iterator[Dis
 
 
 def train_point(out: PointDir, cfg) -> None:
+    from suite.runtime.memory import limit_cpu_memory
     from suite.strategies import build_strategy
     from suite.worker.trainer import Trainer
 
     strategy = build_strategy(cfg)
     processes = strategy.layout(cfg).processes
     with process_group(out, cfg, processes, f"workers={cfg.workers}, strategy {strategy.name}") as env:
+        memory_gb = cfg.cluster.hardware.device_memory_gb
+        if env.device.type == "cpu" and memory_gb:
+            limit_cpu_memory(memory_gb * 2**30)
         trainer = Trainer(cfg, env, strategy, out, os.environ.get("SUITE_POINT_LABEL", ""))
         summary = trainer.run()
         if env.is_main:

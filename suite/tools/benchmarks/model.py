@@ -20,7 +20,8 @@ results/calibration/<cluster>.correction.yaml, which `make predict` and `make re
 `--sweep pipelines` (or any sweep) scores the model on that sweep's grid instead, its runs as `make sweep` records
 them (measured here where it has none); the correction is then printed, not written.
 
-    python -m suite.tools.benchmarks.model [--sweep NAME] [--strategies ddp,zero] [--repeats N] [--force] [override ...]
+    python -m suite.tools.benchmarks.model [--sweep NAME] [--strategies ddp,zero] [--repeats N] [--force]
+                                           [--retry-failed] [override ...]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 from dataclasses import replace
 from functools import cache
 
-from analysis.model_score import Scored, point_table, recommender_table, strategy_table
+from analysis.model_score import Scored, cell_name, point_table, recommender_table, strategy_table
 from analysis.tables import Table
 from suite.errors import ConfigError
 from suite.predict.correction import FORMS, Correction, Observed, correction_key, correction_path, fit, save
@@ -55,6 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--strategies", help="only the points of these strategies (comma-separated)")
     parser.add_argument("--repeats", type=int, help="measure every point N times (the spread comes from them)")
     parser.add_argument("--force", action="store_true", help="measure points that have a finished run again")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="measure points whose last run did not finish again (they are not, by default)")
     parser.add_argument("overrides", nargs="*", help="applied to every point, e.g. steps_per_epoch=2 (a smoke run)")
     return parser.parse_intermixed_args(argv)
 
@@ -116,7 +119,8 @@ def scored_points(points: list[Point], store: Store, variant: str,
         prediction = predict(first, variant, fewer_ranks and held_out_by_ranks(first))
         status, seconds, memory, spread = measured(store, same)
         cfg = first.cfg
-        cell = f"{cfg.dataset.name}/{cfg.network.name} {cfg.cluster.name} w{cfg.workers}"
+        cell = cell_name(cfg.dataset.name, cfg.network.name, cfg.cluster.name, cfg.workers,
+                         cfg.cluster.hardware.device_memory_gb)
         scored.append((Scored(describe(first), first.strategy.name, cell, prediction.epoch_s, prediction.peak_mb,
                               prediction.fits, status, seconds, memory, spread), prediction))
     return scored
@@ -243,7 +247,7 @@ def main(argv: list[str]) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 2
     store = Store()
-    run_sweep(points, store, force=args.force)
+    run_sweep(points, store, force=args.force, retry_failed=args.retry_failed)
     scored = scored_points(points, store, "suite")
     uncorrected = [s for s, _ in scored]
     for table in (point_table(uncorrected), strategy_table(uncorrected), recommender_table(uncorrected)):
