@@ -19,6 +19,8 @@ from suite.predict.costs import (
     trailing_comm,
 )
 from suite.predict.links import LinkModel, Measured, calibrated_links, link_model
+from suite.predict.memory import _input_bytes as input_bytes
+from suite.predict.memory import _workspace as memory_workspace
 from suite.predict.memory import rank_memory
 from suite.predict.predictor import crowding, workload
 from suite.predict.profile import LayerProfile, Profile, _median_times, network_profile
@@ -272,6 +274,16 @@ def test_memory_of_a_known_network(calibrated):
     sharded, _, _ = workload(tiny_point("strategy=fsdp", "workers=2"))
     split = rank_memory(sharded, base_bytes=0.0)
     assert (split.params, split.grads) == (2 * params, 2 * params)
+    # Tensor parallel: the peak is where backward starts, its workspace the head's (the logits' softmax and
+    # gradients), whole on each rank unless the vocabulary is split.
+    megatron = ["strategy=megatron", "workers=2", "network.n_head=2"]
+    tp, _, _ = workload(tiny_point(*megatron))
+    vocab, _, _ = workload(tiny_point(*megatron, "strategy.vocab_parallel=true"))
+    assert tp.profile.layers[-1].name == "GPT2Head"
+    workspace = memory_workspace(tp)
+    assert workspace > 0
+    assert rank_memory(tp, 0.0).transient == pytest.approx(input_bytes(tp) + workspace)
+    assert rank_memory(vocab, 0.0).transient == pytest.approx(input_bytes(vocab) + workspace / 2)
 
 
 @pytest.mark.slow  # profiles in a child interpreter

@@ -100,7 +100,9 @@ def tensor_parallel(w: Workload, base: float) -> Memory:
     split = [layer.block or w.strategy.vocab_parallel for layer in p.layers]
     held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
     kept = sum(layer.saved_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
-    share = kept / max(sum(layer.saved_bytes for layer in p.layers), 1)
+    # The peak is where backward starts: its workspace is the last layer's temporaries (GPT-2's head: the logits'
+    # softmax and gradients), split only where that layer is (the vocabulary).
+    share = 1 / tp if split[-1] else 1.0
     return Memory(base, held + p.buffer_bytes, held, _state_ratio(w) * held, kept,
                   _input_bytes(w) + _workspace(w, share))
 
