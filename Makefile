@@ -45,7 +45,7 @@ setup-offline:
 
 # Horovod built against the venv's torch (suite/tools/build_horovod.py): about 10 minutes on 2 cores the first time
 # on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
-# The tests need it; a sweep builds it (the driver) only when one of its points uses strategy=horovod.
+# The tests need it; a sweep with a strategy=horovod point refuses to launch without it (and says to run this).
 horovod: setup
 	$(PY) -m suite.tools.build_horovod
 

@@ -8,7 +8,7 @@ published claims to check; without one the report has the DEFAULT_VIEWS.
 
 from __future__ import annotations
 
-import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import analysis.study_n  # noqa: F401  (registers Study N's views)
 from analysis.measure import PROTOCOLS, Histories
 from analysis.runs import latest_per_point
 from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun
-from suite.errors import ConfigError
+from suite.errors import ConfigError, OneLineParser
 from suite.paths import CONF_DIR, results_dir
 from suite.records.store import Store
 
@@ -58,22 +58,38 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
     directory = out_dir or results_dir() / "reports" / experiment
     directory.mkdir(parents=True, exist_ok=True)
     runs = [r for r in store.runs(experiment) if run_ids is None or r.info.run_id in run_ids]
-    ctx = Context(experiment, latest_per_point(runs), Histories(store.client), store.client, directory,
-                  settings.get("timing", "suite"), tuple(settings.get("extension", ())), settings.get("claims"),
-                  not_run or [])
-    sections = [VIEWS[name](ctx) for name in settings.get("views", DEFAULT_VIEWS)] if ctx.rows else []
+    sections = []
+    if runs:  # without, nothing is read: a store that does not exist is not created
+        ctx = Context(experiment, latest_per_point(runs), Histories(store.client), store.client, directory,
+                      settings.get("timing", "suite"), tuple(settings.get("extension", ())), settings.get("claims"),
+                      not_run or [])
+        sections = [VIEWS[name](ctx) for name in settings.get("views", DEFAULT_VIEWS)] if ctx.rows else []
     index = directory / "report.md"
     index.write_text(f"# {experiment}\n\n" + "\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections) + "\n")
     files = [index, *(path for s in sections for path in s.files)]
     return Report(directory, files, sections[0].markdown if sections else "(no runs)")
 
 
+def check_experiment(store: Store, experiment: str) -> None:
+    """Raise ConfigError, naming the known sweeps, unless the store holds `experiment` or it is a sweep's."""
+    if experiment not in store.experiment_names():
+        from suite.sweep.plan import sweep_file  # only then: it imports torch
+
+        sweep_file(experiment)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__)
     parser.add_argument("experiment", help="MLflow experiment (a sweep's name, or 'adhoc')")
     parser.add_argument("--tracking-uri", default=None)
     args = parser.parse_args()
-    report = write_report(Store(args.tracking_uri), args.experiment)
+    try:
+        store = Store(args.tracking_uri, create=False)
+        check_experiment(store, args.experiment)
+        report = write_report(store, args.experiment)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(report.summary)
     print(f"wrote {len(report.files)} file(s) to {report.directory}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+from suite.records.store import run_status
 from suite.vocabulary import MEMORY_SPLIT
 
 # Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).
@@ -49,7 +50,7 @@ def row_from_run(run) -> Row:
                 or k in VARIANT_PARAMS}
     return Row(
         run_id=run.info.run_id, dataset=p.get("dataset", "?"), network=p.get("network", "?"),
-        strategy=p.get("strategy", "?"), workers=int(p.get("workers", 0)), status=t.get("suite.status", "?"),
+        strategy=p.get("strategy", "?"), workers=int(p.get("workers", 0)), status=run_status(run),
         epoch_time_s=m.get("epoch_time_s_mean"), throughput=m.get("throughput_samples_s_mean"),
         peak_memory_mb=m.get("peak_memory_mb"), val_metric=metric, val_value=m.get(metric) if metric else None,
         start_time=run.info.start_time, settings=settings, split={k: m[k] for k in SPLIT_METRICS if k in m},

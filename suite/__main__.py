@@ -12,18 +12,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from suite.errors import ConfigError
+from suite.errors import ConfigError, OneLineParser, positive_int
 from suite.vocabulary import Status
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m suite", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m suite", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated override values")
     parser.add_argument("--sweep", help="run the points of conf/sweep/<SWEEP>.yaml")
     parser.add_argument("--force", action="store_true", help="re-run points that already have a finished run")
     parser.add_argument("--retry-failed", action="store_true", help="re-run points whose last run did not finish")
-    parser.add_argument("--repeats", type=int, help="measure every point N times (default: the sweep file's, or 1)")
+    parser.add_argument("--repeats", type=positive_int,
+                        help="measure every point N times (default: the sweep file's, or 1)")
     parser.add_argument("--dry-run", action="store_true",
                         help="write the job scripts (batch clusters) or list the points (here); run nothing")
     parser.add_argument("--status", action="store_true", help="show each point's state and exit")
@@ -47,10 +48,10 @@ def main(argv: list[str]) -> int:
     from suite.records.point_dir import error_line
     from suite.records.store import Store, store_uri
     from suite.signals import Stopped, raise_on_sigterm
-    from suite.sweep.driver import ensure_horovod, record_invalid, run_sweep
+    from suite.sweep.driver import check_installed, record_invalid, run_sweep
     from suite.sweep.jobs import check_submittable, collect
     from suite.sweep.plan import expand, plan, repeat_overrides, sweep_file, sweep_lines
-    from suite.sweep.status import status_table
+    from suite.sweep.status import end_abandoned_sweep_runs, status_table
 
     parent = None  # the sweep invocation's run in the store
     try:
@@ -69,7 +70,9 @@ def main(argv: list[str]) -> int:
                               + "; ".join(f"{p.label}: {p.error}" for p in invalid[:3]))
         if not (args.status or args.cfg):
             check_submittable(points, args.dry_run)
-        store = Store(store_uri(points[0].cfg))
+            check_installed(points)
+        # Checked as it opens (intact, reachable); only read here, a store that does not exist is not created.
+        store = Store(store_uri(points[0].cfg), create=not (args.status or args.cfg or args.dry_run))
         if args.status:
             print(status_table(points, store))
             return 0
@@ -79,9 +82,11 @@ def main(argv: list[str]) -> int:
             return 0
         print(f"{len(points)} point(s)" + (f", {len(invalid)} that cannot run here" if invalid else "")
               + f"; results in {store.uri}", flush=True)
-        if not args.dry_run:
-            ensure_horovod(points)
         experiment = points[0].cfg.tracking.experiment
+        if not args.dry_run:
+            store.back_up()  # the copy a damaged store's message points to
+            for line in end_abandoned_sweep_runs(store, {experiment}):  # left RUNNING by a sweep killed outright
+                print(line, flush=True)
         parent = None if args.dry_run or not args.sweep else store.start_sweep_run(experiment, args.sweep,
                                                                                    " ".join(argv))
         raise_on_sigterm()  # a scheduler's SIGTERM stops the sweep like Ctrl-C, and the point as `timeout`

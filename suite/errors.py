@@ -1,5 +1,47 @@
 """Errors that carry one readable line for the user."""
 
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
 
 class ConfigError(ValueError):
     """A point that cannot run as configured. Raised before launch; the message is one line."""
+
+
+class BadValue(ConfigError):
+    """A value no machine or strategy could run with (a non-positive count or capacity, a name outside its choices):
+    rejected even by a sweep or a prediction that lists the points it cannot run."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are one line, `error: ...`, and exit 2, as the suite's other bad input."""
+
+    def error(self, message: str):
+        print(f"error: {message} (--help lists the options)", file=sys.stderr)
+        sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def yaml_error_line(error: BaseException) -> str | None:
+    """`file:line:column: problem` for a YAML syntax error (or an error caused by one), else None."""
+    while error is not None and not isinstance(error, yaml.MarkedYAMLError):
+        error = error.__cause__ or error.__context__
+    if error is None:
+        return None
+    mark = error.problem_mark or error.context_mark
+    problem = error.problem or error.context or "YAML syntax error"
+    return f"{mark.name}:{mark.line + 1}:{mark.column + 1}: {problem}" if mark else problem

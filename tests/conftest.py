@@ -1,5 +1,6 @@
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,34 @@ def results(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def store(results) -> Store:
     return Store()
+
+
+# What a rank leaves in its point directory that a recorder reads (with the point's own config and point.json).
+RANK_OUTPUTS = ("epochs.jsonl", "summary.json", "manifest.json", "logs")
+
+
+@pytest.fixture(scope="module")
+def worker_outputs(tmp_path_factory) -> Path:
+    """The point directory of one real rank's run, whose RANK_OUTPUTS stand for those of the points a test records
+    (`copy_rank_outputs`)."""
+    from suite.sweep.plan import plan
+    from suite.sweep.point import new_point_dir
+
+    os.environ["SUITE_RESULTS_DIR"] = str(tmp_path_factory.mktemp("worker"))
+    try:
+        (point,) = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2"]])
+        out = new_point_dir(point)
+    finally:
+        del os.environ["SUITE_RESULTS_DIR"]
+    # A port of its own: the default one may be taken by a point of a test running beside this one.
+    subprocess.run([sys.executable, "-m", "suite.worker", str(out.path)], cwd=REPO_ROOT, check=True,
+                   capture_output=True, env={**os.environ, "MASTER_PORT": str(free_port())})
+    return out.path
+
+
+def copy_rank_outputs(source: Path, point_dir: Path) -> None:
+    for name in RANK_OUTPUTS:
+        (shutil.copytree if (source / name).is_dir() else shutil.copy)(source / name, point_dir / name)
 
 
 def run_suite(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

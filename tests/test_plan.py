@@ -5,7 +5,6 @@ import pytest
 from conftest import run_suite
 from suite.errors import ConfigError
 from suite.strategies import build_strategy
-from suite.sweep.driver import needs_horovod
 from suite.sweep.plan import expand, plan, sweep_lines
 
 MALFORMED = {
@@ -158,11 +157,12 @@ def test_knobs_of_their_type_are_taken(overrides, knob, value):
     assert getattr(build_strategy(point.cfg), knob) == value
 
 
-def test_only_a_sweep_with_a_horovod_point_builds_horovod():
-    """The default sweep never waits for Horovod's build; a sweep with a horovod point has the driver build it."""
+def test_only_a_sweep_with_a_horovod_point_needs_horovod():
+    """The default sweep runs on `make setup` alone; a horovod point needs `make horovod` too."""
     smoke = plan([job for line in sweep_lines("smoke") for job in expand(line, multirun=True)])
-    assert not needs_horovod(smoke)
-    assert needs_horovod([*smoke, *plan([["strategy=horovod", "workers=2"]])])
+    assert {library.make_target for point in smoke for library in point.strategy.requires} <= {"setup"}
+    (horovod,) = plan([["strategy=horovod", "workers=2"]])
+    assert [library.make_target for library in horovod.strategy.requires] == ["horovod"]
 
 
 # Hashes these points had when they were first recorded: a setting added since must leave them as they were

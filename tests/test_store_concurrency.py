@@ -2,52 +2,35 @@
 store, and through the tracking server of `make mlflow-server`."""
 
 import os
-import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import DIGITS, free_port, tracking_server
+from conftest import DIGITS, copy_rank_outputs, free_port, tracking_server
 from suite.paths import REPO_ROOT
 from suite.records.point_dir import PointDir
 from suite.records.store import Store
 from suite.sweep.plan import plan
 from suite.sweep.point import new_point_dir
 
-# A real rank, eight recorders and `make mlflow-server`; one xdist worker runs the module (its fixture runs once).
+# A real rank (conftest's worker_outputs), eight recorders and `make mlflow-server`; one xdist worker runs the
+# module (its fixture runs once).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("store_concurrency")]
 
 POINTS = 8
-OUTPUTS = ("epochs.jsonl", "summary.json", "manifest.json", "logs")
 
 
-@pytest.fixture(scope="module")
-def worker_outputs(tmp_path_factory) -> PointDir:
-    """What one real rank leaves behind, to stand for the results of eight points."""
-    os.environ["SUITE_RESULTS_DIR"] = str(tmp_path_factory.mktemp("worker"))
-    try:
-        (point,) = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2"]])
-        out = new_point_dir(point)
-    finally:
-        del os.environ["SUITE_RESULTS_DIR"]
-    # A port of its own: the default one may be taken by a point of a test running beside this one.
-    subprocess.run([sys.executable, "-m", "suite.worker", str(out.path)], cwd=REPO_ROOT, check=True,
-                   capture_output=True, env={**os.environ, "MASTER_PORT": str(free_port())})
-    return out
-
-
-def record_concurrently(worker_outputs: PointDir, tracking_uri: str) -> list[PointDir]:
+def record_concurrently(worker_outputs: Path, tracking_uri: str) -> list[PointDir]:
     points = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2", f"seed={seed}", "tracking.experiment=concurrent"]
                    for seed in range(POINTS)])
     Store(tracking_uri).experiment_id("concurrent")  # as the submitting driver does, before the jobs start
     dirs = []
     for point in points:
         out = new_point_dir(point)
-        for name in OUTPUTS:
-            source = worker_outputs.path / name
-            (shutil.copytree if source.is_dir() else shutil.copy)(source, out.path / name)
+        copy_rank_outputs(worker_outputs, out.path)
         dirs.append(out)
     env = dict(os.environ, MLFLOW_TRACKING_URI=tracking_uri)
     recorders = [subprocess.Popen([sys.executable, "-m", "suite.records.record", str(out.path), "--exit-code", "0",

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset, Subset
 from suite.data.digits import digits_splits
 from suite.data.real import check_real, real_splits
 from suite.data.synthetic import SyntheticImages, SyntheticTokens
-from suite.errors import ConfigError
+from suite.errors import BadValue, ConfigError
 
 KINDS = ("image", "tokens")
 SOURCES = ("synthetic", "real", "digits")
@@ -52,7 +52,7 @@ class Datasets:
 
 def _choice(field: str, value: str, choices) -> None:
     if value not in choices:
-        raise ConfigError(f"dataset.{field}={value} is not one of {', '.join(choices)}")
+        raise BadValue(f"dataset.{field}={value} is not one of {', '.join(choices)}")
 
 
 def check_dataset(cfg) -> None:
@@ -69,13 +69,13 @@ def check_dataset(cfg) -> None:
     for field in ("samples", "val_samples"):
         value = getattr(cfg, field)
         if value is not None and value <= 0:
-            raise ConfigError(f"dataset.{field}={value} must be positive")
+            raise BadValue(f"dataset.{field}={value} must be positive")
     if cfg.loader_workers < 0:
-        raise ConfigError(f"dataset.loader_workers={cfg.loader_workers} must be >= 0")
+        raise BadValue(f"dataset.loader_workers={cfg.loader_workers} must be >= 0")
     sizes = ("num_classes", "channels", "image_size") if cfg.kind == "image" else ("vocab_size", "seq_len")
     for field in sizes:
         if getattr(cfg, field) <= 0:
-            raise ConfigError(f"dataset {cfg.name}: dataset.{field} must be positive, got {getattr(cfg, field)}")
+            raise BadValue(f"dataset {cfg.name}: dataset.{field} must be positive, got {getattr(cfg, field)}")
     if cfg.source == "digits":
         for field, value in DIGITS_SHAPE.items():
             if getattr(cfg, field) != value:

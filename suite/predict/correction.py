@@ -18,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from suite.records.calibration import record_path
+from suite.errors import ConfigError
+from suite.records.calibration import read_record, reading, record_path
 
 FORMS = ("factor", "per_step")
 
@@ -99,7 +100,19 @@ def save(correction: Correction, path: Path) -> None:
 def load(path: Path) -> Correction | None:
     if not path.exists():
         return None
-    record = yaml.safe_load(path.read_text())
-    fits = {key: Fit(f["form"], float(f["value"]), int(f["points"]), tuple(f["networks"]))
-            for key, f in record["strategies"].items()}
-    return Correction(fits, str(record["date"]))
+    record = read_record(path)
+    with reading(path):
+        fits = {key: Fit(f["form"], float(f["value"]), int(f["points"]), tuple(f["networks"]))
+                for key, f in record["strategies"].items()}
+        return Correction(fits, str(record["date"]))
+
+
+def required(cluster: str) -> Correction:
+    """The cluster's fitted correction, for the variant `fitted`; where there is none, ConfigError saying how to
+    fit one."""
+    path = correction_path(cluster)
+    fitted = load(path)
+    if fitted is None:
+        raise ConfigError(f"no fitted correction for cluster {cluster} ({path}): `make bench-model` fits one on "
+                          "this machine's measured grid")
+    return fitted

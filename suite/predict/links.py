@@ -27,10 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import yaml
-
 from suite.errors import ConfigError
-from suite.records.calibration import calibration_files, record_path
+from suite.records.calibration import calibration_files, read_record, reading, record_path
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 P2P = "p2p"
@@ -140,11 +138,11 @@ class LinkModel:
         """The curves of the scope a point of `nodes` nodes communicates in (intra-node where the record has
         no inter-node curves: a record taken on one node); None where the record measured no links (a job of
         one rank, e.g. on a machine with one GPU)."""
-        return cls.from_record(yaml.safe_load(path.read_text()), path, nodes)
+        return cls.from_record(read_record(path), path, nodes)
 
     @classmethod
     def from_record(cls, record: dict, path: Path, nodes: int) -> LinkModel | None:
-        try:
+        with reading(path):
             scopes = record["collectives"]
             if not scopes:
                 return None
@@ -153,8 +151,6 @@ class LinkModel:
             curves: dict[str, Curve] = {kind: _measured(collectives[kind]) for kind in COLLECTIVES}
             curves[P2P] = _measured(record["p2p"][scope]["curve"])
             world = int(collectives["ranks"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"calibration record {path} is not readable: {type(e).__name__} {e}") from e
         return cls(curves, world, f"calibration {path.name} ({scope}, {world} ranks)")
 
     @classmethod
@@ -180,9 +176,10 @@ def calibrated_links(cluster: str, nodes: int) -> list[LinkModel]:
     nodes), the newest record of each; fewest ranks first."""
     newest: dict[int, tuple[str, LinkModel]] = {}
     for path in calibration_files(cluster):
-        record = yaml.safe_load(path.read_text())
+        record = read_record(path)
         links = LinkModel.from_record(record, path, nodes)
-        date = str((record.get("provenance") or {}).get("date", ""))
+        with reading(path):
+            date = str((record.get("provenance") or {}).get("date", ""))
         if links and (links.world_size not in newest or date > newest[links.world_size][0]):
             newest[links.world_size] = date, links
     return [links for _, (_, links) in sorted(newest.items())]
@@ -193,8 +190,10 @@ def matmul_tflops(cluster: str, precision: str) -> float | None:
     path = record_path(cluster)
     if not path.exists():
         return None
-    value = ((yaml.safe_load(path.read_text()).get("matmul") or {}).get("tflops") or {}).get(precision)
-    return float(value) if value else None
+    record = read_record(path)
+    with reading(path):
+        value = ((record.get("matmul") or {}).get("tflops") or {}).get(precision)
+        return float(value) if value else None
 
 
 def nearest(counts: Iterable[int], ranks: int) -> int:

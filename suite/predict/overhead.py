@@ -35,7 +35,7 @@ import yaml
 from suite.errors import ConfigError
 from suite.predict.correction import correction_key
 from suite.predict.links import nearest
-from suite.records.calibration import calibration_files, record_path
+from suite.records.calibration import calibration_files, read_record, reading, record_path
 from suite.strategies.base import Strategy
 from suite.vocabulary import Status
 
@@ -155,13 +155,14 @@ def load(cluster: str) -> LibraryOverhead | None:
     """Every overhead file of the cluster (the latest and the latest of each number of workers probed)."""
     newest: dict[tuple[str, int], tuple[str, Overhead, str]] = {}
     for path in calibration_files(cluster, "overhead"):
-        record = yaml.safe_load(path.read_text())
-        date = str(record["date"])
-        for key, f in record["strategies"].items():  # files of before per-tensor terms, crowding, workers have none
-            fitted = Overhead(float(f["fixed_s"]), float(f["per_byte_s"]), float(f.get("per_tensor_s", 0.0)),
-                              float(f.get("crowding", 1.0)), int(f.get("workers", 1 if key == "single" else 2)))
-            if (key, fitted.workers) not in newest or date > newest[key, fitted.workers][0]:
-                newest[key, fitted.workers] = date, fitted, f"{path.name} (probes of {date})"
+        record = read_record(path)
+        with reading(path):
+            date = str(record["date"])
+            for key, f in record["strategies"].items():  # files of before per-tensor terms, crowding, workers: none
+                fitted = Overhead(float(f["fixed_s"]), float(f["per_byte_s"]), float(f.get("per_tensor_s", 0.0)),
+                                  float(f.get("crowding", 1.0)), int(f.get("workers", 1 if key == "single" else 2)))
+                if (key, fitted.workers) not in newest or date > newest[key, fitted.workers][0]:
+                    newest[key, fitted.workers] = date, fitted, f"{path.name} (probes of {date})"
     if not newest:
         return None
     fits: dict[str, dict[int, tuple[Overhead, str]]] = {}

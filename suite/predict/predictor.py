@@ -27,7 +27,7 @@ from suite.predict.links import link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
 from suite.predict.profile import Profile, data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.predict.step import VARIANTS, Workload, step_time
-from suite.records.calibration import record_path
+from suite.records.calibration import DamagedRecord, record_path
 from suite.sweep.plan import Point
 
 FITTED = "fitted"  # the suite's model plus the cluster's fitted correction
@@ -186,10 +186,7 @@ def with_correction(prediction: Prediction) -> Prediction:
     """The prediction with its cluster's correction file added to its step, where it has a fit for the strategy."""
     cluster = prediction.point.cfg.cluster.name
     path = correction.correction_path(cluster)
-    fitted = correction.load(path)
-    if fitted is None:
-        raise ConfigError(f"no fitted correction for cluster {cluster} ({path}): `make bench-model` fits one on "
-                          "this machine's measured grid")
+    fitted = correction.required(cluster)
     strategy = prediction.point.strategy
     if correction.correction_key(strategy) not in fitted.fits:
         return prediction
@@ -202,10 +199,13 @@ def with_correction(prediction: Prediction) -> Prediction:
 def recorded_prediction(point: Point) -> dict[str, float]:
     """The prediction a sweep records with a point's run (the model's own, so that the sweep's report scores it
     held out): none where its cluster has no calibration record (`make calibrate`), so that a sweep never waits on
-    profiling it did not ask for, nor with `record_prediction=false`."""
+    profiling it did not ask for, nor with `record_prediction=false`. A damaged calibration file is raised, for
+    the sweep to say."""
     if not point.cfg.record_prediction or not record_path(point.cfg.cluster.name).exists():
         return {}
     try:
         return predict(point).metrics()
+    except DamagedRecord:
+        raise
     except ConfigError:  # e.g. a cluster of other devices that no record scales this machine's compute to
         return {}

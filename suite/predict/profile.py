@@ -37,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from omegaconf import OmegaConf
@@ -49,9 +49,11 @@ from suite.errors import ConfigError
 from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.paths import REPO_ROOT, results_dir
+from suite.records.point_dir import error_line
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import synchronize
+from suite.strategies import missing_library
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn
 
@@ -66,6 +68,8 @@ NEGLIGIBLE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "netwo
               "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=8", "dataset.val_samples=2",
               "batch_size=2", "epochs=1", "steps_per_epoch=1", "warmup_steps=1", "eval_batches=1",
               "optimizer.name=adam", "workers=1", "cluster=local"]
+
+T = TypeVar("T")  # what a cached profile is read as
 
 
 @dataclass(frozen=True)
@@ -173,41 +177,49 @@ def _key(cfg, batch: int, device: torch.device, threads: int, parts: tuple[str, 
             "threads": threads, "torch": torch.__version__, "version": VERSION}
 
 
-def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
-    """The profile of `key` from results/profiles/, or taken now and stored; and whether it was stored before."""
+def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],
+            parse: Callable[[dict[str, Any]], T]) -> tuple[T, bool]:
+    """The profile of `key` (`parse`d) from results/profiles/, or taken now and stored; and whether it was stored
+    before. A stored file that does not parse (cut short by a full disk or a killed process, edited) is said on
+    stderr, discarded and taken again."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     name = key.get("network", {}).get("name") or key["dataset"]["name"]
     stem = f"{kind}-{name}-b{key['batch']}-{key['precision']}-t{key['threads']}-{digest}"
     path = results_dir() / "profiles" / f"{stem}.json"
     if path.exists():
-        return json.loads(path.read_text()), True
+        try:
+            return parse(json.loads(path.read_text())), True
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not a profile of this version
+            print(f"warning: profile cache {path} is damaged ({error_line(e)}): discarded, profiling again",
+                  file=sys.stderr, flush=True)
+            path.unlink(missing_ok=True)
     data = {"key": key, **take()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(path)
-    return data, False
+    return parse(data), False
 
 
 def network_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1) -> tuple[Profile, bool]:
     """The profile of the point's network at `batch` (and whether it came from the cache), taken by `together`
     processes at once (see `_in_children`)."""
     key = {**_key(cfg, batch, device, threads, ("network", "dataset", "optimizer")), "together": together}
-    data, hit = _cached("net", key, lambda: _in_children("network", cfg, batch, device, threads, together))
-    return Profile.from_json(data), hit
+    return _cached("net", key, lambda: _in_children("network", cfg, batch, device, threads, together),
+                   Profile.from_json)
 
 
 def data_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1) -> tuple[DataProfile, bool]:
     key = {**_key(cfg, batch, device, threads, ("dataset",)), "together": together}
-    data, hit = _cached("data", key, lambda: _in_children("data", cfg, batch, device, threads, together))
-    return DataProfile.from_json(data), hit
+    return _cached("data", key, lambda: _in_children("data", cfg, batch, device, threads, together),
+                   DataProfile.from_json)
 
 
 def worker_thread_profile(cfg, batch: int, device: torch.device, threads: int,
                           together: int = 1) -> tuple[WorkerThreadProfile, bool]:
     key = {**_key(cfg, batch, device, threads, ("network", "dataset")), "together": together}  # no optimizer step
-    data, hit = _cached("thread", key, lambda: _in_children("thread", cfg, batch, device, threads, together))
-    return WorkerThreadProfile.from_json(data), hit
+    return _cached("thread", key, lambda: _in_children("thread", cfg, batch, device, threads, together),
+                   WorkerThreadProfile.from_json)
 
 
 def _in_children(what: str, cfg, batch: int, device: torch.device, threads: int, together: int) -> dict[str, Any]:
@@ -438,6 +450,9 @@ def rank_base_mb(strategy: str, threads: int) -> float:
     def take() -> dict[str, Any]:
         (point,) = plan([[*NEGLIGIBLE, f"strategy={strategy}", f"cluster.threads_per_worker={threads}"]],
                         experiment="rank-base")
+        missing = missing_library(point.strategy)
+        if missing:
+            raise ConfigError(missing)
         out = new_point_dir(point)
         try:
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
@@ -451,8 +466,8 @@ def rank_base_mb(strategy: str, threads: int) -> float:
         finally:
             if out.summary():
                 shutil.rmtree(out.path, ignore_errors=True)
-    data, _ = _cached("base", key, take)
-    return data["peak_mb"]
+    peak_mb, _ = _cached("base", key, take, lambda data: float(data["peak_mb"]))
+    return peak_mb
 
 
 def main(argv: list[str]) -> int:

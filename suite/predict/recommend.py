@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from suite.config import PointConfig
-from suite.predict.predictor import Prediction, predict
+from suite.predict import correction
+from suite.predict.predictor import FITTED, Prediction, predict
 from suite.sweep.plan import InvalidPoint, Point, plan
 
 
@@ -76,6 +77,9 @@ def rank_cell(base: list[str], workers: int, variant: str = "suite", progress=No
     jobs = [[*base, f"workers={workers}", *c] for c in candidates(workers, batch)]
     invalid: list[InvalidPoint] = []
     points: list[Point] = plan(jobs, experiment="recommend", invalid=invalid)
+    if variant == FITTED:  # said before any candidate is profiled
+        for cluster in sorted({p.cfg.cluster.name for p in points}):
+            correction.required(cluster)
     infeasible = [Infeasible(strategy_overrides(i.overrides), i.error) for i in invalid]
     feasible = []
     for k, point in enumerate(points, 1):

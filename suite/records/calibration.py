@@ -19,11 +19,14 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from suite.errors import ConfigError
 from suite.paths import results_dir
 from suite.records.point_dir import PointDir
 from suite.vocabulary import Collective, Status
@@ -59,9 +62,48 @@ def jobs_dir(cluster: str) -> Path:
     return results_dir() / "calibration" / "jobs" / cluster
 
 
+class DamagedRecord(ConfigError):
+    """A file under results/calibration/ that is not what its writer wrote (cut short, edited, another file's
+    content): said in one line naming it, as a point that cannot be priced; never a traceback."""
+
+    def __init__(self, path: Path, problem: str | Exception) -> None:
+        if isinstance(problem, KeyError):
+            problem = f"no {problem}"
+        elif isinstance(problem, Exception):
+            problem = f"{type(problem).__name__}: {problem}"
+        writer = ("make bench-model" if path.name.endswith(".correction.yaml")
+                  else f"make calibrate CLUSTER={path.name.split('.')[0]}")
+        super().__init__(f"{path} is damaged ({problem}): delete it, or `{writer}` writes it again")
+        self.path = path
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The mapping a calibration file holds (a record, the library overhead's or a fitted correction's)."""
+    try:
+        record = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        raise DamagedRecord(path, "not YAML" + (f": line {mark.line + 1}, column {mark.column + 1}" if mark else "")
+                            ) from e
+    if not isinstance(record, dict):
+        raise DamagedRecord(path, f"not a mapping but {type(record).__name__}")
+    return record
+
+
+@contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Around reading a calibration file's fields: a field it lacks, or one of another kind, is damage."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise DamagedRecord(path, e) from e
+
+
 def load_record(cluster: str) -> dict[str, Any] | None:
     path = record_path(cluster)
-    return yaml.safe_load(path.read_text()) if path.exists() else None
+    return read_record(path) if path.exists() else None
 
 
 def curve_metrics(measured: dict[str, Any]) -> list[Metric]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from suite.errors import ConfigError
+from suite.records.owner import Owner
 from suite.signals import Stopped
 from suite.vocabulary import Status
 
@@ -118,23 +119,35 @@ class PointDir:
     def claim(self, stale_after_s: float = 900) -> bool:
         """Take the right to record this point; False while another recorder holds it.
 
-        A claim older than `stale_after_s` belongs to a recorder that was killed (recording takes
-        seconds) and is taken over.
+        The claim names its recorder (suite.records.owner) and appears whole or not at all: written beside it,
+        then linked into place, so a write that fails (a full disk) leaves no claim. A claim whose recorder is
+        gone is taken over at once: ended on this host, or unreadable (left by a write that failed). So is one
+        older than `stale_after_s`, whose recorder elsewhere was surely stopped (recording takes seconds).
         """
+        fd, name = tempfile.mkstemp(dir=self.path, prefix=f"{self.claim_file.name}.")
+        mine = Path(name)
         try:
-            fd = os.open(self.claim_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                age = time.time() - self.claim_file.stat().st_mtime
-            except FileNotFoundError:  # released meanwhile
-                return self.claim(stale_after_s)
-            if age < stale_after_s:
-                return False
-            self.claim_file.unlink(missing_ok=True)
-            return self.claim(stale_after_s)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{socket.gethostname()} {os.getpid()}\n")
-        return True
+            os.fchmod(fd, 0o644)  # readable by every recorder, as a claim made with open() was
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{Owner.me()}\n")
+            while True:
+                try:
+                    os.link(mine, self.claim_file)
+                    return True
+                except FileExistsError:
+                    if not self._claim_abandoned(stale_after_s):
+                        return False
+                    self.claim_file.unlink(missing_ok=True)
+        finally:
+            mine.unlink(missing_ok=True)
+
+    def _claim_abandoned(self, stale_after_s: float) -> bool:
+        try:
+            age = time.time() - self.claim_file.stat().st_mtime
+            owner = Owner.parse(self.claim_file.read_text())
+        except FileNotFoundError:  # released meanwhile
+            return True
+        return age >= stale_after_s or owner is None or owner.gone()
 
     def release(self) -> None:
         self.claim_file.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from launchers.hosts import scheduler_job_id
 from suite.config import is_calibration
 from suite.records.calibration import write_calibration
 from suite.records.point_dir import PointDir, error_line
-from suite.records.store import Store
+from suite.records.store import Store, complete
 from suite.records.verdict import Ending, verdict
 from suite.vocabulary import Status
 
@@ -47,10 +47,14 @@ def record_point(out: PointDir, store: Store, status: str, error: str | None, st
         return None
     try:
         point = out.point()
-        existing = store.run_for_point_dir(point["experiment"], str(out.path))
+        runs = store.runs_for_point_dir(point["experiment"], str(out.path))
+        existing = next((run for run in runs if complete(run)), None)
         if existing:  # recorded by someone who was stopped before leaving recorded.json
             out.mark_recorded(existing.info.run_id, store.uri, existing.data.tags.get("suite.status", status))
             return existing.info.run_id
+        for run in runs:  # left part-way by a recorder that stopped (a full disk): kept, ended, and written anew
+            if run.info.status == "RUNNING":
+                store.client.set_terminated(run.info.run_id, "KILLED")
         job = out.job() or {}
         tags = {"suite.status": status, "suite.config_hash": point["config_hash"], "suite.git_sha": point["git_sha"],
                 "suite.point_dir": str(out.path), "suite.label": point["label"], **(extra_tags or {})}

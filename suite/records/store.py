@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import os
+import sqlite3
+import ssl
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +19,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from suite.errors import ConfigError
 from suite.paths import results_dir
+from suite.records.owner import Owner
 from suite.vocabulary import (
     DEVICE_MEMORY,
     EPOCH_METRICS,
@@ -41,6 +50,63 @@ def store_uri(cfg: DictConfig) -> str:
     return tracking_uri(cfg.tracking.uri, cfg.cluster.get("tracking_uri"))
 
 
+class StoreError(ConfigError):
+    """A store that cannot be used as it is (damaged, unreachable, impossible to create): one line saying why and
+    what to do. Raised when it is opened, before anything is launched or written."""
+
+
+SERVER_TIMEOUT_S = 5  # MLflow's own client retries an unreachable server for minutes, silently
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The file of a sqlite store; None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def backup_file(db: Path) -> Path:
+    """The copy of a sqlite store that each sweep takes before writing to it (Store.back_up)."""
+    return db.with_name(f"{db.name}.bak")
+
+
+def read_only(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=60)
+
+
+def check_intact(db: Path) -> None:
+    """Raise StoreError if the sqlite file is damaged (a truncated or overwritten file), with the way back."""
+    try:
+        with contextlib.closing(read_only(db)) as connection:
+            problems = [row[0] for row in connection.execute("PRAGMA quick_check")]
+    except sqlite3.DatabaseError as e:
+        if e.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            raise  # busy, unreadable, ...: not damage
+        problems = [str(e)]
+    if problems == ["ok"]:
+        return
+    backup = backup_file(db)
+    if backup.exists():
+        taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(backup.stat().st_mtime))
+        way_back = (f"Restore the copy taken when a sweep last started ({taken}): "
+                    f"mv {db} {db}.damaged && cp {backup} {db}")
+    else:
+        recovered = db.with_name(f"{db.stem}.recovered{db.suffix}")
+        way_back = f"Salvage what is left: sqlite3 {db} .recover | sqlite3 {recovered} && mv {recovered} {db}"
+    raise StoreError(f"the store {db} is damaged ({problems[0]}); nothing was written to it. {way_back}")
+
+
+def check_reachable(uri: str) -> None:
+    """Raise StoreError unless the tracking server at `uri` answers within SERVER_TIMEOUT_S (any HTTP answer)."""
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        pass  # it answered
+    except OSError as e:  # refused, unknown host, timed out
+        reason = getattr(e, "reason", e)
+        if not isinstance(reason, ssl.SSLError):  # a certificate not trusted here is an answer too
+            raise StoreError(f"the tracking server {uri} does not answer ({reason}): start it (`make mlflow-server`) "
+                             "or set tracking.uri / MLFLOW_TRACKING_URI to one that runs") from None
+
+
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(node, dict):
         out: dict[str, Any] = {}
@@ -60,12 +126,76 @@ def run_params(cfg: DictConfig, knobs: dict[str, Any], layout: dict[str, Any]) -
     return params
 
 
+INCOMPLETE = "incomplete"  # the status of a point's run whose recording stopped part-way (a full disk, a crash)
+
+
+def complete(run) -> bool:
+    """Whether a point's run was recorded to the end: Store.write_run ends it FINISHED or FAILED last of all."""
+    return run.info.status in ("FINISHED", "FAILED")
+
+
+def run_status(run) -> str:
+    """How a point ended as its run says (the `suite.status` tag), or `incomplete` if the run is not complete."""
+    return run.data.tags.get("suite.status", "?") if complete(run) else INCOMPLETE
+
+
 class Store:
-    def __init__(self, uri: str | None = None) -> None:
+    def __init__(self, uri: str | None = None, create: bool = True) -> None:
+        """The store at `uri` (default: tracking_uri()), checked: a tracking server must answer, a sqlite file must
+        be intact. A sqlite file that does not exist is created, or with `create=False` left alone until something
+        is written: until then it reads as empty."""
         self.uri = tracking_uri(uri)
-        if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.path = sqlite_file(self.uri)
+        if self.uri.startswith(("http://", "https://")):
+            check_reachable(self.uri)
+        elif self.path and self.path.exists():
+            check_intact(self.path)
+        if self.path and (create or self.path.exists()):
+            self.client.search_experiments(max_results=1)  # MLflow makes or upgrades its tables now, not mid-sweep
+
+    def make_directory(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            nearest = next(p for p in self.path.parents if p.exists())
+            reason = f"{nearest} is a file, not a directory" if not nearest.is_dir() else f"{e.strerror}: {e.filename}"
+            raise StoreError(f"cannot create the store {self.uri}: {reason}") from None
+
+    @functools.cached_property
+    def client(self) -> MlflowClient:
+        """MLflow's client. Making one creates a sqlite store that does not exist, or upgrades its tables: under a
+        lock beside the file, since two processes doing so at once both run MLflow's schema migrations, and one
+        fails ("duplicate column")."""
+        if not self.path:
+            return MlflowClient(tracking_uri=self.uri)
+        self.make_directory()
+        with open(self.path.with_name(f"{self.path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return MlflowClient(tracking_uri=self.uri)
+
+    def empty(self) -> bool:
+        """Whether there is nothing to read: a sqlite store that does not exist (yet)."""
+        return bool(self.path) and not self.path.exists()
+
+    def back_up(self) -> Path | None:
+        """Copy a sqlite store to backup_file() (sqlite's online backup: consistent while others write), the
+        copy a damaged store's message points to; the copy (None: not a sqlite store, or none yet)."""
+        if not (self.path and self.path.exists()):
+            return None
+        backup = backup_file(self.path)
+        partial = backup.with_name(f"{backup.name}.{os.getpid()}")
+        try:
+            with contextlib.closing(read_only(self.path)) as source, \
+                    contextlib.closing(sqlite3.connect(partial)) as copy:
+                source.backup(copy)
+            os.replace(partial, backup)
+        except (OSError, sqlite3.Error) as e:
+            partial.unlink(missing_ok=True)
+            raise StoreError(f"cannot back up the store {self.path} to {backup} ({e}); nothing was run") from None
+        return backup
+
+    def experiment_names(self) -> list[str]:
+        return [] if self.empty() else [e.name for e in self.client.search_experiments()]
 
     def experiment_id(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -87,9 +217,28 @@ class Store:
         experiment_id = self.experiment_id(experiment)
         for key, value in EXPERIMENT_KIND.items():  # experiments created before the tag existed
             self.client.set_experiment_tag(experiment_id, key, value)
+        # Its owner, the driver's process: a run it leaves RUNNING once gone is ended by the next one that looks.
+        tags = {"suite.sweep": sweep, "suite.command": command, "suite.owner": str(Owner.me())}
         run = self.client.create_run(experiment_id, run_name=f"sweep {sweep} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-                                     tags={"suite.sweep": sweep, "suite.command": command})
+                                     tags=tags)
         return run.info.run_id
+
+    def end_abandoned_sweep_runs(self, experiment: str) -> list:
+        """End as KILLED each sweep invocation's run left RUNNING by a driver that is gone (SIGKILL, a crash),
+        as of the last time it was seen at work: the latest end (or start) of its points' runs, else its own
+        start. The runs so ended, as they are now."""
+        ended = []
+        for run in self.runs(experiment, "attributes.status = 'RUNNING'"):
+            owner = Owner.parse(run.data.tags.get("suite.owner"))
+            if "suite.sweep" not in run.data.tags or owner is None or not owner.gone():
+                continue
+            children = self.runs(experiment, f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
+            last_seen = max([run.info.start_time, *(c.info.end_time or c.info.start_time for c in children)])
+            self.client.set_tag(run.info.run_id, "suite.error",
+                                f"its driver (pid {owner.pid} on {owner.host}) ended without finishing it")
+            self.client.set_terminated(run.info.run_id, "KILLED", end_time=last_seen)
+            ended.append(self.client.get_run(run.info.run_id))
+        return ended
 
     def finish_sweep_run(self, run_id: str, report_dir: Path | None, failed: bool) -> None:
         if report_dir is not None:
@@ -97,6 +246,8 @@ class Store:
         self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
 
     def runs(self, experiment: str, filter_string: str = "") -> list:
+        if self.empty():
+            return []
         found = self.client.get_experiment_by_name(experiment)
         if not found:
             return []
@@ -104,7 +255,9 @@ class Store:
                                        order_by=["attributes.start_time DESC"])
 
     def finished_run(self, experiment: str, config_hash: str):
-        runs = self.runs(experiment, f"tags.`suite.config_hash` = '{config_hash}' and tags.`suite.status` = 'finished'")
+        """The newest complete run of the point that finished."""
+        runs = self.runs(experiment, f"tags.`suite.config_hash` = '{config_hash}' and tags.`suite.status` = 'finished' "
+                                     "and attributes.status = 'FINISHED'")
         return runs[0] if runs else None
 
     def latest_run(self, experiment: str, config_hash: str):
@@ -112,12 +265,12 @@ class Store:
         return runs[0] if runs else None
 
     def speaking_run(self, experiment: str, config_hash: str):
-        """The run that speaks for a point: its newest finished run, else its newest run (None: never run)."""
+        """The run that speaks for a point: its newest finished run, else its newest run, complete or not (None:
+        never run)."""
         return self.finished_run(experiment, config_hash) or self.latest_run(experiment, config_hash)
 
-    def run_for_point_dir(self, experiment: str, point_dir: str):
-        runs = self.runs(experiment, f"tags.`suite.point_dir` = '{point_dir}'")
-        return runs[0] if runs else None
+    def runs_for_point_dir(self, experiment: str, point_dir: str) -> list:
+        return self.runs(experiment, f"tags.`suite.point_dir` = '{point_dir}'")
 
     def record(self, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
                epochs: list[dict], summary: dict[str, Any], artifacts: list[Path],

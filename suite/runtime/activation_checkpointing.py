@@ -16,7 +16,7 @@ from collections.abc import Callable
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from suite.errors import ConfigError
+from suite.errors import BadValue
 from suite.models.layers import block_layers, flatten_layers
 
 
@@ -28,7 +28,7 @@ def checkpoint_interval(value: str) -> int:
         return 1
     if value.isdigit() and int(value) > 0:
         return int(value)
-    raise ConfigError(f"activation_checkpointing={value} is not none, every or a block interval k >= 1")
+    raise BadValue(f"activation_checkpointing={value} is not none, every or a block interval k >= 1")
 
 
 def apply_activation_checkpointing(model: nn.Module, interval: int, checkpoint_fn: Callable | None) -> int:

@@ -16,10 +16,11 @@ There is no default: without either, the run has no `mfu`, and its `suite.mfu_mi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from suite.records.calibration import load_record, record_path
+from suite.records.calibration import DamagedRecord, load_record, reading, record_path
 from suite.runtime.flops import StepFlops
 from suite.vocabulary import MathDtype, PeakSource
 
@@ -61,10 +62,19 @@ def math_dtype(precision: str, device: torch.device, convolutional: bool) -> str
 
 
 def calibrated_peak(cluster: str, dtype: str, device: Device) -> Peak | NoPeak:
-    record = load_record(cluster)
+    """The peak the cluster's calibration record measured on `device`; none, and why, where it has none (a damaged
+    record included: a rank goes on without MFU)."""
     path = record_path(cluster)
+    try:
+        with reading(path):
+            return _recorded_peak(load_record(cluster), path, dtype, device)
+    except DamagedRecord as e:
+        return NoPeak(str(e))
+
+
+def _recorded_peak(record: dict | None, path: Path, dtype: str, device: Device) -> Peak | NoPeak:
     if record is None:
-        return NoPeak(f"no calibration record {path} (make calibrate CLUSTER={cluster})")
+        return NoPeak(f"no calibration record {path} (make calibrate CLUSTER={path.stem})")
     measured, matmul = record.get("provenance", {}), record.get("matmul")
     if not matmul or "device" not in measured:
         return NoPeak(f"the calibration record {path} has no matmul measured on a named device")

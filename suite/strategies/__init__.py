@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from suite.errors import ConfigError
-from suite.strategies.base import Strategy
+from suite.paths import REPO_ROOT
+from suite.strategies.base import Library, Strategy
 from suite.strategies.knob_types import check_knob_types
 
-__all__ = ["Strategy", "build_strategy"]
+__all__ = ["Strategy", "build_strategy", "missing_library"]
 
 
 def build_strategy(cfg) -> Strategy:
@@ -25,3 +30,23 @@ def build_strategy(cfg) -> Strategy:
         raise ConfigError(f"strategy _target_ {node._target_} is not a suite Strategy")
     check_knob_types(strategy)
     return strategy
+
+
+def missing_library(strategy: Strategy) -> str | None:
+    """Why this environment cannot start the strategy's ranks, in one line: a library it requires that is not
+    installed in it (its module, or a script of it the launch runs from beside the interpreter); None if none."""
+    venv = Path(sys.prefix)
+    shown = ".venv" if venv == REPO_ROOT / ".venv" else str(venv)  # as the Makefile's VENV names it
+    for library in strategy.requires:
+        if (importlib.util.find_spec(library.module) is None
+                or not all(Path(sys.executable).with_name(script).exists() for script in library.executables)):
+            return f"{library.name} is not installed in {shown}: run `{install_command(library, shown)}`"
+    return None
+
+
+def install_command(library: Library, venv: str) -> str:
+    """What installs `library` into the environment `venv`: its own make target, or for a dependency of the suite
+    `make setup`, once the stamp that says all of them are installed is gone."""
+    make_venv = "" if venv == ".venv" else f" VENV={venv}"
+    stamp = f"rm -f {venv}/.installed-* && " if library.make_target == "setup" else ""
+    return f"{stamp}make {library.make_target}{make_venv}"

@@ -49,6 +49,16 @@ class Supports:
 
 
 @dataclass(frozen=True)
+class Library:
+    """A library a strategy's ranks need beyond torch, which the suite's environment may lack."""
+
+    name: str  # as its users know it
+    module: str  # what its ranks import
+    make_target: str  # what installs it: `setup` (a dependency of the suite) or its own (`horovod`)
+    executables: tuple[str, ...] = ()  # its scripts, beside the interpreter, that start the ranks
+
+
+@dataclass(frozen=True)
 class RankContext:
     """What a strategy's runtime on one rank is built from, handed over once."""
 
@@ -64,6 +74,7 @@ class RankContext:
 class Strategy:
     name: str
     supports: ClassVar[Supports] = Supports()
+    requires: ClassVar[tuple[Library, ...]] = ()  # checked before launch (suite.strategies.missing_library)
 
     def knobs(self) -> dict[str, Any]:
         """The strategy's own settings, recorded as run params."""

@@ -17,7 +17,7 @@ from torch import nn
 
 from suite.errors import ConfigError
 from suite.runtime.optim import build_optimizer
-from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports
 
 MIB = 1024 * 1024
 
@@ -39,6 +39,7 @@ class HorovodOptimizer(DataParallel):
 class Horovod(Strategy):
     name: str = "horovod"
     supports: ClassVar[Supports] = Supports(rank_launcher="horovodrun")
+    requires: ClassVar[tuple[Library, ...]] = (Library("Horovod", "horovod", "horovod", ("horovodrun",)),)
     fusion_threshold_mb: float = 128.0
     cycle_time_ms: float = 1.0
 

@@ -11,7 +11,7 @@ import types
 import typing
 from typing import Any
 
-from suite.errors import ConfigError
+from suite.errors import BadValue
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -57,4 +57,4 @@ def check_knob_types(strategy) -> None:
     for field in dataclasses.fields(strategy):
         value = getattr(strategy, field.name)
         if not _matches(value, hints[field.name]):
-            raise ConfigError(f"strategy {strategy.name}: {field.name}={value} is not {_describe(hints[field.name])}")
+            raise BadValue(f"strategy {strategy.name}: {field.name}={value} is not {_describe(hints[field.name])}")

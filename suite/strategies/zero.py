@@ -19,7 +19,7 @@ from torch import nn
 from suite.errors import ConfigError
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.memory import tensor_mb
-from suite.strategies.base import DataParallel, RankContext, Strategy, Supports, optimizer_state
+from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports, optimizer_state
 from suite.strategies.layout import Layout
 
 OFFLOADS = ("none", "cpu", "params")
@@ -77,6 +77,7 @@ class Zero(Strategy):
     name: str = "zero"
     # Optimizers: those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=tuple(DS_OPTIMIZERS))
+    requires: ClassVar[tuple[Library, ...]] = (Library("DeepSpeed", "deepspeed", "setup"),)
     zero_stage: int = 1
     offload: str = "none"
     ds_config: dict[str, Any] = field(default_factory=dict)

@@ -10,7 +10,6 @@ still queued or running is left to it.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
@@ -23,8 +22,9 @@ from suite.predict.predictor import recorded_prediction
 from suite.records.manifest import git_sha
 from suite.records.point_dir import error_line
 from suite.records.record import finish
-from suite.records.store import Store, run_params
+from suite.records.store import INCOMPLETE, Store, run_params, run_status
 from suite.records.verdict import NotStarted
+from suite.strategies import missing_library
 from suite.sweep import jobs
 from suite.sweep.plan import InvalidPoint, Point
 from suite.sweep.point import Outcome, new_point_dir
@@ -39,8 +39,9 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
     return env
 
 
-def run_point(point: Point, store: Store, position: str, parent_run_id: str | None = None) -> Outcome:
-    out = new_point_dir(point, parent_run_id, recorded_prediction(point))
+def run_point(point: Point, store: Store, position: str, prediction: dict[str, float],
+              parent_run_id: str | None = None) -> Outcome:
+    out = new_point_dir(point, parent_run_id, prediction)
     mark("point_dir")
     start = time.time()
     try:
@@ -62,33 +63,41 @@ def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str
     """Why a point with this previous run needs no run now, or None."""
     if previous is None or force:
         return None
-    tags = previous.data.tags
-    if tags.get("suite.status") == Status.finished:
+    tags, status = previous.data.tags, run_status(previous)
+    if status == Status.finished:
         reason = f"finished run {previous.info.run_id} has this config"
         measured = tags.get("suite.git_sha", "?")
         if measured != code_now:
             reason += (f"\n  (measured with code {measured[:10]}, now {code_now[:10]}: "
                        "add --force / FORCE=1 to measure again)")
         return reason
-    if retry_failed or "suite.interrupted" in tags:
+    if retry_failed or "suite.interrupted" in tags or status == INCOMPLETE:
         return None
-    return (f"its last run {previous.info.run_id} ended {tags.get('suite.status', '?')}: {tags.get('suite.error', '')} "
+    return (f"its last run {previous.info.run_id} ended {status}: {tags.get('suite.error', '')} "
             "(--retry-failed / RETRY_FAILED=1 runs it again)")
 
 
-def needs_horovod(points: list[Point]) -> bool:
-    """Whether a planned point starts its ranks with horovodrun, and so needs horovod.torch."""
-    return any(point.rank_launcher == "horovodrun" for point in points)
+def check_installed(points: list[Point]) -> None:
+    """Before a sweep runs or submits anything (its jobs use this environment too): a library that a point's
+    strategy needs and this environment lacks (Horovod: `make horovod`) is one line, not a launched point that fails."""
+    for point in points:
+        missing = missing_library(point.strategy)
+        if missing:
+            raise ConfigError(missing)
 
 
-def ensure_horovod(points: list[Point]) -> None:
-    """Before a sweep with a Horovod point runs or submits anything (its jobs use this environment too):
-    build Horovod if it does not import yet (`make horovod`; nothing to do when it does)."""
-    if not needs_horovod(points):
-        return
-    if subprocess.run([sys.executable, "-m", "suite.tools.build_horovod"], cwd=REPO_ROOT).returncode:
-        raise ConfigError("Horovod, which strategy=horovod needs, did not build (its output is above); "
-                          "`make horovod` builds it alone")
+def sweep_prediction(point: Point, position: str, said: set[str]) -> dict[str, float]:
+    """The prediction recorded with the point's run (`recorded_prediction`). The model never stops a sweep: where
+    it fails the point runs without one, and why is said once per sweep (`said`: the reasons said so far)."""
+    try:
+        return recorded_prediction(point)
+    except Exception as exc:  # a damaged calibration file (DamagedRecord), or the model's own failure
+        reason = str(exc) if isinstance(exc, ConfigError) else f"the performance model failed: {error_line(exc)}"
+        if reason not in said:
+            said.add(reason)
+            print(f"warning: [{position} {point.label}] recorded without a prediction: {reason} (said once per sweep)",
+                  file=sys.stderr, flush=True)
+        return {}
 
 
 def run_sweep(points: list[Point], store: Store, force: bool = False, retry_failed: bool = False,
@@ -96,11 +105,13 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
     """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
     the outcomes too, with the run that speaks for them. Runs made now are children of `parent_run_id`."""
     mark("planned")
+    check_installed(points)
     for experiment in jobs.batch_experiments(points):
         jobs.collect(experiment)  # jobs that ended without recording their points
     pending = jobs.pending(points)
     code_now = git_sha(REPO_ROOT)
     outcomes, to_submit = [], []
+    unpredicted: set[str] = set()  # why points went without a prediction, said once
     for k, point in enumerate(points, 1):
         mark("point")
         position = f"{k}/{len(points)}"
@@ -119,7 +130,7 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
             print(f"[{position} {point.label}] would run here ({' '.join(point.overrides)})", flush=True)
         else:
             print(f"[{position} {point.label}] starting ({' '.join(point.overrides)})", flush=True)
-            outcome = run_point(point, store, position, parent_run_id)
+            outcome = run_point(point, store, position, sweep_prediction(point, position, unpredicted), parent_run_id)
             line = f"[{position} {point.label}] {outcome.status}"
             print(line + (f": {outcome.error}" if outcome.error else "") + f" (run {outcome.run_id})", flush=True)
             outcomes.append(outcome)

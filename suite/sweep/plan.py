@@ -5,7 +5,8 @@ one line per problem, so a mistake never surfaces hours into a run. A sweep file
 study may say `invalid_points: record`: then a point that composes but that the strategy or machine
 cannot run (torchgpipe beyond one node, more pipeline stages than layers) is kept as an
 `InvalidPoint`, recorded with its reason as the study's own failures were, while a point that does
-not compose (a misspelt key or name) still rejects the sweep.
+not compose (a misspelt key or name) or holds a value no point could run with (`BadValue`: workers=0, a
+negative device memory) still rejects the sweep.
 """
 
 from __future__ import annotations
@@ -16,16 +17,19 @@ import math
 from dataclasses import dataclass
 
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from launchers import SCHEDULERS
 from suite.config import OptimizerConfig, register_schema
 from suite.data import check_dataset, train_samples
-from suite.errors import ConfigError
+from suite.errors import BadValue, ConfigError, yaml_error_line
 from suite.models import check_network
 from suite.paths import CONF_DIR
 from suite.placement import will_use_cuda
@@ -140,9 +144,21 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def parse_overrides(overrides: list[str]) -> list[Override]:
+    """Hydra's parse of the overrides; ConfigError naming the first that is not one."""
+    without_value = [o for o in overrides if "=" not in o and not o.startswith("~")]  # `~key` deletes a key
+    if without_value:
+        raise ConfigError(f"{without_value[0]!r} is not an override: give key=value, e.g. strategy=ddp")
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as e:  # its message's last line links Hydra's grammar
+        problem = " ".join(line.strip() for line in e.message.splitlines()[:-1])
+        raise ConfigError(f"override {e.override!r} does not parse: {problem}") from e
+
+
 def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
     """Hydra's own sweep syntax: `strategy=single,ddp workers=1,2` is the cartesian product."""
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    parsed = parse_overrides(overrides)
     if not multirun:
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
@@ -162,12 +178,18 @@ def sweep_file(name: str) -> DictConfig:
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
         raise ConfigError(f"no sweep {name!r} in conf/sweep (known: {known})")
-    sweep = OmegaConf.load(path)
+    try:
+        sweep = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_error_line(e) or f"{path}: {' '.join(str(e).split())}") from e
     unknown = sorted(set(sweep.keys()) - set(SWEEP_KEYS))
     if unknown:
         raise ConfigError(f"sweep {name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(SWEEP_KEYS)})")
     if sweep.get("invalid_points", "reject") not in ("reject", "record"):
         raise ConfigError(f"sweep {name}: invalid_points={sweep.invalid_points} is not reject or record")
+    repeats = sweep.get("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ConfigError(f"sweep {name}: repeats={repeats} is not a positive integer")
     return sweep
 
 
@@ -183,7 +205,7 @@ def sweep_lines(name: str, repeats: int | None = None) -> list[list[str]]:
     """The override lines of a sweep file, `common` first, each repeated `repeats` times (default: the file's)."""
     sweep = sweep_file(name)
     common = list(sweep.get("common", []))
-    repeat = repeat_overrides(repeats or int(sweep.get("repeats", 1)))
+    repeat = repeat_overrides(repeats or sweep.get("repeats", 1))
     return [common + line.split() + repeat for line in sweep.points]
 
 
@@ -191,7 +213,7 @@ def _compose(overrides: list[str]) -> DictConfig:
     try:
         return compose(config_name="config", overrides=overrides)
     except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
-        raise ConfigError(" ".join(str(e).split())) from e
+        raise ConfigError(yaml_error_line(e) or " ".join(str(e).split())) from e
 
 
 def _check_ranges(cfg: DictConfig) -> None:
@@ -207,15 +229,15 @@ def _check_ranges(cfg: DictConfig) -> None:
                 "cluster.job.cores_per_worker": job.cores_per_worker}
     for key, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
         if value <= 0:
-            raise ConfigError(f"{key} must be positive, got {value}")
+            raise BadValue(f"{key} must be positive, got {value}")
     if cfg.warmup_steps < 0:
-        raise ConfigError(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+        raise BadValue(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     if cfg.repeat < 0:
-        raise ConfigError(f"repeat must be >= 0, got {cfg.repeat}")
+        raise BadValue(f"repeat must be >= 0, got {cfg.repeat}")
     if cfg.profile.steps < 0:
-        raise ConfigError(f"profile.steps must be >= 0, got {cfg.profile.steps}")
+        raise BadValue(f"profile.steps must be >= 0, got {cfg.profile.steps}")
     if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
-        raise ConfigError(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
+        raise BadValue(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
 
 
 def _check_choices(cfg: DictConfig) -> None:
@@ -228,20 +250,33 @@ def _check_choices(cfg: DictConfig) -> None:
         choices["fault.kind"] = (cfg.fault.kind, tuple(FaultKind))
     for key, (value, allowed) in choices.items():
         if value not in allowed:
-            raise ConfigError(f"{key}={value} is not one of {', '.join(allowed)}")
+            raise BadValue(f"{key}={value} is not one of {', '.join(allowed)}")
     metric = TASK_METRICS.get(cfg.dataset.kind)
-    if cfg.target.metric is not None and cfg.target.metric != metric:
+    if cfg.target.metric is not None and cfg.target.metric != metric:  # a value of another point's dataset
         raise ConfigError(f"target.metric={cfg.target.metric} does not fit {cfg.dataset.kind} data (use {metric})")
     target = cfg.target.value
     if target is not None and not (0 < target <= 1 if metric == "val_accuracy" else target >= 1):
-        raise ConfigError(f"target.value={target} is not a reachable {metric} "
+        raise BadValue(f"target.value={target} is not a reachable {metric} "
                           + ("(a fraction in (0, 1])" if metric == "val_accuracy" else "(a perplexity >= 1)"))
     checkpoint_interval(cfg.activation_checkpointing)
     for dtype in cfg.cluster.hardware.peak_tflops or {}:
         if dtype not in tuple(MathDtype):
-            raise ConfigError(f"cluster.hardware.peak_tflops.{dtype} is not one of {', '.join(MathDtype)}")
-    if not 0 <= cfg.fault.rank < cfg.workers:
+            raise BadValue(f"cluster.hardware.peak_tflops.{dtype} is not one of {', '.join(MathDtype)}")
+    if not 0 <= cfg.fault.rank < cfg.workers:  # a rank of another point's workers
         raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
+
+
+def _check_hardware(hardware: DictConfig) -> None:
+    """A cluster's datasheet: counts, capacities, bandwidths and peaks positive where given, latencies >= 0."""
+    positive = {key: hardware[key] for key in ("nodes", "cores_per_node", "cpu_memory_gb", "device_memory_gb",
+                                               "fp64_tflops", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs")}
+    positive.update({f"peak_tflops.{dtype}": peak for dtype, peak in (hardware.peak_tflops or {}).items()})
+    for key, value in positive.items():
+        if value is not None and value <= 0:
+            raise BadValue(f"cluster.hardware.{key} must be positive, got {value}")
+    for key in ("intra_node_latency_us", "inter_node_latency_us"):
+        if hardware[key] is not None and hardware[key] < 0:
+            raise BadValue(f"cluster.hardware.{key} must be >= 0, got {hardware[key]}")
 
 
 def _gpu_without_bf16(cluster: DictConfig) -> str | None:
@@ -292,6 +327,7 @@ def validate(cfg: DictConfig) -> tuple[Strategy, Layout]:
     """Raise ConfigError for a point that cannot run; return its strategy and layout."""
     _check_ranges(cfg)
     _check_choices(cfg)
+    _check_hardware(cfg.cluster.hardware)
     _check_device(cfg)
     check_dataset(cfg.dataset)
     check_network(cfg.network, cfg.dataset)
@@ -353,6 +389,8 @@ def make_point(overrides: list[str], experiment: str | None) -> Point:
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
     try:
         strategy, layout = validate(cfg)
+    except BadValue:
+        raise
     except ConfigError as e:
         raise Unrunnable(str(e), cfg) from e
     return Point(tuple(overrides), cfg, strategy, layout)

@@ -8,8 +8,8 @@ torch and the CUDA toolkit (or cpu) it was built with: a later build on the same
 
     python -m suite.tools.build_horovod     # what `make horovod` runs; skips when horovod.torch imports
 
-`make test` runs it first; the driver runs it before a sweep that runs or submits a Horovod point
-(`suite.sweep.driver.ensure_horovod`), so a sweep without one never waits for the build.
+`make test` runs it first; a sweep with a Horovod point that finds it missing launches nothing and says to run
+`make horovod` (`suite.sweep.driver.check_installed`), so no sweep waits minutes for a build it did not ask for.
 """
 
 import os

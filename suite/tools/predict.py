@@ -4,9 +4,11 @@
 
 Overrides are the sweep's (`dataset=imagenet network=resnet50 cluster=lassen workers=4,8,16 strategy=ddp,gpipe`);
 comma lists expand to every combination. Each point is planned as a sweep plans it: one that does not compose
-(a misspelt name or key) is one line and exit 2, one that composes but cannot run (gpipe beyond a node) is
-listed with the reason; nothing is submitted, so a cluster's account is not asked for. Profiles are taken here, once per
-network, batch, precision, optimizer and thread count, and kept in results/profiles/.
+(a misspelt name or key) or holds a value no point could run with (workers=0) is one line and exit 2, one that
+composes but cannot run (gpipe beyond a node) is listed with the reason; nothing is submitted, so a cluster's account
+is not asked for. `--variant fitted` needs the cluster's fitted correction, checked before anything is profiled.
+Profiles are taken here, once per network, batch, precision, optimizer and thread count, and kept in
+results/profiles/.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import argparse
 import sys
 
 from analysis.tables import Table
-from suite.errors import ConfigError
-from suite.predict.predictor import PREDICTORS, Prediction, predict
+from suite.errors import ConfigError, OneLineParser
+from suite.predict import correction
+from suite.predict.predictor import FITTED, PREDICTORS, Prediction, predict
 from suite.predict.profile import MAX_STEPS, STEPS, WARMUP, WINDOW_S
 from suite.sweep.plan import InvalidPoint, Point, expand, plan
 
@@ -24,7 +27,7 @@ NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
 
 
 def parse_args(argv: list[str], description: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=PREDICTORS, default="suite",
                         help="the suite's model, Study J's equations (Eq. 5.1, Eqs. 6.1/6.2) where it has them, or "
                              "the suite's model with the correction `make bench-model` fitted")
@@ -60,8 +63,8 @@ def prediction_row(p: Prediction) -> list[str]:
     s = p.step
     return [p.point.label, describe(p.point), layout_text(p.point), str(p.point.global_batch_size), str(p.steps),
             f"{p.epoch_s:.3f}", f"{s.total:.4f}", f"{s.compute:.4f}", f"{s.comm:.4f}", f"{s.bubble:.4f}",
-            f"{s.optimizer:.4f}", f"{s.data:.4f}", f"{s.library:+.4f}", f"{s.fitted:+.4f}", f"{s.sent / 2**20:.2f}",
-            f"{p.peak_mb:.0f}", fits_text(p)]
+            f"{s.core_wait:.4f}", f"{s.optimizer:.4f}", f"{s.data:.4f}", f"{s.library:+.4f}", f"{s.fitted:+.4f}",
+            f"{s.sent / 2**20:.2f}", f"{p.peak_mb:.0f}", fits_text(p)]
 
 
 COLUMNS = ["point", "strategy", "layout", "global batch", "steps/epoch", "epoch (s)", "step (s)", "compute",
@@ -88,6 +91,9 @@ def main(argv: list[str]) -> int:
     invalid: list[InvalidPoint] = []
     try:
         points = plan_points(args.overrides, invalid)
+        if args.variant == FITTED:  # said before any point is profiled
+            for cluster in sorted({p.cfg.cluster.name for p in points}):
+                correction.required(cluster)
         predictions = []
         for k, point in enumerate(points, 1):
             print(f"[{k}/{len(points)} {point.label}] {describe(point)}", file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ import sys
 from analysis.tables import Table
 from suite.errors import ConfigError
 from suite.predict.recommend import Ranking, rank_cell
+from suite.sweep.plan import parse_overrides
 from suite.tools.predict import NOTHING_SUBMITTED, describe, fits_text, layout_text, notes, parse_args
 
 
@@ -23,14 +24,15 @@ def worker_counts(overrides: list[str]) -> tuple[list[str], list[int]]:
     rest, counts = [], []
     for override in overrides:
         if override.startswith("workers="):
-            try:
-                counts += [int(n) for n in override.removeprefix("workers=").split(",")]
-            except ValueError as e:
-                raise ConfigError(f"{override}: workers must be positive integers separated by commas") from e
+            listed = override.removeprefix("workers=").split(",")
+            if not all(n.strip().isdigit() and int(n) > 0 for n in listed):
+                raise ConfigError(f"{override}: workers must be positive integers separated by commas")
+            counts += [int(n) for n in listed]
         elif override.startswith("strategy"):
             raise ConfigError(f"{override}: recommend chooses the strategy; give dataset, network, cluster, workers")
         else:
             rest.append(override)
+    parse_overrides(rest)
     if not counts:
         raise ConfigError("give the worker counts to recommend for, e.g. workers=2 or workers=4,8,16")
     return rest, counts

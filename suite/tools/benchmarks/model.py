@@ -38,7 +38,7 @@ from suite.errors import ConfigError
 from suite.predict.correction import FORMS, Correction, Observed, correction_key, correction_path, fit, save
 from suite.predict.links import calibrated_links
 from suite.predict.predictor import Prediction, predict
-from suite.records.store import Store
+from suite.records.store import Store, run_status
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import InvalidPoint, Point, expand, plan, sweep_lines
 from suite.tools.predict import describe
@@ -76,9 +76,9 @@ def measured(store: Store, points: list[Point]) -> tuple[str, float | None, floa
     """(status, epoch time, peak memory, spread) of a point's repeats: medians of the finished ones; the spread
     is their coefficient of variation, or with one run that of its epochs."""
     runs = [store.speaking_run(p.cfg.tracking.experiment, p.config_hash) for p in points]
-    done = [r for r in runs if r is not None and r.data.tags.get("suite.status") == Status.finished]
+    done = [r for r in runs if r is not None and run_status(r) == Status.finished]
     if not done:
-        statuses = [r.data.tags.get("suite.status", "?") for r in runs if r is not None]
+        statuses = [run_status(r) for r in runs if r is not None]
         return (statuses[0] if statuses else "not run"), None, None, None
     times = [r.data.metrics["epoch_time_s_mean"] for r in done]
     if len(times) == 1:

@@ -1,0 +1,174 @@
+"""Bad input as a user types it: one line naming the offending value, exit 2, before anything is profiled or
+launched and without creating a store (issue 30, cases 1, 3-6, 8, 17)."""
+
+import shutil
+
+import pytest
+
+from conftest import DIGITS, run_make
+from suite import __main__ as driver
+from suite.errors import ConfigError
+from suite.predict.costs import StepTime
+from suite.predict.memory import Memory
+from suite.predict.predictor import Prediction
+from suite.sweep import plan as planning
+from suite.sweep.plan import plan, sweep_file
+from suite.tools import predict as predict_tool
+from suite.tools import recommend as recommend_tool
+
+TOOLS = {"predict": predict_tool, "recommend": recommend_tool}
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if not line.startswith("[")]  # the tools' progress lines aside
+
+
+@pytest.fixture
+def conf_copy(tmp_path, monkeypatch):
+    """A copy of conf/ that the planner reads instead, for files a test breaks."""
+    conf = tmp_path / "conf"
+    shutil.copytree(planning.CONF_DIR, conf)
+    monkeypatch.setattr(planning, "CONF_DIR", conf)
+    return conf
+
+
+@pytest.mark.parametrize(("tool", "overrides", "expected"), [
+    ("predict", ["workers=0"], "error: workers must be positive, got 0"),
+    ("predict", ["strategy=ddp", "batch_size=-8"], "error: batch_size must be positive, got -8"),
+    ("predict", ["precision=fp8"], "error: precision=fp8 is not one of fp32, bf16, fp16"),
+    ("predict", ["dataset.samples=0"], "error: dataset.samples=0 must be positive"),
+    ("predict", ["strategy=ddp", "strategy.bucket_cap_mb=abc"],
+     "error: strategy ddp: bucket_cap_mb=abc is not a number"),
+    ("recommend", ["workers=0"], "error: workers=0: workers must be positive integers separated by commas"),
+])
+def test_predict_and_recommend_reject_nonsense_values(results, capsys, tool, overrides, expected):
+    """Case 1: a value no point could run with is rejected, not listed as a point that cannot run here."""
+    assert TOOLS[tool].main([*DIGITS, *overrides]) == 2
+    assert error_lines(capsys.readouterr().err) == [expected]
+    assert not results.exists()
+
+
+def test_a_point_the_cluster_cannot_run_is_still_listed(results, capsys):
+    """Case 1's other half: torchgpipe beyond one node composes and is valid; this cluster cannot run it."""
+    overrides = ["cluster=slurm", "cluster.workers_per_node=1", "strategy=gpipe", "workers=2"]
+    assert predict_tool.main([*DIGITS, *overrides]) == 0
+    assert "| digits/resnet18/gpipe/w2 | cannot run: strategy gpipe (torchgpipe) drives all its devices from one " \
+           "process on one node" in capsys.readouterr().out
+
+
+def test_a_sweep_recording_invalid_points_still_rejects_nonsense_values():
+    """Case 1 in a sweep file with `invalid_points: record`: a bad value rejects the sweep, it is not recorded."""
+    invalid = []
+    with pytest.raises(ConfigError) as info:
+        plan([["workers=1"], ["workers=0"]], invalid=invalid)
+    assert str(info.value) == "workers=0: workers must be positive, got 0"
+    assert invalid == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("value", "expected"), [
+    ("abc", "error: argument --repeats: 'abc' is not a positive integer (--help lists the options)"),
+    ("0", "error: argument --repeats: '0' is not a positive integer (--help lists the options)"),
+    ("-2", "error: argument --repeats: '-2' is not a positive integer (--help lists the options)"),
+])
+def test_make_sweep_rejects_repeats_that_are_not_a_positive_count(results, value, expected):
+    """Case 3: no usage block for a word, no silent single run for 0."""
+    result = run_make("sweep", f"REPEATS={value}", "SWEEP=digits")
+    assert result.returncode != 0
+    assert [line for line in result.stderr.splitlines() if not line.startswith("make:")] == [expected]
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(("repeats", "expected"), [("abc", "abc"), ("0", "0"), ("2.5", "2.5"), ("true", "True")])
+def test_a_sweep_files_repeats_must_be_a_positive_count(conf_copy, repeats, expected):
+    """Case 3 in a sweep file: its `repeats:` key."""
+    (conf_copy / "sweep" / "repeated.yaml").write_text(f"points:\n  - workers=1\nrepeats: {repeats}\n")
+    with pytest.raises(ConfigError, match=None) as info:
+        sweep_file("repeated")
+    assert str(info.value) == f"sweep repeated: repeats={expected} is not a positive integer"
+
+
+HARDWARE = {
+    "nodes": ("0", "must be positive, got 0"),
+    "cores_per_node": ("-4", "must be positive, got -4"),
+    "cpu_memory_gb": ("0", "must be positive, got 0.0"),
+    "device_memory_gb": ("-1", "must be positive, got -1.0"),
+    "fp64_tflops": ("0", "must be positive, got 0.0"),
+    "intra_node_bandwidth_gbs": ("0", "must be positive, got 0.0"),
+    "inter_node_bandwidth_gbs": ("-10", "must be positive, got -10.0"),
+    "intra_node_latency_us": ("-1", "must be >= 0, got -1.0"),
+    "inter_node_latency_us": ("-0.5", "must be >= 0, got -0.5"),
+    "peak_tflops.fp16": ("0", "must be positive, got 0.0"),
+}
+
+
+@pytest.mark.parametrize("key", HARDWARE)
+def test_a_clusters_hardware_must_be_positive(key):
+    """Case 4, every capacity, bandwidth, count and peak of a cluster's hardware; rejected even where points that
+    cannot run are recorded."""
+    value, problem = HARDWARE[key]
+    invalid = []
+    with pytest.raises(ConfigError, match=None) as info:
+        plan([["cluster=lassen", "cluster.job.account=x", f"cluster.hardware.{key}={value}"]], invalid=invalid)
+    assert str(info.value) == f"cluster.hardware.{key} {problem}"
+    assert invalid == []
+
+
+def test_the_driver_rejects_a_non_positive_capacity_before_launch(results, capsys):
+    """Case 4 as typed: `python -m suite cluster.hardware.device_memory_gb=-1`, no point directory, no store."""
+    assert driver.main(["cluster.hardware.device_memory_gb=-1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: cluster.hardware.device_memory_gb must be positive, got -1.0"]
+    assert not results.exists()
+
+
+def test_a_yaml_syntax_error_in_conf_is_one_line_with_file_line_column(conf_copy):
+    """Case 5: a sweep file (read by the planner) and a group's option (composed by Hydra)."""
+    sweep = conf_copy / "sweep" / "broken.yaml"
+    sweep.write_text("common: [dataset=digits\npoints:\n  - workers=1\n")
+    with pytest.raises(ConfigError, match=None) as info:
+        sweep_file("broken")
+    assert str(info.value) == f"{sweep}:2:7: expected ',' or ']', but got ':'"
+    network = conf_copy / "network" / "broken.yaml"
+    network.write_text("name: broken\n  depth: 3\n")
+    with pytest.raises(ConfigError, match=None) as info:
+        plan([["network=broken"]])
+    assert str(info.value) == f"{network}:2:8: mapping values are not allowed here"
+
+
+NOT_AN_OVERRIDE = "is not an override: give key=value, e.g. strategy=ddp"
+
+
+@pytest.mark.parametrize(("command", "argv", "expected"), [
+    (driver, ["strategy"], f"error: 'strategy' {NOT_AN_OVERRIDE}"),
+    (driver, ["-m", "strategy=ddp", "workers"], f"error: 'workers' {NOT_AN_OVERRIDE}"),
+    (driver, ["workers=[1"], "error: override 'workers=[1' does not parse: no viable alternative at input '[1'"),
+    (predict_tool, ["network"], f"error: 'network' {NOT_AN_OVERRIDE}"),
+    (recommend_tool, ["network", "workers=2"], f"error: 'network' {NOT_AN_OVERRIDE}"),
+], ids=["suite", "sweep", "unparsed", "predict", "recommend"])
+def test_an_override_without_a_value_is_one_line(results, capsys, command, argv, expected):
+    """Case 6: `python -m suite strategy`, `make sweep ARGS=workers`, the same in predict and recommend."""
+    assert command.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [expected]
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_the_fitted_variant_without_a_correction_is_refused_before_profiling(results, capsys, tool):
+    """Case 8: said at once, with how to fit one; nothing profiled (results/profiles is not even made)."""
+    assert TOOLS[tool].main(["--variant", "fitted", *DIGITS, "workers=1"]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"error: no fitted correction for cluster local ({results}/calibration/local.correction.yaml): "
+        "`make bench-model` fits one on this machine's measured grid"]
+    assert not results.exists()
+
+
+def test_every_predict_column_has_its_value():
+    """Case 17: as many values as headers, each under its own (the step's time waiting for a core included)."""
+    point = plan([DIGITS])[0]
+    step = StepTime(compute=0.5, comm=0.25, bubble=0.125, optimizer=0.0625, data=0.03125, core_wait=0.375)
+    prediction = Prediction(point, step, 10, Memory(1, 2, 3, 4, 5, 6), None, "cpu", "calibration local.yaml")
+    row = predict_tool.prediction_row(prediction)
+    assert len(row) == len(predict_tool.COLUMNS)
+    values = dict(zip(predict_tool.COLUMNS, row))
+    assert (values["core wait"], values["optimizer"], values["data"]) == ("0.3750", "0.0625", "0.0312")
