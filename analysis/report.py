@@ -37,10 +37,11 @@ class Report:
 
 def report_settings(sweep: str | None) -> dict:
     """The `report` section of conf/sweep/<sweep>.yaml ({} without one), checked."""
-    path = CONF_DIR / "sweep" / f"{sweep}.yaml"
-    if not sweep or not path.exists():
+    if not sweep or not (CONF_DIR / "sweep" / f"{sweep}.yaml").exists():
         return {}
-    section = OmegaConf.load(path).get("report")
+    from suite.sweep.plan import sweep_file  # only then: it imports torch
+
+    section = sweep_file(sweep).get("report")
     settings = OmegaConf.to_container(section) if section else {}
     unknown = [v for v in settings.get("views", []) if v not in VIEWS]
     if unknown:

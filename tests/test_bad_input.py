@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 
+from analysis import report as reporting
 from conftest import DIGITS, run_make
 from suite import __main__ as driver
 from suite.errors import ConfigError
@@ -29,6 +30,7 @@ def conf_copy(tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     shutil.copytree(planning.CONF_DIR, conf)
     monkeypatch.setattr(planning, "CONF_DIR", conf)
+    monkeypatch.setattr(reporting, "CONF_DIR", conf)
     return conf
 
 
@@ -39,6 +41,9 @@ def conf_copy(tmp_path, monkeypatch):
     ("predict", ["dataset.samples=0"], "error: dataset.samples=0 must be positive"),
     ("predict", ["strategy=ddp", "strategy.bucket_cap_mb=abc"],
      "error: strategy ddp: bucket_cap_mb=abc is not a number"),
+    ("predict", ["strategy=zero", "strategy.zero_stage=4"],
+     "error: strategy zero: zero_stage must be 1, 2 or 3, got 4"),
+    ("predict", ["strategy=ddp", "strategy.bucket_cap_mb=0"], "error: strategy ddp needs bucket_cap_mb > 0, got 0"),
     ("recommend", ["workers=0"], "error: workers=0: workers must be positive integers separated by commas"),
 ])
 def test_predict_and_recommend_reject_nonsense_values(results, capsys, tool, overrides, expected):
@@ -52,8 +57,10 @@ def test_a_point_the_cluster_cannot_run_is_still_listed(results, capsys):
     """Case 1's other half: torchgpipe beyond one node composes and is valid; this cluster cannot run it."""
     overrides = ["cluster=slurm", "cluster.workers_per_node=1", "strategy=gpipe", "workers=2"]
     assert predict_tool.main([*DIGITS, *overrides]) == 0
+    out = capsys.readouterr().out
     assert "| digits/resnet18/gpipe/w2 | cannot run: strategy gpipe (torchgpipe) drives all its devices from one " \
-           "process on one node" in capsys.readouterr().out
+           "process on one node" in out
+    assert "Profiled on" not in out  # nothing predicted: no notes on how
 
 
 def test_a_sweep_recording_invalid_points_still_rejects_nonsense_values():
@@ -128,6 +135,9 @@ def test_a_yaml_syntax_error_in_conf_is_one_line_with_file_line_column(conf_copy
     sweep.write_text("common: [dataset=digits\npoints:\n  - workers=1\n")
     with pytest.raises(ConfigError, match=None) as info:
         sweep_file("broken")
+    assert str(info.value) == f"{sweep}:2:7: expected ',' or ']', but got ':'"
+    with pytest.raises(ConfigError, match=None) as info:
+        reporting.report_settings("broken")  # `make report SWEEP=broken` reads its report section
     assert str(info.value) == f"{sweep}:2:7: expected ',' or ']', but got ':'"
     network = conf_copy / "network" / "broken.yaml"
     network.write_text("name: broken\n  depth: 3\n")

@@ -66,16 +66,18 @@ def point_dir(worker_outputs) -> tuple[Point, PointDir]:
     return point, out
 
 
+def full_disk(file_size_limit: int) -> None:
+    """In a child process before it starts: no file can grow past `file_size_limit` bytes."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write that fails, not a process killed
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+
 def record(out: PointDir, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
     """A batch job's last step, `python -m suite.records.record`, here on a disk that is full after
     `file_size_limit` bytes of any one file."""
-    def full_disk() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write that fails, not a process killed
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
-
     return subprocess.run([sys.executable, "-m", "suite.records.record", str(out.path), "--exit-code", "0",
                            "--started", str(time.time())], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          preexec_fn=None if file_size_limit is None else full_disk)
+                          preexec_fn=None if file_size_limit is None else lambda: full_disk(file_size_limit))
 
 
 @pytest.mark.slow
@@ -149,3 +151,22 @@ def test_a_sweep_killed_outright_is_ended_as_killed_when_it_stopped(results, sto
     assert (f"{parent.info.run_name} (run {parent.info.run_id}) was left running by a driver that is gone: "
             f"marked KILLED as of {stopped}") in status.stdout
     assert parent.data.tags["suite.error"].startswith(f"its driver (pid {driver.pid} on ")
+
+
+@pytest.mark.slow
+def test_a_point_the_full_disk_keeps_from_the_store_is_one_line_and_the_next_sweep_runs_it(results, store):
+    # The disk fills at the store's size: the point runs, its run cannot be written, the sweep says so and goes on.
+    store.experiment_id("adhoc")
+    point = [*DIGITS, "epochs=1", "steps_per_epoch=2"]
+    driver = [sys.executable, "-m", "suite", *point]
+    limit = (results / "mlflow.db").stat().st_size
+    cut = subprocess.run(driver, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                         preexec_fn=lambda: full_disk(limit))
+    assert cut.returncode == 1, cut.stdout + cut.stderr[-3000:]
+    (line,) = [line for line in cut.stdout.splitlines() if "] incomplete: " in line]
+    assert "not recorded (MlflowException: " in line and "the next sweep runs it again" in line
+    assert "1 of 1 point(s) did not finish: digits/resnet18/single/w1 (incomplete)" in cut.stderr
+    assert store.finished_run("adhoc", plan([point])[0].config_hash) is None
+    again = run_suite(*point)
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    assert store.finished_run("adhoc", plan([point])[0].config_hash) is not None

@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.errors import ConfigError
+from suite.errors import BadValue, ConfigError
 from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
@@ -47,7 +47,7 @@ class DDP(Strategy):
 
     def check(self, cfg) -> None:
         if self.bucket_cap_mb <= 0:
-            raise ConfigError(f"strategy ddp needs bucket_cap_mb > 0, got {self.bucket_cap_mb}")
+            raise BadValue(f"strategy ddp needs bucket_cap_mb > 0, got {self.bucket_cap_mb}")
         if self.sync_batchnorm and not will_use_cuda(cfg.cluster):
             raise ConfigError("strategy ddp: sync_batchnorm works on GPUs only (torch's SyncBatchNorm)")
 

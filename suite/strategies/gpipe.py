@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torchgpipe import GPipe as TorchGPipe
 
-from suite.errors import ConfigError
+from suite.errors import BadValue, ConfigError
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline.partition import cut, sum_grads, untie
 from suite.runtime.optim import build_optimizer
@@ -104,7 +104,7 @@ class GPipe(Pipeline):
 
     def check(self, cfg) -> None:
         if self.checkpoint not in CHECKPOINT_MODES:
-            raise ConfigError(f"strategy gpipe: checkpoint={self.checkpoint} is not one of "
+            raise BadValue(f"strategy gpipe: checkpoint={self.checkpoint} is not one of "
                               f"{', '.join(CHECKPOINT_MODES)}")
         if self.devices is not None and len(self.devices) != cfg.workers:
             raise ConfigError(f"strategy gpipe: {len(self.devices)} devices listed but workers={cfg.workers} "

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from suite.errors import ConfigError
+from suite.errors import BadValue
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports
 
@@ -45,10 +45,10 @@ class Horovod(Strategy):
 
     def check(self, cfg) -> None:
         if self.fusion_threshold_mb < 0:
-            raise ConfigError(f"strategy horovod needs fusion_threshold_mb >= 0 (0: no fusion), "
+            raise BadValue(f"strategy horovod needs fusion_threshold_mb >= 0 (0: no fusion), "
                               f"got {self.fusion_threshold_mb}")
         if self.cycle_time_ms <= 0:
-            raise ConfigError(f"strategy horovod needs cycle_time_ms > 0, got {self.cycle_time_ms}")
+            raise BadValue(f"strategy horovod needs cycle_time_ms > 0, got {self.cycle_time_ms}")
 
     def setup(self, model: nn.Module, rank: RankContext) -> HorovodOptimizer:
         import horovod.torch as hvd

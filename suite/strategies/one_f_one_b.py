@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
 
-from suite.errors import ConfigError
+from suite.errors import BadValue, ConfigError
 from suite.strategies.base import RankContext
 from suite.strategies.pipeline import DistributedPipeline
 from suite.strategies.scheduled import Scheduled
@@ -25,7 +25,7 @@ class OneFOneB(DistributedPipeline):
 
     def check(self, cfg) -> None:
         if self.virtual_stages < 1:
-            raise ConfigError(f"strategy 1f1b: virtual_stages must be positive, got {self.virtual_stages}")
+            raise BadValue(f"strategy 1f1b: virtual_stages must be positive, got {self.virtual_stages}")
         super().check(cfg)
         stages, m = self.stages(cfg), self.batching(cfg).micro_batches
         if self.virtual_stages > 1 and m % stages:

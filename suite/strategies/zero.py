@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from suite.errors import ConfigError
+from suite.errors import BadValue, ConfigError
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.memory import tensor_mb
 from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports, optimizer_state
@@ -84,9 +84,9 @@ class Zero(Strategy):
 
     def check(self, cfg) -> None:
         if self.zero_stage not in (1, 2, 3):
-            raise ConfigError(f"strategy zero: zero_stage must be 1, 2 or 3, got {self.zero_stage}")
+            raise BadValue(f"strategy zero: zero_stage must be 1, 2 or 3, got {self.zero_stage}")
         if self.offload not in OFFLOADS:
-            raise ConfigError(f"strategy zero: offload={self.offload} is not one of {', '.join(OFFLOADS)}")
+            raise BadValue(f"strategy zero: offload={self.offload} is not one of {', '.join(OFFLOADS)}")
         if self.offload == "params" and self.zero_stage != 3:
             raise ConfigError(f"strategy zero: offload=params needs zero_stage=3 (got {self.zero_stage}); "
                               "stages 1 and 2 keep parameters on every rank")

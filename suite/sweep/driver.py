@@ -51,8 +51,14 @@ def run_point(point: Point, store: Store, position: str, prediction: dict[str, f
     except Exception as exc:  # the launcher itself broke: still one recorded run, and the sweep goes on
         ended = NotStarted(f"launcher: {error_line(exc)}")
     stopped_by = ended.stopped_by if isinstance(ended, LaunchResult) else None
-    # A point cut short by stopping the sweep is run again when the sweep is resumed.
-    done = finish(out, store, ended, start, time.time(), {"suite.interrupted": stopped_by} if stopped_by else {})
+    try:
+        # A point cut short by stopping the sweep is run again when the sweep is resumed.
+        done = finish(out, store, ended, start, time.time(), {"suite.interrupted": stopped_by} if stopped_by else {})
+    except Exception as exc:  # a full disk, a store gone: the next sweep runs the point again, this one goes on
+        error = f"not recorded ({error_line(exc)}); its results stay in {out.path}, the next sweep runs it again"
+        if stopped_by:
+            raise KeyboardInterrupt(f"stopped during {point.label}; {error}") from exc
+        return Outcome(point, INCOMPLETE, error, None, out)
     mark("recorded")
     if stopped_by:
         raise KeyboardInterrupt(f"stopped during {point.label}; recorded as run {done.run_id}")
@@ -132,7 +138,8 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
             print(f"[{position} {point.label}] starting ({' '.join(point.overrides)})", flush=True)
             outcome = run_point(point, store, position, sweep_prediction(point, position, unpredicted), parent_run_id)
             line = f"[{position} {point.label}] {outcome.status}"
-            print(line + (f": {outcome.error}" if outcome.error else "") + f" (run {outcome.run_id})", flush=True)
+            print(line + (f": {outcome.error}" if outcome.error else "")
+                  + (f" (run {outcome.run_id})" if outcome.run_id else ""), flush=True)
             outcomes.append(outcome)
     return outcomes + jobs.submit(to_submit, store, dry_run, parent_run_id)
 

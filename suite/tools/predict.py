@@ -105,7 +105,8 @@ def main(argv: list[str]) -> int:
     links = sorted({p.point.cfg.cluster.name for p in predictions} | {i.cfg.cluster.name for i in invalid})
     cannot = [[i.label, f"cannot run: {i.error}", *[""] * (len(COLUMNS) - 2)] for i in invalid]
     table = Table("predict", f"Predicted epoch time and memory ({', '.join(links)})", COLUMNS,
-                  [prediction_row(p) for p in predictions] + cannot, notes(predictions, args.variant))
+                  [prediction_row(p) for p in predictions] + cannot,
+                  notes(predictions, args.variant) if predictions else [])
     print(table.markdown())
     return 0
 
