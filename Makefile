@@ -13,8 +13,8 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup setup-offline wheelhouse horovod test test-fast test-gpu lint sweep status collect calibrate ui mlflow-server slurm-local report bench-overhead \
-	bench-pipeline bench-launch predict recommend bench-model
+.PHONY: setup setup-offline wheelhouse horovod test test-fast test-compat test-gpu lint sweep status collect calibrate ui \
+	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend bench-model
 
 setup: $(STAMP)
 
@@ -22,18 +22,20 @@ setup: $(STAMP)
 # pyproject.toml, so changing either reinstalls, and an environment elsewhere (VENV=<path>) that has its
 # stamp is used as it is.
 $(STAMP):
+	@$(PYTHON) -m suite.tools.setup_platform
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 # A GPU machine without network runs the suite on its own python3 and torch: where pip reaches an index,
-# `make wheelhouse` fills WHEELS with the other dependencies for that machine's Python (PY_VERSION; HAVE=<its
-# `pip freeze`> leaves out what it has); there, `make setup-offline` makes $(VENV) over its python3 (a .pth file
-# adds the machine's site-packages) and installs those wheels and the suite, without an index.
+# `make wheelhouse` fills WHEELS with the other dependencies for that machine's Python (PY_VERSION; MACHINE=<its
+# `uname -m`>, default x86_64; HAVE=<its `pip freeze`> leaves out what it has); there, `make setup-offline` makes
+# $(VENV) over its python3 (a .pth file adds the machine's site-packages) and installs those wheels and the suite,
+# without an index.
 WHEELS ?= wheelhouse
 wheelhouse: setup
 	$(PY) -m suite.tools.wheelhouse --dest $(WHEELS) $(if $(PY_VERSION),--python-version $(PY_VERSION)) \
-		$(if $(HAVE),--have $(HAVE))
+		$(if $(MACHINE),--machine $(MACHINE)) $(if $(HAVE),--have $(HAVE))
 
 setup-offline:
 	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
@@ -57,6 +59,23 @@ test: setup horovod
 # The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
+
+# The suite on the oldest torch it declares (Strategy.needs_torch; COMPAT_PINS is that torch with the torchvision
+# and numpy it was built with): an environment of its own, $(COMPAT_VENV) (4 to 9 minutes to make on 2 cores: pip's
+# torch wheel and its CUDA libraries), then tests/test_compat.py and the equivalence tests of the strategies that
+# declare that torch (Horovod left out: its build takes 10 minutes); under 2 minutes once the environment exists.
+# Not part of `make test` (README: Clusters, "The site's environment").
+COMPAT_VENV ?= .venv-compat
+COMPAT_PINS := torch==2.1.2 torchvision==0.16.2 numpy==1.26.4
+COMPAT_TESTS := test_ddp_equivalence or test_gpipe_equivalence or test_ddp_powersgd_trains
+test-compat:
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(PYTHON) -m suite.tools.compat_env $(COMPAT_VENV) $(COMPAT_PINS)
+	DS_BUILD_OPS=0 $(COMPAT_VENV)/bin/pip install --quiet --disable-pip-version-check \
+		-c $(COMPAT_VENV)/constraints.txt -r $(COMPAT_VENV)/requirements.txt
+	$(COMPAT_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_compat.py
+	$(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_equivalence.py -k '$(COMPAT_TESTS)'
 
 # The CUDA paths, on this machine's GPU (tests marked `gpu`, which `make test` does not collect).
 test-gpu: setup
@@ -89,13 +108,12 @@ calibrate: setup
 ui: setup
 	$(VENV)/bin/mlflow ui --port $(or $(PORT),5000) --backend-store-uri $(STORE_URI)
 
-# A tracking server on the suite's store, for many jobs writing at once. Cluster jobs reach it when it
-# listens beyond loopback (HOST=0.0.0.0) and the cluster config or MLFLOW_TRACKING_URI names it.
+# A tracking server on the suite's store, for many jobs writing at once: `mlflow server --app-name basic-auth`,
+# which answers only the user who started it (suite/records/tracking_server.py: the password made on its first
+# start is in results/tracking-server/credentials, mode 0600, which the suite's clients read). Cluster jobs reach
+# it when it listens beyond loopback (HOST=0.0.0.0) and the cluster config or MLFLOW_TRACKING_URI names it.
 mlflow-server: setup
-	$(VENV)/bin/mlflow server --host $(HOST) --port $(or $(PORT),5000) --workers $(or $(WORKERS),4) \
-		--backend-store-uri $(STORE_URI) --serve-artifacts \
-		--artifacts-destination "$$($(PY) -c 'from suite.paths import results_dir; print(results_dir() / "artifacts")')" \
-		$(if $(filter 127.0.0.1 localhost,$(HOST)),,--allowed-hosts '*')
+	$(PY) -m suite.records.tracking_server --host $(HOST) --port $(or $(PORT),5000) --workers $(or $(WORKERS),4)
 
 # A one-node Slurm on this machine (installs slurm-wlm and munge with apt when missing; root or sudo).
 slurm-local: setup

@@ -9,6 +9,7 @@ job's state; `launchers.jobscript` renders the one job script they all share.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from launchers.horovod import batch_launch_command
+from suite.errors import ConfigError
+from suite.records.tracking_server import without_own_password
 
 QUEUED, RUNNING, ENDED = "queued", "running", "ended"
-STOP_WARNING_S = 120  # SIGTERM this long before the time limit, so the ranks can save what they have
 
 
 class SchedulerError(RuntimeError):
@@ -26,9 +28,14 @@ class SchedulerError(RuntimeError):
 
 
 def cores_per_rank(cluster: Any) -> int:
-    """CPU cores the scheduler gives each rank: as configured, else the node's cores shared out among its GPUs."""
-    cores = cluster.hardware.cores_per_node
-    return cluster.job.cores_per_worker or (cores // cluster.workers_per_node if cores else 1)
+    """CPU cores the scheduler gives each rank: as configured, else the node's cores shared out among its GPUs.
+    Neither known: ConfigError, as one core would feed a GPU and its data loader workers alike."""
+    cores = cluster.job.cores_per_worker or (cluster.hardware.cores_per_node or 0) // cluster.workers_per_node
+    if not cores:
+        raise ConfigError(f"cluster {cluster.name}: the CPU cores of each rank are unknown: set "
+                          "cluster.hardware.cores_per_node (shared out among its workers_per_node) or "
+                          "cluster.job.cores_per_worker")
+    return cores
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,14 @@ class Job:
     python: str  # the interpreter the ranks and the recorder run with
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)  # exported before the steps run
+
+    def __post_init__(self) -> None:
+        """What the scheduler is asked for is known and possible, before anything is submitted."""
+        cores_per_rank(self.cluster)
+        c = self.cluster.job
+        if not 0 < c.stop_margin_s < 60 * c.time_limit_min:
+            raise ConfigError(f"cluster {self.cluster.name}: job.stop_margin_s={c.stop_margin_s} must be more than 0 "
+                              f"and less than the time limit ({c.time_limit_min} min)")
 
     @property
     def nodes(self) -> int:
@@ -87,7 +102,8 @@ def run_command(cmd: list[str], stdin: str | None = None, ok_errors: tuple[str, 
     """stdout of a scheduler command; SchedulerError unless it succeeds or fails only with one of `ok_errors`
     (e.g. "unknown job id", which only means the scheduler has forgotten a job)."""
     try:
-        done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120,
+                              env=without_own_password(dict(os.environ)))
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SchedulerError(f"{cmd[0]}: {e}") from e
     if done.returncode and not any(text in done.stderr + done.stdout for text in ok_errors):
@@ -102,9 +118,18 @@ class Scheduler(ABC):
     submit_command: str  # must be on PATH to submit
     queue_option: str  # e.g. "--partition={}"
     account_option: str
-    # How a step's ranks start; placeholders: {ranks} {nodes} {ranks_per_node} {cores} {gpus}.
-    # A cluster config may replace it (`cluster.job.launcher`), e.g. for another MPI.
+    # How a step's ranks start; placeholders: {ranks} {nodes} {ranks_per_node} {cores} {gpus} (of each rank)
+    # {node_cores} {node_gpus} (of one node's ranks). A cluster config may replace it (`cluster.job.launcher`).
     rank_launcher: str
+    # The signal the scheduler sends the job script `job.stop_margin_s` before the time limit, if it sends one (the
+    # script's own timer sends SIGUSR1 otherwise): the running point's ranks are stopped and it is recorded.
+    warning_signal: str | None
+    # Signals by which the scheduler ends the job (cancel, preemption, the limit itself): the ranks are stopped and
+    # `make collect` records the point with the scheduler's verdict.
+    ending_signals: tuple[str, ...] = ("TERM",)
+    # What the job script sends the scheduler's rank launcher to stop the ranks: a signal it hands on to them as one
+    # they stop on (suite.signals).
+    launcher_stop_signal = "TERM"
 
     @abstractmethod
     def allocation(self, job: Job) -> list[str]:
@@ -128,9 +153,15 @@ class Scheduler(ABC):
     def states(self, job_ids: list[str]) -> dict[str, JobState]:
         """The state of each job the scheduler still knows (jobs it has forgotten are left out)."""
 
+    def stop_signal(self, step: Step) -> str:
+        """The signal the job script sends the step's launcher to stop its ranks (horovodrun stops them on SIGTERM)."""
+        return "TERM" if step.rank_launcher == "horovodrun" else self.launcher_stop_signal
+
     def launch_command(self, job: Job, step: Step) -> str:
         if step.rank_launcher == "horovodrun":
             return batch_launch_command(job.python, step.ranks, step.nodes, step.ranks_per_node)
         template = job.cluster.job.launcher or self.rank_launcher
         return template.format(ranks=step.ranks, nodes=step.nodes, ranks_per_node=step.ranks_per_node,
-                               cores=job.cores_per_rank, gpus=job.gpus_per_rank)
+                               cores=job.cores_per_rank, gpus=job.gpus_per_rank,
+                               node_cores=step.ranks_per_node * job.cores_per_rank,
+                               node_gpus=step.ranks_per_node * job.gpus_per_rank)

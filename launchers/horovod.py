@@ -5,7 +5,7 @@ horovodrun's rendezvous server, so horovodrun starts the ranks here and on batch
 with `-H localhost:N`; in a job script on the job's first node, with `-H` listing the allocation's hosts,
 where it starts the ranks of the other hosts over ssh. horovodrun passes its whole environment on to
 every rank, so the ranks find the torch process group's address as any rank does (`suite.runtime.rendezvous`):
-set before horovodrun here, from the allocation and the job id on a cluster.
+set before horovodrun here, and on a cluster by the job script (MASTER_ADDR and MASTER_PORT of each step).
 
     python -m launchers.horovod <ranks per node> <nodes>   # in a job script: the allocation as `-H` wants it
 """

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from launchers.batch import ENDED, QUEUED, RUNNING, Job, JobState, Scheduler, run_command
+from launchers.site_rules import job_queue
 
 QUEUED_STATES = ("Q", "H", "W", "T", "S")
 ENDED_STATES = ("F", "X")
@@ -35,14 +36,25 @@ class Pbs(Scheduler):
     queue_option = "-q {}"
     account_option = "-A {}"
     rank_launcher = "mpiexec -n {ranks} --ppn {ranks_per_node} --depth {cores} --cpu-bind depth"
+    warning_signal = None  # PBS sends none before the walltime: the job script's own timer does
 
     def allocation(self, job: Job) -> list[str]:
         hours, minutes = divmod(job.cluster.job.time_limit_min, 60)
-        select = f"select={job.nodes}:ncpus={job.ranks_per_node * job.cores_per_rank}"
-        if job.gpus_per_rank:
-            select += f":ngpus={job.ranks_per_node}"
-        return [f"-N {job.name}", f"-l {select}", "-l place=scatter", f"-l walltime={hours:02d}:{minutes:02d}:00",
+        return [f"-N {job.name}", *self.chunks(job), f"-l walltime={hours:02d}:{minutes:02d}:00",
                 f"-o {job.log}", "-j oe"]
+
+    @staticmethod
+    def chunks(job: Job) -> list[str]:
+        """`-l select=` and `-l place=`: one chunk per node, one node each; or, where the queue hands out GPUs
+        (Sophia's by-gpu), one chunk per GPU, which the queue keeps on one node."""
+        gpus = job.ranks_per_node * job.gpus_per_rank
+        queue = job_queue(job.cluster, job.nodes, job.ranks_per_node, gpus)
+        if queue is not None and queue.gpus:
+            return [f"-l select={gpus}"]
+        numbers = {"ranks_per_node": job.ranks_per_node, "ncpus": job.ranks_per_node * job.cores_per_rank,
+                   "ngpus": gpus}
+        chunk = job.cluster.job.select or "ncpus={ncpus}:mpiprocs={ranks_per_node}" + (":ngpus={ngpus}" if gpus else "")
+        return [f"-l select={job.nodes}:{chunk.format(**numbers)}", "-l place=scatter"]
 
     def submit(self, script: Path) -> str:
         return run_command(["qsub", str(script)]).strip()

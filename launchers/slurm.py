@@ -1,10 +1,19 @@
-"""Slurm: `sbatch` submits, `srun` starts one task per rank, `squeue` (then `sacct`) tells a job's state."""
+"""Slurm: `sbatch` submits, `srun` starts one task per rank, `squeue` (then `sacct`) tells a job's state.
+
+Placement: each rank sees all of its node's GPUs of the job (so NCCL keeps its peer-to-peer path) and takes
+its local rank's (SLURM_LOCALID; `--mpi=none`, as under a site's MpiDefault=pmi2 srun would set PMI_RANK
+without a local rank); `--cpus-per-task` cores each, memory as configured or the whole node's, the nodes
+to the job alone unless `job.exclusive` is false. Not `--gpu-bind=closest`: it would hide the other GPUs
+from each rank (CUDA_VISIBLE_DEVICES), costing NCCL its CUDA IPC; a node whose GPU numbering does not
+follow its cores takes `cluster.gpu_order`.
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from launchers.batch import ENDED, QUEUED, RUNNING, STOP_WARNING_S, Job, JobState, Scheduler, run_command
+from launchers.batch import ENDED, QUEUED, RUNNING, Job, JobState, Scheduler, run_command
 
 # Slurm's job states (squeue %T, sacct State) as the suite reads them; unlisted ones count as running.
 STATES = {
@@ -33,13 +42,23 @@ class Slurm(Scheduler):
     submit_command = "sbatch"
     queue_option = "--partition={}"
     account_option = "--account={}"
-    rank_launcher = ("srun --nodes={nodes} --ntasks={ranks} --ntasks-per-node={ranks_per_node} "
+    rank_launcher = ("srun --mpi=none --nodes={nodes} --ntasks={ranks} --ntasks-per-node={ranks_per_node} "
                      "--cpus-per-task={cores} --kill-on-bad-exit=1")
+    # `B:`: to the batch shell, which stops the running step itself (by default only the steps get it, and a
+    # warning that lands between two steps is lost); SIGUSR1, as SIGTERM to the shell means a cancel.
+    warning_signal = "USR1"
+    # srun turns a SIGTERM it gets into SIGKILL for its tasks (src/srun/signals.c, "forcing job termination"), which
+    # would cut the ranks off unsaved; SIGUSR1 and SIGUSR2 it hands on as they are.
+    launcher_stop_signal = "USR2"
 
     def allocation(self, job: Job) -> list[str]:
+        c = job.cluster.job
+        memory = f"{math.ceil(job.ranks_per_node * c.mem_per_worker_gb * 1024)}M" if c.mem_per_worker_gb else "0"
         options = [f"--job-name={job.name}", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}",
-                   f"--cpus-per-task={job.cores_per_rank}", f"--time={job.cluster.job.time_limit_min}",
-                   f"--output={job.log}", f"--signal=TERM@{STOP_WARNING_S}"]
+                   f"--cpus-per-task={job.cores_per_rank}", f"--mem={memory}", f"--time={c.time_limit_min}",
+                   f"--output={job.log}", f"--signal=B:{self.warning_signal}@{c.stop_margin_s}"]
+        if c.exclusive:
+            options.append("--exclusive")
         if job.gpus_per_rank:
             options.append(f"--gpus-per-node={job.ranks_per_node}")
         return options

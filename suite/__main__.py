@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     from suite.records.store import Store, store_uri
     from suite.signals import Stopped, raise_on_sigterm
     from suite.sweep.driver import check_installed, record_invalid, run_sweep
-    from suite.sweep.jobs import check_submittable, collect
+    from suite.sweep.jobs import batch_experiments, check_submittable, collect
     from suite.sweep.plan import expand, plan, repeat_overrides, sweep_file, sweep_lines
     from suite.sweep.status import end_abandoned_sweep_runs, status_table
 
@@ -74,6 +74,8 @@ def main(argv: list[str]) -> int:
         # Checked as it opens (intact, reachable); only read here, a store that does not exist is not created.
         store = Store(store_uri(points[0].cfg), create=not (args.status or args.cfg or args.dry_run))
         if args.status:
+            for experiment in batch_experiments(points):  # jobs leave their points to be recorded here
+                collect(experiment)
             print(status_table(points, store))
             return 0
         if args.cfg:

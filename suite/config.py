@@ -84,12 +84,39 @@ class ProfileConfig:
 
 
 @dataclass
+class QueueConfig:
+    """One of a site's batch queues as its documentation states it (each cluster config cites the page)."""
+
+    name: str = MISSING
+    min_nodes: int = 1
+    max_nodes: int | None = None  # None: no limit documented
+    min_time_min: int = 0
+    max_time_min: int | None = None
+    # Jobs one user may have queued or running in it: the site's per-user limit, or its per-project one, which a
+    # user's own jobs count against. A sweep packs its points into no more jobs than this. None: no limit.
+    max_jobs: int | None = None
+    # The queue hands out GPUs of one node, not nodes (Sophia's by-gpu): a job's GPU count must be one of these,
+    # one GPU to each rank.
+    gpus: list[int] | None = None
+    pick: bool = True  # chosen by a job's nodes and time when no queue is named; False: only when named
+
+
+@dataclass
 class JobConfig:
     """How a point is submitted to a batch scheduler. Not part of a point's identity (its config hash)."""
 
     account: str | None = None  # Slurm --account, LSF -G (Lassen: your bank), PBS -A (ALCF: your project)
-    queue: str | None = None  # Slurm partition, LSF or PBS queue; None = the scheduler's default
-    time_limit_min: int = 60  # per job; the ranks get SIGTERM a little before it and record `timeout`
+    queue: str | None = None  # Slurm partition, LSF or PBS queue; None = picked from `queues`, else the site's default
+    # The site's queues, first preferred: a named queue must take the job, else the first that does is picked
+    # (launchers.site_rules). []: nothing checked, the site decides.
+    queues: list[QueueConfig] = field(default_factory=list)
+    time_limit_min: int = 60  # per job; `stop_margin_s` before it the ranks are stopped and recorded `timeout`
+    # Seconds before the time limit when the running point's ranks get SIGTERM, save and are recorded, and no further
+    # point starts: Slurm's --signal, LSF's -wa/-wt, and on PBS, which warns nobody, the job script's own timer.
+    stop_margin_s: int = 120
+    exclusive: bool = True  # Slurm: the nodes to this job alone (--exclusive), no other job's noise; false: shared
+    # Memory of each rank, GB (Slurm: --mem of ranks per node x this); None = all of each node's memory (--mem=0)
+    mem_per_worker_gb: float | None = None
     # CPU cores given to each rank; None = hardware.cores_per_node / workers_per_node
     cores_per_worker: int | None = None
     account_required: bool = False  # the site rejects jobs without an account: check it before submitting
@@ -98,6 +125,17 @@ class JobConfig:
     # mpiexec); placeholders {ranks} {nodes} {ranks_per_node} {cores} {gpus}
     setup: list[str] = field(default_factory=list)  # shell lines before the ranks start (modules, conda, env)
     directives: list[str] = field(default_factory=list)  # extra scheduler options, e.g. "--constraint=v100"
+    # Whether a job's last step records its points in the store itself; None = only into a tracking server. Else
+    # it judges them and leaves them to `make collect` on the login node, the one process that writes a sqlite
+    # store (many jobs writing one sqlite file over a network file system may lose a run or damage the file).
+    record_in_job: bool | None = None
+    # PBS: what each node's chunk asks for after `select=<nodes>:`; placeholders {ranks_per_node} {ncpus} {ngpus};
+    # None = "ncpus={ncpus}:mpiprocs={ranks_per_node}:ngpus={ngpus}" (the ranks' cores and GPUs)
+    select: str | None = None
+    # Prefixes of the file systems the compute nodes mount: the job's python, working directory, results and
+    # store must be under one. None: not checked.
+    shared_paths: list[str] | None = None
+    successor: str | None = None  # a retired machine: nothing is submitted; its points are priced and reported
 
 
 @dataclass
@@ -130,6 +168,9 @@ class ClusterConfig:
     # More ranks than GPUs on a node, sharing them over gloo (NCCL refuses two ranks on one GPU): for checking the
     # GPU paths of multi-rank strategies on a one-GPU machine; its timings say nothing of scaling.
     share_gpus: bool = False
+    # The GPU each rank takes, indexed by its local rank (modulo the length), where the node's GPU numbering does not
+    # follow its cores' (Polaris: [3, 2, 1, 0]); None = the local rank's own number.
+    gpu_order: list[int] | None = None
     tracking_uri: str | None = None  # an MLflow server the cluster's jobs report to (see `make mlflow-server`)
     job: JobConfig = field(default_factory=JobConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)

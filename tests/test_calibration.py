@@ -245,8 +245,8 @@ def test_make_calibrate_on_a_batch_cluster_writes_its_job_script(results):
     (script,) = re.findall(r"^\[calibrate/lassen/w8\] job script: (\S+)$", made.stdout, re.M)
     text = open(script).read()
     assert {"#BSUB -nnodes 2", "#BSUB -G bank"} <= set(text.splitlines())
-    assert re.search(r"^run_point \S+/calibration/jobs/lassen/\S+-w8 calibrate/lassen/w8 10 jsrun .* -m suite.worker ",
-                     text, re.M)
+    assert re.search(r"^run_point 0 TERM \S+/calibration/jobs/lassen/\S+-w8 calibrate/lassen/w8 10 jsrun .* "
+                     r"-m suite.worker ", text, re.M)
     assert "-m suite.records.record" in text
     assert not (results / "calibration").exists()  # a dry run creates no job directory
     assert "the library overhead's probes are not part of a batch job" in made.stdout

@@ -1,5 +1,6 @@
-"""Faults that would lose or misreport a run: a recorder killed outright or stopped by a full disk, a sweep killed
-outright. Each leaves a state that the next recorder, sweep or `make status` recognises and repairs.
+"""Faults that would lose or misreport a run: a recorder killed outright or stopped by a full disk, another writer
+holding the sqlite store's lock, a sweep killed outright. Each leaves a state that the next recorder, sweep or
+`make status` recognises and repairs. And how a batch job's last step leaves a sqlite store to `make collect`.
 
 A full disk without root: the recorder runs under RLIMIT_FSIZE, so that a write past the limit fails with EFBIG
 (SIGXFSZ ignored), the same OSError path as ENOSPC on a full disk.
@@ -8,19 +9,28 @@ A full disk without root: the recorder runs under RLIMIT_FSIZE, so that a write 
 import os
 import resource
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
+from mlflow.exceptions import MlflowException
 
 from analysis.runs import latest_per_point
 from conftest import DIGITS, copy_rank_outputs, run_suite
+from launchers import LaunchResult
 from suite.paths import REPO_ROOT
+from suite.records import store as store_module
 from suite.records.manifest import git_sha
 from suite.records.owner import Owner
 from suite.records.point_dir import PointDir
-from suite.records.store import INCOMPLETE, run_status
+from suite.records.record import finish
+from suite.records.store import INCOMPLETE, VERDICT, Store, run_status
+from suite.signals import Stopped
+from suite.sweep import jobs
 from suite.sweep.driver import skip_reason
 from suite.sweep.plan import Point, plan
 from suite.sweep.point import new_point_dir
@@ -58,12 +68,15 @@ def test_a_claim_whose_recorder_is_gone_is_taken_over_at_once(tmp_path):
     assert out.claim(stale_after_s=0)  # ... until its claim is stale
 
 
-def point_dir(worker_outputs) -> tuple[Point, PointDir]:
+def point_dir(worker_outputs, *overrides: str) -> tuple[Point, PointDir]:
     """A planned point whose directory holds what a real rank left behind, to be recorded (in `results`)."""
-    (point,) = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2"]])
+    (point,) = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2", *overrides]])
     out = new_point_dir(point)
     copy_rank_outputs(worker_outputs, out.path)
     return point, out
+
+
+IN_JOB = "cluster.job.record_in_job=true"  # a site whose jobs record their points into the sqlite store themselves
 
 
 def full_disk(file_size_limit: int) -> None:
@@ -72,10 +85,10 @@ def full_disk(file_size_limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
 
-def record(out: PointDir, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
-    """A batch job's last step, `python -m suite.records.record`, here on a disk that is full after
-    `file_size_limit` bytes of any one file."""
-    return subprocess.run([sys.executable, "-m", "suite.records.record", str(out.path), "--exit-code", "0",
+def record(out: PointDir, file_size_limit: int | None = None, exit_code: int = 0) -> subprocess.CompletedProcess:
+    """A batch job's last step, `python -m suite.records.record`, after the ranks' command ended with `exit_code`;
+    here on a disk that is full after `file_size_limit` bytes of any one file."""
+    return subprocess.run([sys.executable, "-m", "suite.records.record", str(out.path), "--exit-code", str(exit_code),
                            "--started", str(time.time())], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                           preexec_fn=None if file_size_limit is None else lambda: full_disk(file_size_limit))
 
@@ -83,7 +96,7 @@ def record(out: PointDir, file_size_limit: int | None = None) -> subprocess.Comp
 @pytest.mark.slow
 @pytest.mark.xdist_group("recording_faults")  # one worker runs these: the rank of worker_outputs runs once
 def test_a_disk_full_at_the_claim_leaves_no_claim_and_the_rerun_records_the_point(results, store, worker_outputs):
-    _, out = point_dir(worker_outputs)
+    _, out = point_dir(worker_outputs, IN_JOB)
     stopped = record(out, file_size_limit=0)  # no room at all: the claim is the recorder's first write
     assert stopped.returncode == 1 and DISK_FULL in stopped.stdout, stopped.stdout + stopped.stderr[-3000:]
     assert list(out.path.glob("recording.claim*")) == []
@@ -96,7 +109,7 @@ def test_a_disk_full_at_the_claim_leaves_no_claim_and_the_rerun_records_the_poin
 @pytest.mark.slow
 @pytest.mark.xdist_group("recording_faults")
 def test_a_run_cut_short_by_a_full_disk_is_incomplete_and_the_point_is_recorded_again(results, store, worker_outputs):
-    point, out = point_dir(worker_outputs)
+    point, out = point_dir(worker_outputs, IN_JOB)
     store.experiment_id("adhoc")
     # Room for the store's few new pages, not for the rank's profiler trace: the disk fills while it is copied.
     limit = (results / "mlflow.db").stat().st_size + (2 << 20)
@@ -107,7 +120,8 @@ def test_a_run_cut_short_by_a_full_disk_is_incomplete_and_the_point_is_recorded_
     assert cut.returncode == 1 and DISK_FULL in cut.stdout, cut.stdout + cut.stderr[-3000:]
     assert list(out.path.glob("recording.claim*")) == []  # released all the same
     (run,) = store.runs("adhoc")
-    assert run.info.status == "RUNNING" and run.data.tags["suite.status"] == "finished"  # as the full disk left it
+    assert run.info.status == "RUNNING" and run.data.tags["suite.point_dir"] == str(out.path)  # as the disk left it
+    assert "suite.status" not in run.data.tags  # the verdict is written last: a run cut short never has it
     assert run_status(run) == INCOMPLETE and store.finished_run("adhoc", point.config_hash) is None
     assert status_rows([point], store) == [(point.label, "incomplete", "1/1", "-",
                                             f"run {run.info.run_id}: recording stopped part-way")]
@@ -124,6 +138,116 @@ def test_a_run_cut_short_by_a_full_disk_is_incomplete_and_the_point_is_recorded_
     assert copied.file_size == trace.stat().st_size
     assert status_rows([point], store)[0][1] == "finished"
     assert [row.run_id for row in latest_per_point(store.runs("adhoc"))] == [complete.info.run_id]
+
+
+class WriteLock:
+    """Another writer of the sqlite store (another job's recorder, `make collect`): a connection of its own holding the
+    store's write lock, as a transaction of that writer does."""
+
+    def __init__(self, db: Path) -> None:
+        self.connection = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+
+    def take(self, hold_s: float | None = None) -> None:
+        """Hold it for `hold_s` seconds (None: until release())."""
+        self.connection.execute("BEGIN IMMEDIATE")
+        if hold_s is not None:
+            threading.Timer(hold_s, self.release).start()
+
+    def release(self) -> None:
+        self.connection.execute("ROLLBACK")
+
+
+def lock_after_create_run(monkeypatch, store: Store, lock: WriteLock, hold_s: float | None) -> None:
+    """The moment of the review's failure: `lock` taken right after the recorder creates its run, before its params
+    and metrics are written."""
+    create_run = store.client.create_run
+
+    def create_then_lock(*args, **kwargs):
+        run = create_run(*args, **kwargs)
+        monkeypatch.setattr(store.client, "create_run", create_run)  # once
+        lock.take(hold_s)
+        return run
+
+    monkeypatch.setattr(store.client, "create_run", create_then_lock)
+
+
+RANKS_ENDED = LaunchResult(0, False, 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("recording_faults")
+def test_a_run_write_the_store_lock_stops_is_made_again_whole(results, store, worker_outputs, monkeypatch):
+    point, out = point_dir(worker_outputs)
+    store.experiment_id("adhoc")
+    # Held past sqlite's busy timeout (MLflow's 20 s): the params and metrics of the first write fail.
+    lock_after_create_run(monkeypatch, store, WriteLock(store.path), hold_s=25)
+    done = finish(out, store, RANKS_ENDED, time.time() - 1, time.time())
+    runs = {r.info.status: r for r in store.runs("adhoc")}
+    assert runs.keys() == {"KILLED", "FINISHED"}
+    half = runs["KILLED"]  # ended before the write was made again
+    assert half.data.params == {} and half.data.metrics == {} and not half.data.tags.keys() & set(VERDICT)
+    assert half.data.tags["suite.point_dir"] == str(out.path) and run_status(half) == INCOMPLETE
+    whole = store.finished_run("adhoc", point.config_hash)
+    assert whole.info.run_id == runs["FINISHED"].info.run_id == done.run_id == out.recorded()["run_id"]
+    assert done.status == "finished" and "epoch_time_s_mean" in whole.data.metrics
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("recording_faults")
+def test_a_run_the_store_lock_leaves_half_written_is_never_adopted_and_collect_records_it(results, store,
+                                                                                          worker_outputs, monkeypatch):
+    point, out = point_dir(worker_outputs)
+    store.experiment_id("adhoc")
+    started, ended = time.time() - 1, time.time()
+    out.write_job({"scheduler": "slurm", "job_id": "4242", "submitted": started})
+    out.write_ended(0, started, ended)  # as the job's last step leaves it
+    monkeypatch.setattr(store_module, "WRITE_ATTEMPTS", 1)  # one busy timeout, not every retry's
+    lock = WriteLock(store.path)
+    lock_after_create_run(monkeypatch, store, lock, hold_s=None)
+    with pytest.raises(MlflowException, match="database is locked"):
+        finish(out, store, RANKS_ENDED, started, ended)
+    lock.release()
+    assert out.recorded() is None and list(out.path.glob("recording.claim*")) == []
+    (half,) = store.runs("adhoc")
+    assert half.info.status == "RUNNING" and half.data.params == {} and not half.data.tags.keys() & set(VERDICT)
+    assert store.finished_run("adhoc", point.config_hash) is None  # nothing adopted: `make sweep` runs it again
+    assert skip_reason(store.speaking_run("adhoc", point.config_hash), git_sha(REPO_ROOT), False, False) is None
+
+    assert jobs.collect() == []  # `make collect`: the job's verdict, without asking the scheduler
+    runs = {r.info.status: r for r in store.runs("adhoc")}
+    assert runs.keys() == {"KILLED", "FINISHED"} and runs["KILLED"].info.run_id == half.info.run_id
+    assert out.recorded()["run_id"] == runs["FINISHED"].info.run_id
+    assert runs["FINISHED"].data.tags["suite.job_id"] == "4242"
+    assert status_rows([point], store)[0][1] == "finished"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("recording_faults")
+def test_a_jobs_last_step_leaves_a_sqlite_store_to_collect_which_records_what_the_job_saw(results, worker_outputs):
+    _, done = point_dir(worker_outputs)
+    _, stopped = point_dir(worker_outputs)  # its rank got SIGTERM in its first epoch
+    stopped.summary_file.unlink()
+    stopped.write_error(0, Stopped("stopped by SIGTERM (a time limit, a preemption or a cancel)"))
+    for job_id, out in (("7", done), ("8", stopped)):
+        out.write_job({"scheduler": "slurm", "job_id": job_id, "submitted": time.time()})
+
+    finished = record(done)
+    assert finished.returncode == 0, finished.stdout + finished.stderr[-3000:]
+    assert "finished (`make collect` on the login node records it into sqlite:///" in finished.stdout
+    timeout = record(stopped, exit_code=143)
+    assert timeout.returncode == 3, timeout.stdout + timeout.stderr[-3000:]  # the job script starts no further point
+    assert "timeout: rank 0: Stopped: stopped by SIGTERM" in timeout.stdout
+    assert not (results / "mlflow.db").exists()  # no job wrote the store
+    assert done.ended()["exit_code"] == 0 and stopped.ended()["exit_code"] == 143
+
+    assert jobs.collect() == []  # one process, on the login node
+    store = Store()
+    runs = {r.data.tags["suite.job_id"]: r.data.tags for r in store.runs("adhoc")}
+    assert runs["7"]["suite.status"] == "finished"
+    assert runs["8"]["suite.status"] == "timeout"  # the job's verdict, not the scheduler's
+    assert runs["8"]["suite.error"] == ("rank 0: Stopped: stopped by SIGTERM (a time limit, a preemption or a cancel)"
+                                        " after 1 of 1 epochs")
+    assert jobs.collect() == [] and len(store.runs("adhoc")) == 2  # recorded once
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from conftest import DIGITS, free_port, run_suite, tracking_server
+from launchers.hosts import slurm_hosts
 from suite.paths import REPO_ROOT
 from suite.records.point_dir import PointDir
 from suite.records.store import Store
@@ -62,6 +63,7 @@ def test_sweep_runs_as_slurm_jobs_records_their_ids_and_resumes(slurm, results, 
     job_ids = re.findall(r"submitted: slurm job (\d+)", first.stdout)
     assert len(job_ids) == 2 and "## digits" not in first.stdout  # returned at once, nothing to report yet
     wait_until(lambda: jobs_ended(job_ids), f"Slurm jobs {job_ids}")
+    assert make("collect").returncode == 0  # the jobs judged their points; one process writes the sqlite store
 
     (parent,) = [r for r in store.runs("digits") if "suite.sweep" in r.data.tags]  # the sweep invocation's run
     runs = {r.info.run_name: r for r in store.runs("digits") if "suite.sweep" not in r.data.tags}
@@ -109,8 +111,9 @@ def test_sigterm_to_the_ranks_records_timeout_with_the_epochs_completed(slurm, r
     # Hangs in epoch 2 (step 4: one warm-up step, then two steps per epoch) after epoch 1 was saved.
     job_id, out = submit(results, "epochs=2", "fault.kind=hang", "fault.step=4")
     wait_until(lambda: len(out.epochs()) == 1, "the first epoch")
-    subprocess.run(["scancel", "--signal=TERM", job_id], check=True)  # as Slurm warns before the time limit
+    subprocess.run(["scancel", "--signal=TERM", job_id], check=True)  # SIGTERM to the ranks alone (not the script)
     wait_until(lambda: jobs_ended([job_id]), f"Slurm job {job_id}")
+    assert make("collect").returncode == 0
 
     (run,) = store.runs("adhoc")
     assert run.data.tags["suite.status"] == "timeout"
@@ -151,6 +154,30 @@ def test_horovod_point_runs_as_a_slurm_job_under_horovodrun(slurm, results, stor
     """The job script starts horovodrun on the job's node with -H from SLURM_JOB_NODELIST (no srun)."""
     job_id, out = submit(results, "strategy=horovod", "workers=2")
     wait_until(lambda: jobs_ended([job_id]), f"Slurm job {job_id}")
+    assert make("collect").returncode == 0
     (run,) = store.runs("adhoc")
     assert run.data.tags["suite.status"] == "finished", run.data.tags.get("suite.error")
     assert "rank 1 of 2 (local 1 of 2) from horovodrun" in out.rank_log(1).read_text()
+
+
+def test_slurms_warning_to_the_batch_shell_stops_the_point_and_it_is_recorded_as_timeout(slurm, results, store):
+    """What `--signal=B:USR1@<margin>` sends before the time limit, sent now: the script stops the running ranks
+    (SIGUSR2 to srun, which hands it on), they keep the epoch they completed, and the point is `timeout`, not
+    cancelled or killed."""
+    job_id, out = submit(results, "epochs=2", "fault.kind=hang", "fault.step=4")
+    wait_until(lambda: len(out.epochs()) == 1, "the first epoch")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True)
+    wait_until(lambda: jobs_ended([job_id]), f"Slurm job {job_id}")
+    job_output = (results / "jobs" / "adhoc" / f"{out.path.name}.out").read_text()
+    assert "suite: the time limit is near: stopping" in job_output
+    assert make("collect").returncode == 0  # records what the job's last step judged, if the job did not
+    (run,) = store.runs("adhoc")
+    assert run.data.tags["suite.status"] == "timeout"
+    assert run.data.tags["suite.error"] == ("rank 0: Stopped: stopped by SIGUSR2 (a time limit, a preemption or "
+                                            "a cancel) after 1 of 2 epochs")
+
+
+def test_node_lists_are_read_as_slurm_reads_them(slurm):
+    for nodelist in ("rack[1-2]-node[01-02]", "gpu[07-09,12],login1", "n[98-101]", "n[1-2,5]x[1-2],m3", "tux[0-3]"):
+        expanded = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
+        assert slurm_hosts(nodelist) == expanded.stdout.split()

@@ -1,10 +1,13 @@
 """A point directory becomes one MLflow run, exactly once, whoever gets there first. So does a calibration
 job's directory (`make calibrate`), which also leaves its record (see suite.records.calibration).
 
-The local driver records a point as soon as its ranks end; a batch job records each of its points
-in its last step (`python -m suite.records.record <point dir> --exit-code N --started T`); `make collect`
-records the points of jobs that ended without doing so. Each claims the directory first, checks that
-the store has no run for it yet, and leaves `recorded.json` behind.
+The local driver records a point as soon as its ranks end. A batch job's last step for each point
+(`python -m suite.records.record <point dir> --exit-code N --started T`) judges it and records it itself
+into a tracking server (`cluster.job.record_in_job`); otherwise, or if that fails, it leaves what it saw in
+`ended.json` for `make collect` on the login node, so that one process writes a sqlite store. `make
+collect` records those points and the ones of jobs that ended without that step. Each recorder
+claims the directory first, checks that the store has no complete run for it yet, and leaves
+`recorded.json` behind.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from launchers.hosts import scheduler_job_id
 from suite.config import is_calibration
 from suite.records.calibration import write_calibration
 from suite.records.point_dir import PointDir, error_line
-from suite.records.store import Store, complete
+from suite.records.store import Store, complete, is_server
 from suite.records.verdict import Ending, verdict
 from suite.vocabulary import Status
 
@@ -84,14 +87,22 @@ class Recorded:
 
 def finish(out: PointDir, store: Store, ended: Ending, start: float, end: float,
            tags: dict[str, str] | None = None) -> Recorded:
-    """Judge how a point ended and record it: the one path of the local driver, a batch job's last step and
-    `make collect`."""
+    """Judge how a point ended and record it: the path of the local driver and `make collect` (a batch job's last
+    step judges the same way, `main`, and records only where its points do)."""
     status, error = verdict(out, ended)
     return Recorded(status, error, record_point(out, store, status, error, start, end, tags))
 
 
+def records_in_job(cfg: DictConfig, uri: str) -> bool:
+    """Whether a batch job's last step records its point into the store `uri` itself (cluster.job.record_in_job;
+    by default only into a tracking server)."""
+    chosen = cfg.cluster.job.get("record_in_job")
+    return is_server(uri) if chosen is None else chosen
+
+
 def main(argv: list[str]) -> int:
-    """The last step of a batch job for one point: judge how its ranks ended and record it."""
+    """The last step of a batch job for one point: judge how its ranks ended, and record the point if the job
+    records its points itself, else leave it for `make collect` (ended.json). Exit code 3 on a timeout."""
     parser = argparse.ArgumentParser(prog="python -m suite.records.record", description=main.__doc__)
     parser.add_argument("point_dir")
     parser.add_argument("--exit-code", type=int, required=True, help="exit code of the command that ran the ranks")
@@ -102,16 +113,28 @@ def main(argv: list[str]) -> int:
 
     out = PointDir(args.point_dir)
     label = out.point()["label"]
-    ended = LaunchResult(args.exit_code, False, time.time() - args.started)
+    cfg = OmegaConf.load(out.config)
+    now = time.time()
+    status, error = verdict(out, LaunchResult(args.exit_code, False, now - args.started))
+    said = f"suite: {label} {status}" + (f": {error}" if error else "")
+    stop = TIMEOUT_EXIT if status == Status.timeout else 0
+    uri = store_uri(cfg)
     try:
-        done = finish(out, Store(store_uri(OmegaConf.load(out.config))), ended, args.started, time.time())
+        if not records_in_job(cfg, uri):
+            out.write_ended(args.exit_code, args.started, now)
+            print(f"{said} (`make collect` on the login node records it into {uri})", flush=True)
+            return stop
+        try:
+            run_id = record_point(out, Store(uri), status, error, args.started, now)
+        except Exception:
+            out.write_ended(args.exit_code, args.started, now)  # what `make collect` will judge it by
+            raise
     except Exception as e:  # e.g. the tracking server is unreachable: the results stay for `make collect`
-        print(f"suite: {label} not recorded ({error_line(e)}); its results stay in {out.path} "
+        print(f"{said}; not recorded ({error_line(e)}); its results stay in {out.path} "
               "and `make collect` records them", flush=True)
-        return 1
-    where = f"run {done.run_id}" if done.run_id else "another process is recording it"
-    print(f"suite: {label} {done.status}" + (f": {done.error}" if done.error else "") + f" ({where})", flush=True)
-    return TIMEOUT_EXIT if done.status == Status.timeout else 0
+        return stop or 1
+    print(f"{said} ({f'run {run_id}' if run_id else 'another process is recording it'})", flush=True)
+    return stop
 
 
 if __name__ == "__main__":

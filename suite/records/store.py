@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import functools
+import itertools
 import os
 import sqlite3
 import ssl
@@ -14,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
@@ -22,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from suite.errors import ConfigError
 from suite.paths import results_dir
 from suite.records.owner import Owner
+from suite.records.tracking_server import credentials_file, export_credentials
 from suite.vocabulary import (
     DEVICE_MEMORY,
     EPOCH_METRICS,
@@ -48,6 +51,11 @@ def tracking_uri(configured: str | None = None, cluster_default: str | None = No
 def store_uri(cfg: DictConfig) -> str:
     """The store a point reports to."""
     return tracking_uri(cfg.tracking.uri, cfg.cluster.get("tracking_uri"))
+
+
+def is_server(uri: str) -> bool:
+    """Whether the store is a tracking server (else a file that this process writes itself)."""
+    return uri.startswith(("http://", "https://"))
 
 
 class StoreError(ConfigError):
@@ -107,6 +115,26 @@ def check_reachable(uri: str) -> None:
                              "or set tracking.uri / MLFLOW_TRACKING_URI to one that runs") from None
 
 
+def check_authorized(uri: str) -> None:
+    """Raise StoreError if the tracking server at `uri` refuses the credentials this process sends (its first
+    answer may take a while: a server just started, a password hash checked)."""
+    request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1")
+    username, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if username and password:
+        request.add_unredirected_header("Authorization", "Basic " + base64.b64encode(
+            f"{username}:{password}".encode()).decode())
+    try:
+        urllib.request.urlopen(request, timeout=60).close()
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            sent = f"the credentials of user {username}" if username else "no credentials"
+            raise StoreError(f"the tracking server {uri} refuses {sent}: the suite's own (`make mlflow-server`) "
+                             f"takes those in {credentials_file()}; for another, set MLFLOW_TRACKING_USERNAME and "
+                             "MLFLOW_TRACKING_PASSWORD") from None
+    except OSError:
+        pass  # it answered /health a moment ago: MLflow's client says what is wrong when it is used
+
+
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(node, dict):
         out: dict[str, Any] = {}
@@ -127,11 +155,28 @@ def run_params(cfg: DictConfig, knobs: dict[str, Any], layout: dict[str, Any]) -
 
 
 INCOMPLETE = "incomplete"  # the status of a point's run whose recording stopped part-way (a full disk, a crash)
+# The tags that say how a point ended: Store.write_run writes them after everything else, just before it ends the run.
+VERDICT = ("suite.status", "suite.error")
+# A run write that another writer's lock holds up past sqlite's busy timeout (MLflow sets 20 s on every session)
+# is made again whole, this many times at most, after pauses of RETRY_AFTER_S, twice that, ...
+WRITE_ATTEMPTS = 4
+RETRY_AFTER_S = 2.0
 
 
 def complete(run) -> bool:
-    """Whether a point's run was recorded to the end: Store.write_run ends it FINISHED or FAILED last of all."""
-    return run.info.status in ("FINISHED", "FAILED")
+    """Whether a point's run was recorded to the end: Store.write_run writes its verdict (`suite.status`) and then
+    ends it FINISHED or FAILED, last of all."""
+    return run.info.status in ("FINISHED", "FAILED") and "suite.status" in run.data.tags
+
+
+def locked(exc: BaseException | None) -> bool:
+    """Whether a store operation failed because another writer held the sqlite file's lock."""
+    while exc is not None:
+        if isinstance(exc, sqlite3.OperationalError) and \
+                exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def run_status(run) -> str:
@@ -146,8 +191,10 @@ class Store:
         is written: until then it reads as empty."""
         self.uri = tracking_uri(uri)
         self.path = sqlite_file(self.uri)
-        if self.uri.startswith(("http://", "https://")):
+        if is_server(self.uri):
+            export_credentials()
             check_reachable(self.uri)
+            check_authorized(self.uri)
         elif self.path and self.path.exists():
             check_intact(self.path)
         if self.path and (create or self.path.exists()):
@@ -292,16 +339,38 @@ class Store:
 
     def write_run(self, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
                   metrics: list[Metric], artifacts: list[Path], start_time: float, end_time: float) -> str:
-        """Write one complete run, ended as its `suite.status` tag says; its id."""
-        run = self.client.create_run(self.experiment_id(experiment), start_time=int(start_time * 1000),
-                                     run_name=name, tags=tags)
-        self.client.log_batch(run.info.run_id, metrics=metrics,
-                              params=[Param(k, str(v)) for k, v in params.items()])
+        """Write one complete run, ended as its `suite.status` tag says; its id. A write that the sqlite file's lock
+        stops is made again whole (WRITE_ATTEMPTS), each run it left half-written ended first (KILLED)."""
+        half_written: list[str] = []
+        for attempt in itertools.count(1):
+            try:
+                while half_written:
+                    self.client.set_terminated(half_written[0], "KILLED")
+                    half_written.pop(0)
+                return self._write_run(experiment, name, params, tags, metrics, artifacts, start_time, end_time,
+                                       half_written)
+            except MlflowException as e:
+                if attempt == WRITE_ATTEMPTS or not locked(e):
+                    raise
+            time.sleep(RETRY_AFTER_S * 2 ** (attempt - 1))
+
+    def _write_run(self, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
+                   metrics: list[Metric], artifacts: list[Path], start_time: float, end_time: float,
+                   half_written: list[str]) -> str:
+        """One attempt of write_run; the run it creates goes into `half_written`, for write_run to end if the attempt
+        stops. The run carries the point's identity from the start (so that the next recorder finds and ends it if
+        the process stops too), its verdict only at the end: a run cut short never reads as a point that finished."""
+        run_id = self.client.create_run(self.experiment_id(experiment), start_time=int(start_time * 1000),
+                                        run_name=name, tags={k: v for k, v in tags.items() if k not in VERDICT}
+                                        ).info.run_id
+        half_written.append(run_id)
+        self.client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()])
         for path in artifacts:
             if path.is_dir():
-                self.client.log_artifacts(run.info.run_id, str(path), path.name)
+                self.client.log_artifacts(run_id, str(path), path.name)
             elif path.exists():
-                self.client.log_artifact(run.info.run_id, str(path))
+                self.client.log_artifact(run_id, str(path))
+        self.client.log_batch(run_id, tags=[RunTag(k, tags[k]) for k in VERDICT if k in tags])
         status = "FINISHED" if tags["suite.status"] == Status.finished else "FAILED"
-        self.client.set_terminated(run.info.run_id, status, end_time=int(end_time * 1000))
-        return run.info.run_id
+        self.client.set_terminated(run_id, status, end_time=int(end_time * 1000))
+        return run_id

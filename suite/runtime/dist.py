@@ -9,9 +9,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.placement import threads_per_worker
+from suite.runtime.gpu_build import missing_gpu_code
 from suite.runtime.rendezvous import Rendezvous
+from suite.runtime.torch_api import INIT_TAKES_DEVICE_ID
 
 
 @dataclass(frozen=True)
@@ -28,16 +31,19 @@ class DistEnv:
         return self.rank == 0
 
 
-def resolve_device(requested: str, local_rank: int) -> torch.device:
-    """`auto` takes this rank's GPU when CUDA is available, else the CPU."""
+def resolve_device(requested: str, local_rank: int, gpu_order: list[int] | None = None) -> torch.device:
+    """`auto` takes this rank's GPU when CUDA is available, else the CPU. A rank's GPU is its local rank's
+    entry of `gpu_order` (the cluster's GPU numbering near each rank's cores), else its local rank's number."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+        gpu = gpu_order[local_rank % len(gpu_order)] if gpu_order else local_rank
+        return torch.device("cuda", gpu % torch.cuda.device_count())
     return torch.device(requested)
 
 
-def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous, share_gpus: bool = False) -> DistEnv:
+def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous, share_gpus: bool = False,
+                     gpu_order: list[int] | None = None) -> DistEnv:
     """Join the process group of the job that `rendezvous` describes (see `suite.runtime.rendezvous`).
 
     Every strategy runs in a process group, `single` in one of size 1, so the reductions of the
@@ -45,8 +51,12 @@ def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous, s
     """
     r = rendezvous
     mark("joining", r.rank)
-    dev = resolve_device(device, r.local_rank)
+    dev = resolve_device(device, r.local_rank, gpu_order)
     if dev.type == "cuda":
+        missing = missing_gpu_code(torch.cuda.get_device_capability(dev), torch.cuda.get_arch_list(),
+                                   torch.version.cuda)
+        if missing:
+            raise ConfigError(missing)
         torch.cuda.set_device(dev)
     else:
         torch.set_num_threads(threads_per_worker(threads, r.local_world_size))
@@ -57,7 +67,7 @@ def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous, s
         os.environ.setdefault("MASTER_PORT", str(r.master_port))
         dist.init_process_group(
             backend, rank=r.rank, world_size=r.world_size, timeout=timedelta(minutes=10),
-            device_id=dev if backend == "nccl" else None,
+            **({"device_id": dev} if backend == "nccl" and INIT_TAKES_DEVICE_ID else {}),
         )
     mark("joined", r.rank)
     return DistEnv(r.rank, r.world_size, r.local_rank, r.local_world_size, dev, backend)

@@ -8,7 +8,8 @@ import re
 import resource
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from suite.runtime.torch_api import DTensor
 
 # Per rank; a point reports the largest. mem_master_mb: fp32 master copies of the parameters that an
 # optimizer steps beside the model's own (ZeRO keeps its partition of them even in fp32 training).

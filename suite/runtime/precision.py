@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from suite.runtime.torch_api import grad_scaler
+
 
 @dataclass
 class Precision:
@@ -37,5 +39,5 @@ class Precision:
 
 
 def make_precision(name: str, device: torch.device) -> Precision:
-    scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+    scaler = grad_scaler(device.type) if name == "fp16" else None
     return Precision(name, device.type, scaler)

@@ -1,13 +1,18 @@
 """Where a rank sits in its job, read from whatever started it: the local launcher, torchrun, horovodrun,
-srun, jsrun or mpiexec.
+srun, jsrun, mpiexec or mpirun.
 
-Each launcher describes a rank in its own variables; the scheduler's allocation (Slurm's node list,
-LSF's host list, PBS's node file) says which host runs rank 0 and so serves the rendezvous. The
-port is derived from the job id, so every rank of a job computes the same one without talking.
+Each launcher describes a rank in its own variables. Rank 0's host and port come from MASTER_ADDR and
+MASTER_PORT, which a batch job script exports before each of its steps (every launcher hands them on, Open
+MPI's with `-x`); without them, from the scheduler's allocation (Slurm's node list, LSF's host list, PBS's
+node file: its first host runs rank 0) and a port derived from the job id, which every rank computes alike.
+
+    python -m suite.runtime.rendezvous <step>   # in a job script: `host port` of the job's step <step>
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,12 +22,16 @@ from launchers.hosts import allocation_hosts, scheduler_job_id
 # (source, rank, world size, local rank, local world size), in order of precedence: the launcher that
 # started this very process first; Slurm's variables last, as an allocation also exports them to
 # processes that mpirun or torchrun started inside it. None: the launcher does not export that number.
+# A row counts only where both its rank and its local rank are set: srun under MpiDefault=pmi2 sets
+# PMI_RANK and PMI_SIZE but no PMI_LOCAL_RANK, and its ranks are then placed by SLURM_LOCALID.
 # horovodrun comes first: it passes its whole environment on to every rank, a job script's
-# SLURM_PROCID=0 or OMPI_* included, even to ranks on other hosts.
+# SLURM_PROCID=0 or OMPI_* included, even to ranks on other hosts. jsrun sets JSM_NAMESPACE_* whatever
+# MPI it starts (with `--smpiargs=off`, no OMPI_*).
 LAUNCHERS = (
     ("horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
     ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-    ("jsrun/Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    ("jsrun", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE"),
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("mpiexec/PMI", "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE"),
     ("mpiexec/PALS", "PALS_RANKID", None, "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE"),
@@ -56,17 +65,23 @@ def _slurm_local_size(env: Mapping[str, str]) -> int:
     return counts[min(node, len(counts) - 1)]
 
 
+def step_port(job_id: str, step: int) -> int:
+    """The port of a job's step: consecutive steps of one job take consecutive ports, none reused."""
+    return PORT_BASE + (zlib.crc32(job_id.encode()) + step) % PORT_RANGE
+
+
+def allocation_master(env: Mapping[str, str], step: int = 0) -> tuple[str, int]:
+    """Rank 0's host (the allocation's first) and port for the job's step `step`."""
+    job = scheduler_job_id(env)
+    return next(iter(allocation_hosts(env)), "127.0.0.1"), step_port(job, step) if job else 29500 + step
+
+
 def master_addr(env: Mapping[str, str]) -> str:
-    if "MASTER_ADDR" in env:
-        return env["MASTER_ADDR"]
-    return next(iter(allocation_hosts(env)), "127.0.0.1")
+    return env["MASTER_ADDR"] if "MASTER_ADDR" in env else allocation_master(env)[0]
 
 
 def master_port(env: Mapping[str, str]) -> int:
-    if "MASTER_PORT" in env:
-        return int(env["MASTER_PORT"])
-    job = scheduler_job_id(env)
-    return PORT_BASE + zlib.crc32(job.encode()) % PORT_RANGE if job else 29500
+    return int(env["MASTER_PORT"]) if "MASTER_PORT" in env else allocation_master(env)[1]
 
 
 def discover(env: Mapping[str, str], expected_world_size: int = 1) -> Rendezvous:
@@ -75,13 +90,17 @@ def discover(env: Mapping[str, str], expected_world_size: int = 1) -> Rendezvous
     `expected_world_size` (the point's rank count) stands in where the launcher exports none (PALS).
     """
     for source, rank, size, local_rank, local_size in LAUNCHERS:
-        if rank not in env:
+        if rank not in env or local_rank not in env:
             continue
         world_size = int(env[size]) if size and size in env else expected_world_size
         if local_size is None:
             local_world_size = _slurm_local_size(env)
         else:
             local_world_size = int(env.get(local_size, world_size))
-        return Rendezvous(int(env[rank]), world_size, int(env.get(local_rank, 0)), local_world_size,
+        return Rendezvous(int(env[rank]), world_size, int(env[local_rank]), local_world_size,
                           master_addr(env), master_port(env), source)
     return Rendezvous(0, 1, 0, 1, "127.0.0.1", master_port(env), "a single process")
+
+
+if __name__ == "__main__":
+    print(*allocation_master(os.environ, int(sys.argv[1])))

@@ -8,13 +8,14 @@ from pathlib import Path
 
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from packaging.version import Version
 
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT
 from suite.strategies.base import Library, Strategy
 from suite.strategies.knob_types import check_knob_types
 
-__all__ = ["Strategy", "build_strategy", "missing_library"]
+__all__ = ["Strategy", "build_strategy", "missing_library", "older_torch"]
 
 
 def build_strategy(cfg) -> Strategy:
@@ -42,6 +43,15 @@ def missing_library(strategy: Strategy) -> str | None:
                 or not all(Path(sys.executable).with_name(script).exists() for script in library.executables)):
             return f"{library.name} is not installed in {shown}: run `{install_command(library, shown)}`"
     return None
+
+
+def older_torch(strategy: Strategy, present: str) -> str | None:
+    """Why a torch of version `present` (the environment's that runs the ranks) cannot run the strategy's ranks, in
+    one line; None if it can. Releases are compared, so that a pre-release of a version (NVIDIA's containers ship
+    torch 2.6.0a0+git...) counts as that version."""
+    if Version(present).release >= Version(strategy.needs_torch).release:
+        return None
+    return f"strategy {strategy.name} needs torch >= {strategy.needs_torch}, this environment has torch {present}"
 
 
 def install_command(library: Library, venv: str) -> str:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 
 from suite.models.layers import block_layers
 from suite.runtime.optim import build_optimizer
@@ -27,12 +26,16 @@ class FSDP(Strategy):
     name: str = "fsdp"
     # Parameters are sharded: only element-wise updates are right on a shard.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS)
+    # FSDP2's torch.distributed.fsdp.fully_shard is public from torch 2.6 (2.4 had it private, in _composable).
+    needs_torch: ClassVar[str] = "2.6"
     reshard_after_forward: bool = True
 
     def layout(self, cfg) -> Layout:
         return Layout(dp=cfg.workers, mini_batch=cfg.batch_size, shard=cfg.workers)
 
     def setup(self, model: nn.Module, rank: RankContext) -> DataParallel:
+        from torch.distributed.fsdp import fully_shard  # here: the module imports on torch before 2.6
+
         model = model.to(rank.env.device)
         mesh = rank.layout.mesh(rank.env.device.type)["dp"]
         for layer in block_layers(model):

@@ -4,20 +4,27 @@ forward, then all backward, then a flush (torch.distributed.pipelining.ScheduleG
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import nn
-from torch.distributed.pipelining import ScheduleGPipe
 
 from suite.strategies.base import RankContext
 from suite.strategies.pipeline import DistributedPipeline
-from suite.strategies.scheduled import Scheduled
+
+if TYPE_CHECKING:
+    from suite.strategies.scheduled import Scheduled
 
 
 @dataclass(frozen=True)
 class GPipeDist(DistributedPipeline):
     name: str = "gpipe_dist"
+    needs_torch: ClassVar[str] = "2.6"  # see suite.strategies.scheduled
 
     def setup(self, model: nn.Module, rank: RankContext) -> Scheduled:
+        from torch.distributed.pipelining import ScheduleGPipe
+
+        from suite.strategies.scheduled import Scheduled
+
         def schedule(stages, micro_batches, loss_fn):
             (stage,) = stages
             return ScheduleGPipe(stage, micro_batches, loss_fn=loss_fn)

@@ -14,20 +14,10 @@ data shard and they average gradients after backward. Study N's Megatron-intra i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
 
 from suite.errors import ConfigError
 from suite.runtime.dist import all_reduce_flat
@@ -37,11 +27,21 @@ from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.strategies.layout import Layout
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+# torch.distributed.tensor (DTensor's placements, public from torch 2.5) is imported where a plan is made: this module
+# imports on older torch, where a megatron point is refused (`needs_torch`).
+
 
 def block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """How one GPT-2 block is split. Under sequence parallelism the block's input and output are this
     rank's slice of the sequence: the LayerNorms run on it, the attention and MLP inputs are gathered
     whole, and their row-parallel outputs are reduce-scattered back into slices."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
     plan: dict[str, ParallelStyle] = {"attn.qkv": ColwiseParallel(), "mlp.fc": ColwiseParallel()}
     if not sequence_parallel:
         return plan | {"attn.proj": RowwiseParallel(), "mlp.proj": RowwiseParallel()}
@@ -53,6 +53,9 @@ def block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
 
 def ends_plan(vocab_parallel: bool, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """The embedding before the blocks and the final LayerNorm and head after them."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
     seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, ParallelStyle] = {}
     if vocab_parallel:
@@ -69,6 +72,8 @@ def ends_plan(vocab_parallel: bool, sequence_parallel: bool) -> dict[str, Parall
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bool, sequence_parallel: bool) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
     for block in model.blocks:
         parallelize_module(block, mesh, block_plan(sequence_parallel))
     parallelize_module(model, mesh, ends_plan(vocab_parallel, sequence_parallel))
@@ -99,6 +104,7 @@ class Megatron(Strategy):
     # not checkpoint wrappers.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS,
                                             activation_checkpointing=False)
+    needs_torch: ClassVar[str] = "2.5"  # torch.distributed.tensor, DTensor's public API
     tp: int = 2
     batch_grows_with_tp: bool = True
     vocab_parallel: bool = False

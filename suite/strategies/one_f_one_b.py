@@ -5,19 +5,22 @@ the same math as GPipe with at most `stages` micro-batches of activations alive 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import nn
-from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
 
 from suite.errors import BadValue, ConfigError
 from suite.strategies.base import RankContext
 from suite.strategies.pipeline import DistributedPipeline
-from suite.strategies.scheduled import Scheduled
+
+if TYPE_CHECKING:
+    from suite.strategies.scheduled import Scheduled
 
 
 @dataclass(frozen=True)
 class OneFOneB(DistributedPipeline):
     name: str = "1f1b"
+    needs_torch: ClassVar[str] = "2.6"  # see suite.strategies.scheduled
     virtual_stages: int = 1
 
     def chunks_per_device(self) -> int:
@@ -33,6 +36,10 @@ class OneFOneB(DistributedPipeline):
                               f"{stages} stages")
 
     def setup(self, model: nn.Module, rank: RankContext) -> Scheduled:
+        from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+
+        from suite.strategies.scheduled import Scheduled
+
         def schedule(stages, micro_batches, loss_fn):
             if self.virtual_stages > 1:
                 return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)

@@ -10,6 +10,7 @@ purpose; the statistical-efficiency curve (validation metric per epoch and again
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,9 @@ class PipeDreamRuntime(DistributedStages):
 @dataclass(frozen=True)
 class PipeDream(DistributedPipeline):
     name: str = "pipedream"
+    # Its process groups come from a device mesh with named dimensions (suite.pipeline.topology): init_device_mesh,
+    # public from torch 2.2.
+    needs_torch: ClassVar[str] = "2.2"
 
     def batching(self, cfg) -> MicroBatching:
         return MicroBatching(1, cfg.batch_size)

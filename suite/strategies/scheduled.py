@@ -1,6 +1,8 @@
 """Synchronous pipelines across ranks on torch.distributed.pipelining: one schedule step per mini-batch
 (all its micro-batches), gradients averaged over micro-batches, a flush, then one optimizer step.
-`gpipe_dist` and `1f1b` differ only in the schedule class they hand to `Scheduled`."""
+`gpipe_dist` and `1f1b` differ only in the schedule class they hand to `Scheduled`, and import this module in
+their `setup`: torch.distributed.pipelining came with torch 2.4, but a PipelineStage built without example inputs
+(shapes found on the first micro-batch, pytorch#136912), as here, only with torch 2.6, which they declare."""
 
 from __future__ import annotations
 

@@ -78,6 +78,10 @@ class Zero(Strategy):
     # Optimizers: those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=tuple(DS_OPTIMIZERS))
     requires: ClassVar[tuple[Library, ...]] = (Library("DeepSpeed", "deepspeed", "setup"),)
+    # What the pinned DeepSpeed (0.19.8) calls: torch.autograd.graph._get_grad_fn_or_grad_acc in every backward (torch
+    # 2.3; on 2.1 every stage fails there), and at stage 3 torch.get_autocast_dtype (torch 2.4; on 2.3.1 stages 1
+    # and 2 train as `single` does, stage 3 fails).
+    needs_torch: ClassVar[str] = "2.4"
     zero_stage: int = 1
     offload: str = "none"
     ds_config: dict[str, Any] = field(default_factory=dict)

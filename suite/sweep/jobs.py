@@ -1,12 +1,15 @@
 """Points as batch jobs: submitted by `make sweep`, watched by `make status`, recorded by `make collect`.
 
 A submitted point's directory holds `job.json` (scheduler, job id, script). Until it also holds
-`recorded.json`, its job is pending: queued, running, or ended without recording the point (killed
-outright, or unable to reach the store). `collect` records those with the scheduler's verdict.
+`recorded.json`, its job is pending: queued, running, or ended without recording the point. `collect`
+records those: as the job's last step judged them (`ended.json`: by default a job leaves its points to
+`collect` unless they report to a tracking server, suite.records.record), else, for a job ended before
+that step (killed outright), with the scheduler's verdict.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from launchers import BATCH_SCHEDULERS, jobscript
+from launchers import BATCH_SCHEDULERS, LaunchResult, jobscript, site_rules
 from launchers.batch import ENDED, Job, JobState, SchedulerError, Step, cores_per_rank
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
@@ -22,7 +25,7 @@ from suite.predict.predictor import recorded_prediction
 from suite.records.point_dir import PointDir, error_line
 from suite.records.record import finish
 from suite.records.store import Store, store_uri
-from suite.records.verdict import JobEnded, NotStarted
+from suite.records.verdict import Ending, JobEnded, NotStarted
 from suite.sweep.plan import Point
 from suite.sweep.point import Outcome, new_point_dir, point_dir_path
 from suite.vocabulary import Status
@@ -33,9 +36,11 @@ def is_batch(point: Point) -> bool:
 
 
 def submitted_dirs(experiment: str | None = None) -> list[PointDir]:
-    """Point directories of submitted jobs, oldest first."""
-    pattern = f"{experiment or '*'}/*/job.json"
-    return [PointDir(p.parent) for p in sorted((results_dir() / "points").glob(pattern))]
+    """Point directories of submitted jobs, oldest first; without `experiment`, `make calibrate`'s jobs too."""
+    found = sorted((results_dir() / "points").glob(f"{experiment or '*'}/*/job.json"))
+    if experiment is None:
+        found += sorted((results_dir() / "calibration" / "jobs").glob("*/*/job.json"))
+    return [PointDir(p.parent) for p in found]
 
 
 def job_states(dirs: list[PointDir]) -> dict[tuple[str, str], JobState]:
@@ -83,18 +88,37 @@ def unrecorded(experiment: str | None = None) -> list[PendingPoint]:
 
 
 def collect(experiment: str | None = None) -> list[PendingPoint]:
-    """Record every point whose job ended without recording it; return the points still queued or running."""
+    """Record every point whose ranks ended, as the job's last step judged them (without asking the scheduler), and
+    every point whose job ended without that step, with the scheduler's verdict; return the points still queued or
+    running."""
     stores = Stores()
-    still = []
-    for waiting in unrecorded(experiment):
-        out, state, job = waiting.out, waiting.state, waiting.job
-        if state and state.phase != ENDED:
-            still.append(waiting)
-            continue
-        end = out.launcher_log.stat().st_mtime if out.launcher_log.exists() else time.time()
-        done = finish(out, stores(store_uri(OmegaConf.load(out.config))), JobEnded(state), job["submitted"], end)
+
+    def record(out: PointDir, ended: Ending, start: float, end: float) -> None:
+        job = out.job()
+        done = finish(out, stores(store_uri(OmegaConf.load(out.config))), ended, start, end)
         print(f"collected {out.point()['label']} ({job['scheduler']} job {job['job_id']}): {done.status}"
               + (f": {done.error}" if done.error else "") + f" (run {done.run_id})", flush=True)
+
+    unjudged = []
+    for out in submitted_dirs(experiment):
+        if out.recorded():
+            continue
+        seen = out.ended()
+        if seen:  # the job saw the ranks end (its other points may still run)
+            record(out, LaunchResult(seen["exit_code"], False, seen["ended"] - seen["started"]), seen["started"],
+                   seen["ended"])
+        else:
+            unjudged.append(out)
+    states = job_states(unjudged)
+    still = []
+    for out in unjudged:
+        job = out.job()
+        state = states.get((job["scheduler"], job["job_id"]))
+        if state and state.phase != ENDED:
+            still.append(PendingPoint(out, state))
+            continue
+        end = out.launcher_log.stat().st_mtime if out.launcher_log.exists() else time.time()
+        record(out, JobEnded(state), job["submitted"], end)
     return still
 
 
@@ -113,8 +137,39 @@ def pending(points: list[Point]) -> dict[tuple[str, str], PendingPoint]:
     return found
 
 
+def queue_for(cfg, processes: int, devices: int):
+    """The queue of a job of `processes` ranks driving `devices` devices on `cfg.nodes` nodes (launchers.site_rules);
+    None where the cluster lists no queues."""
+    nodes, gpus = cfg.nodes, 0 if cfg.cluster.device == "cpu" else devices
+    return site_rules.job_queue(cfg.cluster, nodes, math.ceil(processes / nodes), math.ceil(gpus / nodes))
+
+
+def point_queue(point: Point):
+    return queue_for(point.cfg, point.processes, point.layout.devices)
+
+
+def check_site(cfg, processes: int, devices: int) -> str | None:
+    """ConfigError, one line, where the cluster takes no job of `processes` ranks driving `devices` devices on
+    `cfg.nodes` nodes (a retired machine, no queue that takes it); the line naming a file its compute nodes would
+    not see, else None."""
+    site_rules.check_in_service(cfg.cluster)
+    queue_for(cfg, processes, devices)
+    return site_rules.unshared_path(batch_job("check", cfg, ()))
+
+
 def check_submittable(points: list[Point], dry_run: bool) -> None:
-    """Before anything runs: the scheduler's submit command must be here (a cluster's login node)."""
+    """Before anything runs: each batch point's site takes its job (a machine in service, a queue that fits), and,
+    unless `dry_run`, the scheduler's submit command is here (a cluster's login node) and the job's files are where
+    the compute nodes see them (a dry run only says so: its scripts may be written anywhere)."""
+    unshared = set()
+    for point in (p for p in points if is_batch(p)):
+        try:
+            unshared.add(check_site(point.cfg, point.processes, point.layout.devices))
+        except ConfigError as e:
+            raise ConfigError(f"{point.label}: {e}") from e
+    unshared.discard(None)
+    for problem in sorted(unshared) if dry_run else ():
+        print(f"warning: {problem} (a submission is refused)", file=sys.stderr)
     if dry_run:
         return
     for name in sorted({p.cfg.cluster.scheduler for p in points if is_batch(p)}):
@@ -122,6 +177,8 @@ def check_submittable(points: list[Point], dry_run: bool) -> None:
         if not shutil.which(command):
             raise ConfigError(f"{command} not found: submit from a login node of the {name} cluster "
                               "(DRY_RUN=1 / --dry-run writes the job scripts without submitting)")
+    if unshared:
+        raise ConfigError(min(unshared))
 
 
 def rank_threads(cfg) -> int:
@@ -136,12 +193,16 @@ def batch_job(name: str, cfg, steps: tuple[Step, ...]) -> Job:
     env = {"PYTHONUNBUFFERED": "1", "SUITE_RESULTS_DIR": str(results_dir()), "MLFLOW_TRACKING_URI": store_uri(cfg),
            # a job that cannot reach a tracking server gives up soon: `make collect` records its points later
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-    return Job(name, cfg.cluster, steps, jobs_dir / f"{name}.sh", jobs_dir / f"{name}.out", sys.executable,
-               REPO_ROOT, env)
+    job = Job(name, cfg.cluster, steps, jobs_dir / f"{name}.sh", jobs_dir / f"{name}.out", sys.executable,
+              REPO_ROOT, env)
+    return site_rules.with_queue(job) if steps else job
 
 
 def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
     cfg = points[0][0].cfg
+    queue = point_queue(points[0][0])  # the job's points share it (`submit`); given by their GPUs, not only ranks
+    if queue is not None:
+        cfg = OmegaConf.merge(cfg, {"cluster": {"job": {"queue": queue.name}}})
     steps = tuple(Step(out.path, point.label, point.processes, point.cfg.nodes, rank_threads(cfg), point.rank_launcher)
                   for point, out in points)
     return batch_job(name, cfg, steps)
@@ -149,18 +210,24 @@ def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
 
 def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool,
            parent_run_id: str | None = None) -> list[Outcome]:
-    """Submit the points (position, point) as jobs of `cluster.job.points_per_job` points of one cluster each
-    and return at once; with `dry_run`, only write the job scripts. A job the scheduler refuses is recorded
-    as failed."""
+    """Submit the points (position, point) as jobs of `cluster.job.points_per_job` points of one cluster and queue
+    each (more where the queue lets a user have fewer jobs at once) and return at once; with `dry_run`, only write
+    the job scripts. A job the scheduler refuses is recorded as failed."""
     if not dry_run:  # created once here, not by many jobs at the same moment
         for experiment in {point.cfg.tracking.experiment for _, point in items}:
             store.experiment_id(experiment)
-    by_cluster: dict[str, list[tuple[str, Point]]] = {}
+    by_queue: dict[tuple[str, str | None], list[tuple[str, Point]]] = {}
     for position, point in items:
-        by_cluster.setdefault(point.cfg.cluster.name, []).append((position, point))
+        queue = point_queue(point)
+        by_queue.setdefault((point.cfg.cluster.name, queue and queue.name), []).append((position, point))
     outcomes = []
-    for group in by_cluster.values():
-        per_job = group[0][1].cfg.cluster.job.points_per_job
+    for (cluster, _), group in by_queue.items():
+        configured = group[0][1].cfg.cluster.job.points_per_job
+        queue = point_queue(group[0][1])
+        per_job = site_rules.points_per_job(queue, configured, len(group))
+        if per_job > configured:
+            print(f"queue {site_rules.span(queue)} of cluster {cluster}: its {len(group)} point(s) go "
+                  f"{per_job} to a job, one after another within the job's time limit", flush=True)
         for first in range(0, len(group), per_job):
             outcomes += _submit_job(group[first:first + per_job], store, dry_run, parent_run_id)
     return outcomes

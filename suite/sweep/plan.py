@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,7 @@ from suite.models import check_network
 from suite.paths import CONF_DIR
 from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
-from suite.strategies import Strategy, build_strategy
+from suite.strategies import Strategy, build_strategy, older_torch
 from suite.strategies.layout import Layout
 from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, OptimizerName, PrecisionName
 
@@ -45,7 +46,7 @@ NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "rec
 MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
-IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False}
+IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False, "cluster.gpu_order": None}
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
 NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's V100)
 
@@ -107,6 +108,11 @@ class Unrunnable(ConfigError):
     def __init__(self, message: str, cfg: DictConfig) -> None:
         super().__init__(message)
         self.cfg = cfg
+
+
+class OlderTorch(ConfigError):
+    """A point whose strategy needs a newer torch than the environment that runs its ranks (this one: a batch job
+    runs this interpreter too): refused before anything is launched or submitted, while the other points run."""
 
 
 def point_label(cfg: DictConfig) -> str:
@@ -282,7 +288,8 @@ def _check_hardware(hardware: DictConfig) -> None:
 def _gpu_without_bf16(cluster: DictConfig) -> str | None:
     """The cluster's GPU if it is known to lack bfloat16: this machine's, or one named in its hardware."""
     if cluster.scheduler == "local" and torch.cuda.is_available():
-        return None if torch.cuda.is_bf16_supported(including_emulation=False) else torch.cuda.get_device_name()
+        # Not is_bf16_supported(including_emulation=False), an argument that torch 2.1 lacks.
+        return None if torch.cuda.get_device_capability() >= (8, 0) else torch.cuda.get_device_name()
     gpu = cluster.hardware.gpu or ""
     return gpu if any(name in gpu for name in NO_BF16_GPUS) else None
 
@@ -323,8 +330,8 @@ def _check_batches(cfg: DictConfig, layout: Layout) -> None:
         raise ConfigError(f"profile.steps={cfg.profile.steps} but an epoch has {epoch_steps} steps")
 
 
-def validate(cfg: DictConfig) -> tuple[Strategy, Layout]:
-    """Raise ConfigError for a point that cannot run; return its strategy and layout."""
+def validate(cfg: DictConfig, torch_version: str) -> tuple[Strategy, Layout]:
+    """Raise ConfigError for a point that cannot run on a torch of `torch_version`; return its strategy and layout."""
     _check_ranges(cfg)
     _check_choices(cfg)
     _check_hardware(cfg.cluster.hardware)
@@ -332,6 +339,9 @@ def validate(cfg: DictConfig) -> tuple[Strategy, Layout]:
     check_dataset(cfg.dataset)
     check_network(cfg.network, cfg.dataset)
     strategy = build_strategy(cfg)
+    too_old = older_torch(strategy, torch_version)
+    if too_old:
+        raise OlderTorch(too_old)
     strategy.check(cfg)
     _check_knobs(cfg, strategy)
     layout = strategy.layout(cfg)
@@ -381,15 +391,15 @@ def _check_placement(cfg: DictConfig) -> None:
                           "(or cluster.job.account=<name>)")
 
 
-def make_point(overrides: list[str], experiment: str | None) -> Point:
+def make_point(overrides: list[str], experiment: str | None, torch_version: str) -> Point:
     cfg = _compose(overrides)
     if experiment and not any(o.startswith("tracking.experiment=") for o in overrides):
         cfg.tracking.experiment = experiment
     if cfg.nodes is None:
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
     try:
-        strategy, layout = validate(cfg)
-    except BadValue:
+        strategy, layout = validate(cfg, torch_version)
+    except (BadValue, OlderTorch):
         raise
     except ConfigError as e:
         raise Unrunnable(str(e), cfg) from e
@@ -408,17 +418,22 @@ def problem_line(message: str, where: list[str], total: int) -> str:
 
 
 def plan(jobs: list[list[str]], experiment: str | None = None,
-         invalid: list[InvalidPoint] | None = None) -> list[Point]:
+         invalid: list[InvalidPoint] | None = None, torch_version: str | None = None) -> list[Point]:
     """Compose and validate every job; raise ConfigError listing all bad ones. With an `invalid` list, the
-    points that compose but cannot run are appended to it instead (once per config hash)."""
+    points that compose but cannot run are appended to it instead (once per config hash). Points whose strategy
+    needs a newer torch than `torch_version` (default: this environment's) are left out, one line on stderr per
+    strategy; if that leaves none, those lines are the ConfigError."""
     register_schema()
     GlobalHydra.instance().clear()
     points, unrunnable = [], {}
     problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
+    refused: dict[str, list[str]] = {}  # the same, for points this torch cannot run
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for overrides in jobs:
             try:
-                points.append(make_point(overrides, experiment))
+                points.append(make_point(overrides, experiment, torch_version or torch.__version__))
+            except OlderTorch as e:
+                refused.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
             except ConfigError as e:
                 if isinstance(e, Unrunnable) and invalid is not None:
                     found = InvalidPoint(tuple(overrides), e.cfg, str(e))
@@ -427,6 +442,11 @@ def plan(jobs: list[list[str]], experiment: str | None = None,
                     problems.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
     if problems:
         raise ConfigError("\n".join(problem_line(message, where, len(jobs)) for message, where in problems.items()))
+    refusals = [problem_line(message, where, len(jobs)) for message, where in refused.items()]
+    if refusals and not points:
+        raise ConfigError("\n".join(refusals))
+    for line in refusals:
+        print(f"refused: {line}", file=sys.stderr, flush=True)
     if invalid is not None:
         invalid += unrunnable.values()
     unique = {p.config_hash: p for p in points}

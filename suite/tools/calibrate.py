@@ -6,8 +6,9 @@
 The job runs like a point: a directory under results/calibration/jobs/<cluster>/ holds its config, its
 ranks are `suite.worker` started by the cluster's launcher (here the local one, gloo on CPU or nccl on
 GPUs; on a batch cluster one job script, as `make sweep` writes them, submitted to the scheduler), and
-whoever records it (this command here, the job's last step there) leaves an MLflow run in the experiment
-`calibration` and the record results/calibration/<cluster>.yaml (suite.records.calibration).
+whoever records it (this command here; there `make collect`, or the job's last step where it records itself)
+leaves an MLflow run in the experiment `calibration` and the record results/calibration/<cluster>.yaml
+(suite.records.calibration).
 
 Here, after the job, each strategy of `calibration.probe_strategies` (all by default) runs three probe networks
 on the job's workers through the sweep driver (`calibration.probe_passes` times, in passes over all of them),
@@ -113,11 +114,21 @@ def check(cfg: DictConfig, dry_run: bool) -> None:
     if cluster.job.account_required and not cluster.job.account:
         raise ConfigError(f"cluster {cluster.name} needs an account to charge: add ACCOUNT=<name> "
                           "(or cluster.job.account=<name>)")
-    if cluster.scheduler in BATCH_SCHEDULERS and not dry_run:
-        command = BATCH_SCHEDULERS[cluster.scheduler].submit_command
-        if not shutil.which(command):
-            raise ConfigError(f"{command} not found: submit from a login node of the {cluster.scheduler} cluster "
-                              "(DRY_RUN=1 / --dry-run writes the job script without submitting)")
+    if cluster.scheduler not in BATCH_SCHEDULERS:
+        return
+    from suite.sweep.jobs import check_site
+
+    unshared = check_site(cfg, cfg.workers, cfg.workers)  # a retired machine, no queue that takes the job: refused
+    if unshared and dry_run:
+        print(f"warning: {unshared} (a submission is refused)", file=sys.stderr)
+    if dry_run:
+        return
+    command = BATCH_SCHEDULERS[cluster.scheduler].submit_command
+    if not shutil.which(command):
+        raise ConfigError(f"{command} not found: submit from a login node of the {cluster.scheduler} cluster "
+                          "(DRY_RUN=1 / --dry-run writes the job script without submitting)")
+    if unshared:
+        raise ConfigError(unshared)
 
 
 def label(cfg: DictConfig) -> str:
@@ -183,7 +194,7 @@ def submit(cfg: DictConfig, dry_run: bool) -> Path:
     job_id = scheduler.submit(script)
     out.write_job({"scheduler": scheduler.name, "job_id": job_id, "script": str(script), "submitted": time.time()})
     print(f"[{label(cfg)}] submitted: {scheduler.name} job {job_id} ({script}); its record will be "
-          f"{record_path(cfg.cluster.name)}", flush=True)
+          f"{record_path(cfg.cluster.name)} once the job ended and `make collect` ran", flush=True)
     return script
 
 

@@ -7,7 +7,7 @@ against the torch it runs on; ruff), and every package named in `--have` (the GP
 platform; a package published as source only (deepspeed, antlr4) is built here into a pure-Python wheel.
 On the GPU machine, `make setup-offline WHEELS=<dir>` installs them (see the README).
 
-    python -m suite.tools.wheelhouse --dest wheelhouse [--python-version 3.12] [--have have.txt]
+    python -m suite.tools.wheelhouse --dest wheelhouse [--python-version 3.12] [--machine ppc64le] [--have have.txt]
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ from suite.paths import REPO_ROOT
 # The GPU machine's own: its torch is the one the suite runs on there.
 MACHINE_STACK = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$")
 NOT_CARRIED = {"horovod", "ruff"}
-PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64",
-             *(f"manylinux_2_{n}_x86_64" for n in (24, 27, 28, 31, 34, 35))]
+
+
+def platforms(machine: str) -> list[str]:
+    """The wheel platform tags a Linux `machine` (x86_64, aarch64, ppc64le: Lassen's Power9) installs."""
+    legacy = ["manylinux1_x86_64"] if machine == "x86_64" else []
+    return [f"manylinux_2_17_{machine}", f"manylinux2014_{machine}", *legacy,
+            *(f"manylinux_2_{n}_{machine}" for n in (24, 27, 28, 31, 34, 35))]
 
 
 def canonical(name: str) -> str:
@@ -49,11 +54,11 @@ def wanted(constraints: Path, have: set[str]) -> list[str]:
                   if not MACHINE_STACK.match(name) and name not in NOT_CARRIED and name not in have)
 
 
-def fetch(requirement: str, dest: Path, python_version: str) -> None:
+def fetch(requirement: str, dest: Path, python_version: str, machine: str) -> None:
     """The binary wheel for the target, else a wheel built here from the source distribution."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     binary = [*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
-              "--implementation", "cp", *(f"--platform={p}" for p in PLATFORMS), "-d", str(dest), requirement]
+              "--implementation", "cp", *(f"--platform={p}" for p in platforms(machine)), "-d", str(dest), requirement]
     if subprocess.run(binary, capture_output=True, text=True).returncode == 0:
         return
     built = subprocess.run([*pip, "wheel", "--no-deps", "-w", str(dest), requirement], capture_output=True,
@@ -67,6 +72,7 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dest", type=Path, required=True, help="the wheel directory to fill")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python (major.minor)")
+    parser.add_argument("--machine", default="x86_64", help="the GPU machine's `uname -m` (ppc64le: Lassen)")
     parser.add_argument("--have", type=Path, help="the GPU machine's `pip freeze`: packages not to carry")
     args = parser.parse_args(argv)
     if args.have and not args.have.is_file():
@@ -75,7 +81,7 @@ def main(argv: list[str]) -> int:
     args.dest.mkdir(parents=True, exist_ok=True)
     for i, requirement in enumerate(requirements, 1):
         print(f"[{i}/{len(requirements)}] {requirement}", flush=True)
-        fetch(requirement, args.dest, args.python_version)
+        fetch(requirement, args.dest, args.python_version, args.machine)
     size = sum(f.stat().st_size for f in args.dest.glob("*.whl")) / 2**20
     print(f"{len(requirements)} packages, {size:.0f} MiB of wheels in {args.dest}")
     return 0

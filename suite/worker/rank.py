@@ -54,7 +54,7 @@ def process_group(out: PointDir, cfg, processes: int, what: str) -> Iterator[Dis
                           f"but the job runs {processes} ({what})")
     log.info(rendezvous.describe())
     env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous,
-                           cfg.cluster.share_gpus)
+                           cfg.cluster.share_gpus, cfg.cluster.gpu_order)
     try:
         ranks = [None] * env.world_size
         dist.all_gather_object(ranks, rank_info(env.device))

@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
     cfg = point.cfg
     rendezvous = discover(os.environ, expected_world_size=point.processes)
     env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous,
-                           cfg.cluster.share_gpus)
+                           cfg.cluster.share_gpus, cfg.cluster.gpu_order)
     minimal, suite = [], []
     with tempfile.TemporaryDirectory() as workdir:
         for r in range(args.rounds):
