@@ -48,6 +48,7 @@ class Step:
     nodes: int
     threads: int  # OMP_NUM_THREADS of each rank
     rank_launcher: str | None = None  # the strategy's own (Strategy.rank_launcher), else the scheduler's
+    devices_per_rank: int = 1  # where the cluster has GPUs: several where one process drives all its stages (gpipe)
 
     @property
     def ranks_per_node(self) -> int:
@@ -85,9 +86,13 @@ class Job:
     def cores_per_rank(self) -> int:
         return cores_per_rank(self.cluster)
 
+    def step_gpus(self, step: Step) -> int:
+        """GPUs each rank of the step drives: none on a CPU cluster."""
+        return 0 if self.cluster.device == "cpu" else step.devices_per_rank
+
     @property
-    def gpus_per_rank(self) -> int:
-        return 0 if self.cluster.device == "cpu" else 1
+    def gpus_per_node(self) -> int:
+        return max(step.ranks_per_node * self.step_gpus(step) for step in self.steps)
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,6 @@ class Scheduler(ABC):
             return batch_launch_command(job.python, step.ranks, step.nodes, step.ranks_per_node)
         template = job.cluster.job.launcher or self.rank_launcher
         return template.format(ranks=step.ranks, nodes=step.nodes, ranks_per_node=step.ranks_per_node,
-                               cores=job.cores_per_rank, gpus=job.gpus_per_rank,
+                               cores=job.cores_per_rank, gpus=job.step_gpus(step),
                                node_cores=step.ranks_per_node * job.cores_per_rank,
-                               node_gpus=step.ranks_per_node * job.gpus_per_rank)
+                               node_gpus=step.ranks_per_node * job.step_gpus(step))

@@ -47,7 +47,7 @@ class Pbs(Scheduler):
     def chunks(job: Job) -> list[str]:
         """`-l select=` and `-l place=`: one chunk per node, one node each; or, where the queue hands out GPUs
         (Sophia's by-gpu), one chunk per GPU, which the queue keeps on one node."""
-        gpus = job.ranks_per_node * job.gpus_per_rank
+        gpus = job.gpus_per_node
         queue = job_queue(job.cluster, job.nodes, job.ranks_per_node, gpus)
         if queue is not None and queue.gpus:
             return [f"-l select={gpus}"]

@@ -82,7 +82,7 @@ def job_queue(cluster: Any, nodes: int, ranks_per_node: int, gpus_per_node: int)
 def with_queue(job: Job) -> Job:
     """The job with its queue named in its cluster config, so that its script asks for it: the one named (the
     sweep names the one its points were given), else the one its ranks, one GPU each, are given."""
-    queue = job_queue(job.cluster, job.nodes, job.ranks_per_node, job.ranks_per_node * job.gpus_per_rank)
+    queue = job_queue(job.cluster, job.nodes, job.ranks_per_node, job.gpus_per_node)
     if queue is None or queue.name == job.cluster.job.queue:
         return job
     return replace(job, cluster=OmegaConf.merge(job.cluster, {"job": {"queue": queue.name}}))

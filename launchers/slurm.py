@@ -59,8 +59,8 @@ class Slurm(Scheduler):
                    f"--output={job.log}", f"--signal=B:{self.warning_signal}@{c.stop_margin_s}"]
         if c.exclusive:
             options.append("--exclusive")
-        if job.gpus_per_rank:
-            options.append(f"--gpus-per-node={job.ranks_per_node}")
+        if job.gpus_per_node:
+            options.append(f"--gpus-per-node={job.gpus_per_node}")
         return options
 
     def submit(self, script: Path) -> str:

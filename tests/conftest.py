@@ -102,9 +102,20 @@ def tracking_server(port: int):
         server.wait(30)
 
 
+def _gpu_tests_asked_for(config) -> bool:
+    return "gpu" in (config.getoption("markexpr") or "")
+
+
+def pytest_configure(config):
+    """`make test` runs on CPU on a GPU machine too: the GPUs are hidden from the tests and from every process they
+    start (driver, ranks, make, schedulers' fakes: all inherit this environment), as on a machine without any."""
+    if not _gpu_tests_asked_for(config):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` run only when asked for (`make test-gpu`: -m gpu): `make test` runs where there is none."""
-    if "gpu" in (config.getoption("markexpr") or ""):
+    if _gpu_tests_asked_for(config):
         return
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if gpu:

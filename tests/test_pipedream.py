@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from suite.models.layers import Layer
 from suite.pipeline.partition import StageModule, cut
@@ -59,7 +60,8 @@ def run_rank(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     topology = Topology.build(Layout(dp=1, pp=STAGES, mini_batch=BATCH), rank, set(), "cpu")
     module = StageModule(cut(make_layers(), SIZES)[rank])
-    stage = PipeDreamStage(module, rank, topology, optimizer_for(module), lambda: None, torch.device("cpu"))
+    stage = PipeDreamStage(module, rank, topology, optimizer_for(module), lambda: None, torch.device("cpu"),
+                           record_versions=True)
     timer, precision = PhaseTimer(torch.device("cpu")), Precision("fp32", "cpu")
     losses = [stage.step(x, y, loss_fn, precision, timer) for x, y in data()]
     stage.drain(timer)
@@ -180,3 +182,35 @@ def test_pipedream_replicated_gpt2_pipeline_runs(store):
     (run,) = store.runs("adhoc")
     assert run.data.metrics["weight_versions_max"] == 1
     assert run.data.params["pipeline_replicas"] == "2"
+
+
+class ScalarReads(TorchDispatchMode):
+    """Counts tensor-to-host scalar reads (`.item()`, `float(t)`): each is a device sync on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def single_stage_reads(record_versions: bool) -> int:
+    """Scalar reads during steps of a one-stage PipeDream (no peers: no process group needed)."""
+    module = StageModule(make_layers())
+    topology = Topology(pp=1, dp=1, rank=0, pipe_group=None, dp_group=None)
+    stage = PipeDreamStage(module, 0, topology, optimizer_for(module), lambda: None, torch.device("cpu"),
+                           record_versions=record_versions)
+    timer, precision = PhaseTimer(torch.device("cpu")), Precision("fp32", "cpu")
+    with ScalarReads() as reads:
+        for x, y in data():
+            stage.step(x, y, loss_fn, precision, timer)
+    return reads.count
+
+
+def test_pipedream_step_reads_no_weights_to_the_host():
+    """The weight checksums are for the stashing test only: a normal step syncs no parameter to the host."""
+    assert single_stage_reads(record_versions=False) == 0
+    parameters = len(list(StageModule(make_layers()).parameters()))
+    assert single_stage_reads(record_versions=True) >= 2 * parameters * MINIBATCHES  # what the count sees

@@ -35,12 +35,13 @@ class InFlight:
     inputs: torch.Tensor  # what this stage received (a leaf when it came from the previous stage)
     output: torch.Tensor  # activation sent on, or the loss on the last stage
     version: int  # updates applied to this stage before the forward
-    checksum: float  # of the weights the forward used
+    checksum: float | None  # of the weights the forward used, when recording versions
 
 
 @dataclass(frozen=True)
 class VersionRecord:
-    """What one mini-batch saw on one stage: the test of weight stashing reads these."""
+    """What one mini-batch saw on one stage: the test of weight stashing reads these. The checksums read every
+    parameter to the host (a device sync each), so a stage keeps records only when built with `record_versions`."""
 
     minibatch: int
     forward_version: int
@@ -55,8 +56,9 @@ def checksum(tensors) -> float:
 
 class PipeDreamStage:
     def __init__(self, module: nn.Module, stage: int, topology: Topology, optimizer: torch.optim.Optimizer,
-                 sync_grads: Callable[[], None], device: torch.device) -> None:
+                 sync_grads: Callable[[], None], device: torch.device, record_versions: bool = False) -> None:
         self.module, self.stage, self.topology = module, stage, topology
+        self.record_versions = record_versions
         self.optimizer, self.sync_grads, self.device = optimizer, sync_grads, device
         self.lag = topology.pp - 1 - topology.stage_rank
         self.in_flight: deque[InFlight] = deque()
@@ -105,7 +107,8 @@ class PipeDreamStage:
                 output = self.module(inputs)
             if topo.is_last:
                 output = loss_fn(output, targets)
-        self.in_flight.append(InFlight(self.started, inputs, output, self.version, checksum(weights.values())))
+        self.in_flight.append(InFlight(self.started, inputs, output, self.version,
+                                       checksum(weights.values()) if self.record_versions else None))
         self.started += 1
         if topo.is_last:
             return output.detach()
@@ -122,8 +125,9 @@ class PipeDreamStage:
             torch.autograd.backward(done.output, grad)
         if not topo.is_first:
             self.sends += p2p.isend(done.inputs.grad, topo.peer(topo.stage_rank - 1))
-        self.records.append(VersionRecord(done.minibatch, done.version, done.checksum,
-                                          checksum(weights.values()), self.version))
+        if self.record_versions:
+            self.records.append(VersionRecord(done.minibatch, done.version, done.checksum,
+                                              checksum(weights.values()), self.version))
         if self.lag:
             for name, param in self.module.named_parameters():
                 param.grad, weights[name].grad = weights[name].grad, None

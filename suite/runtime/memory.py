@@ -42,6 +42,13 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def nvml_uuid(cuda_uuid: str) -> str:
+    """NVML's name for the GPU that CUDA calls `cuda_uuid` (torch's form: the bare 8-4-4-4-12 hex digits; NVML's:
+    the same after "GPU-"). NVML numbers GPUs its own way, blind to CUDA_VISIBLE_DEVICES (a rank bound to one GPU
+    sees it as cuda:0), so a GPU is looked up by its UUID, never by the CUDA index."""
+    return cuda_uuid if cuda_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{cuda_uuid}"
+
+
 def _nvml_process_mb(device: torch.device) -> float | None:
     """Memory NVML sees this process hold on its GPU (allocator cache, CUDA context, NCCL buffers)."""
     try:
@@ -49,7 +56,7 @@ def _nvml_process_mb(device: torch.device) -> float | None:
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(device.index)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(str(torch.cuda.get_device_properties(device).uuid)))
             for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
                     return proc.usedGpuMemory / 2**20
@@ -74,6 +81,13 @@ def peak_memory(device: torch.device) -> dict[str, float]:
     else:
         numbers["peak_memory_mb"] = rss_mb
     return numbers
+
+
+def largest_over_ranks(memory_by_rank: list[dict[str, float]], keys: tuple[str, ...]) -> dict[str, float]:
+    """Each of `keys` at its largest over the ranks that report it (NVML may see one rank's process and not
+    another's); a key no rank reports is left out. Which ranks reported stays in `memory_by_rank`."""
+    return {key: max(m[key] for m in memory_by_rank if key in m) for key in keys
+            if any(key in m for m in memory_by_rank)}
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

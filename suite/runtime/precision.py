@@ -6,8 +6,34 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
+from suite.runtime.memory import local_tensor
 from suite.runtime.torch_api import grad_scaler
+
+
+class LocalShardsGradScaler(getattr(torch.amp, "GradScaler", object)):  # torch.amp's from 2.3; sharding needs 2.5
+    """fp16 loss scaling for gradients sharded over `group`, DTensors beside plain tensors: GradScaler hands them
+    to one foreach kernel, which refuses the mix. This one unscales each rank's local shards and takes the
+    inf/NaN flag's maximum over the group, so that every rank skips the same steps (torch's ShardedGradScaler
+    overrides `_unscale_grads_` the same way for FSDP1, whose gradients are plain tensors)."""
+
+    def __init__(self, device_type: str, group) -> None:
+        super().__init__(device_type)
+        self.group = group
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        grads: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for param_group in optimizer.param_groups:
+            for param in param_group["params"]:
+                if param.grad is not None:
+                    local = local_tensor(param.grad)
+                    grads.setdefault((local.device, local.dtype), []).append(local)
+        with torch.no_grad():
+            for same_kind in grads.values():
+                torch._amp_foreach_non_finite_check_and_unscale_(same_kind, found_inf, inv_scale)
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
+        return {found_inf.device: found_inf}
 
 
 @dataclass
@@ -23,6 +49,11 @@ class Precision:
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if self.name == "bf16" else torch.float16
         return torch.autocast(self.device_type, dtype=dtype)
+
+    def shard_over(self, group) -> None:
+        """The model's gradients are from now on sharded over the process group `group`."""
+        if self.scaler:
+            self.scaler = LocalShardsGradScaler(self.device_type, group)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()

@@ -17,13 +17,27 @@ from torchgpipe import GPipe as TorchGPipe
 
 from suite.errors import BadValue, ConfigError
 from suite.models.layers import Layer, flatten_layers, tied_parameters
-from suite.pipeline.partition import cut, sum_grads, untie
+from suite.pipeline.partition import StageModule, cut, sum_grads, untie
 from suite.runtime.optim import build_optimizer
+from suite.runtime.precision import Precision
 from suite.strategies.base import RankContext, Runtime
 from suite.strategies.layout import Layout
 from suite.strategies.pipeline import Pipeline, pipeline_metrics
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
+
+
+class AutocastStage(StageModule):
+    """A stage that enters the point's autocast itself: torchgpipe runs its forward on a worker thread and
+    recomputes it in backward, both outside the autocast of the thread driving the step (autocast is thread-local)."""
+
+    def __init__(self, layers: list[Layer], precision: Precision) -> None:
+        super().__init__(layers)
+        self.precision = precision
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast():
+            return super().forward(x)
 
 
 class TorchGPipeRuntime(Runtime):
@@ -63,7 +77,7 @@ class TorchGPipeRuntime(Runtime):
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         timer, precision = self.rank.timer, self.rank.precision
         with timer.phase("pipeline"):
-            with precision.autocast():
+            with precision.autocast():  # for the loss: the stages enter it on their own threads (AutocastStage)
                 outputs = self.model(inputs.to(self.model.devices[0]))
                 loss = self.rank.loss_fn(outputs, targets.to(outputs.device))
             precision.backward(loss)
@@ -119,11 +133,15 @@ class GPipe(Pipeline):
         checkpointed = {"always": layout.micro_batches, "except_last": layout.micro_batches - 1, "never": 0}
         return checkpointed[self.checkpoint] / layout.micro_batches
 
-    def _devices(self, device: torch.device, count: int) -> list[torch.device]:
+    def _devices(self, device: torch.device, count: int, share_gpus: bool) -> list[torch.device]:
         if self.devices is not None:
             return [torch.device(d) for d in self.devices]
         if device.type == "cuda":  # more partitions than GPUs only where the cluster shares them
-            return [torch.device("cuda", i % torch.cuda.device_count()) for i in range(count)]
+            visible = torch.cuda.device_count()
+            if count > visible and not share_gpus:
+                raise ConfigError(f"strategy gpipe: {count} partitions but this process sees {visible} GPU(s); "
+                                  "give it a GPU per partition, or set cluster.share_gpus=true to share them")
+            return [torch.device("cuda", i % visible) for i in range(count)]
         return [torch.device("cpu")] * count
 
     def setup(self, model: nn.Module, rank: RankContext) -> TorchGPipeRuntime:
@@ -131,7 +149,8 @@ class GPipe(Pipeline):
         tied = untie(layers, tied_parameters(layers))
         sizes = self.stage_sizes(layers, rank)
         groups = cut(layers, sizes)
-        pipe = TorchGPipe(nn.Sequential(*(layer.module for group in groups for layer in group)), balance=sizes,
-                          devices=self._devices(rank.env.device, len(sizes)), chunks=rank.layout.micro_batches,
+        devices = self._devices(rank.env.device, len(sizes), rank.cfg.cluster.share_gpus)
+        stages = nn.Sequential(*(AutocastStage(group, rank.precision) for group in groups))
+        pipe = TorchGPipe(stages, balance=[1] * len(stages), devices=devices, chunks=rank.layout.micro_batches,
                           checkpoint=self.checkpoint)
         return TorchGPipeRuntime(rank, pipe, [layer for group in groups for layer in group], tied)

@@ -133,6 +133,7 @@ class Megatron(Strategy):
         mesh = rank.layout.mesh(rank.env.device.type)
         model = model.to(rank.env.device)
         apply_tensor_parallel(model, mesh["tp"], self.vocab_parallel, self.sequence_parallel)
+        rank.precision.shard_over(mesh["tp"].get_group())
         # The split layers' parameters are DTensors, the others plain tensors: torch's multi-tensor optimizer
         # kernels, its default on a GPU, refuse the mix (seen on an H100), so they are off.
         optimizer = build_optimizer(model.parameters(), rank.cfg.optimizer, foreach=False)

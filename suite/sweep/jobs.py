@@ -203,7 +203,8 @@ def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
     queue = point_queue(points[0][0])  # the job's points share it (`submit`); given by their GPUs, not only ranks
     if queue is not None:
         cfg = OmegaConf.merge(cfg, {"cluster": {"job": {"queue": queue.name}}})
-    steps = tuple(Step(out.path, point.label, point.processes, point.cfg.nodes, rank_threads(cfg), point.rank_launcher)
+    steps = tuple(Step(out.path, point.label, point.processes, point.cfg.nodes, rank_threads(cfg), point.rank_launcher,
+                       point.layout.devices // point.processes)
                   for point, out in points)
     return batch_job(name, cfg, steps)
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from suite.paths import REPO_ROOT
 
-# The GPU machine's own: its torch is the one the suite runs on there.
-MACHINE_STACK = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$")
+# The GPU machine's own: its torch is the one the suite runs on there, with the CUDA libraries it came with.
+# nvidia-ml-py (pynvml, NVML's bindings) is no CUDA library but a dependency of the suite's own: carried.
+MACHINE_STACK = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-(?!ml-py$).*|cuda-.*)$")
 NOT_CARRIED = {"horovod", "ruff"}
 
 

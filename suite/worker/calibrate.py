@@ -16,6 +16,7 @@ time is the slowest rank's. Rank 0 prints a line per measurement and returns the
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -60,10 +61,31 @@ def bus_bandwidth(op: Collective, algbw: float, ranks: int) -> float:
     return algbw * SHARE_SENT[HOOK_OPS[op]](ranks, False)
 
 
-def default_dtypes(device: torch.device) -> list[str]:
-    if device.type == "cuda":
-        return [MathDtype.fp32, MathDtype.tf32, MathDtype.bf16, MathDtype.fp16]
+def default_dtypes(device_type: str, capability: tuple[int, int] | None = None) -> list[str]:
+    """The math dtypes measured unless configured: bf16 on a GPU only where it is native (compute capability 8.0,
+    Ampere, on), as a V100's bf16 is emulated and its rate no peak."""
+    if device_type == "cuda":
+        native_bf16 = [MathDtype.bf16] if capability >= (8, 0) else []
+        return [MathDtype.fp32, MathDtype.tf32, *native_bf16, MathDtype.fp16]
     return [MathDtype.fp32, MathDtype.bf16]
+
+
+def collective_runs(api, group, whole: torch.Tensor, part: torch.Tensor) -> dict[Collective, Callable[[], object]]:
+    """Each collective on `whole` (the all-gather's output, the reduce-scatter's input) and `part` (one rank's
+    share) in `group`, through `api` (torch.distributed): with the names of the torch at hand, as the oldest the
+    suite runs on lacks `all_gather_single`, `reduce_scatter_single` and broadcast's `group_src`."""
+    all_gather = getattr(api, "all_gather_single", None) or api.all_gather_into_tensor
+    reduce_scatter = getattr(api, "reduce_scatter_single", None) or api.reduce_scatter_tensor
+    if "group_src" in inspect.signature(api.broadcast).parameters:
+        source = {"group_src": 0}
+    else:
+        source = {"src": api.get_global_rank(group, 0)}
+    return {
+        Collective.all_reduce: lambda: api.all_reduce(whole, group=group),
+        Collective.all_gather: lambda: all_gather(whole, part, group=group),
+        Collective.reduce_scatter: lambda: reduce_scatter(part, whole, group=group),
+        Collective.broadcast: lambda: api.broadcast(whole, group=group, **source),
+    }
 
 
 @dataclass(frozen=True)
@@ -156,7 +178,9 @@ class Calibration:
             if threads:
                 torch.set_num_threads(threads)
             try:
-                dtypes = s.dtypes or default_dtypes(self.env.device)
+                device = self.env.device
+                capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+                dtypes = s.dtypes or default_dtypes(device.type, capability)
                 result["tflops"] = {dtype: self.matmul(dtype, n) for dtype in dtypes}
             finally:
                 torch.set_num_threads(kept)
@@ -170,13 +194,7 @@ class Calibration:
         device = self.env.device
         whole = torch.zeros(elements, device=device)
         part = torch.zeros(elements // p, device=device)
-        group = scope.group
-        run = {
-            Collective.all_reduce: lambda: dist.all_reduce(whole, group=group),
-            Collective.all_gather: lambda: dist.all_gather_single(whole, part, group=group),
-            Collective.reduce_scatter: lambda: dist.reduce_scatter_single(part, whole, group=group),
-            Collective.broadcast: lambda: dist.broadcast(whole, group=group, group_src=0),
-        }[op]
+        run = collective_runs(dist, scope.group, whole, part)[op]
         seconds, iterations = self.timed(run)
         nbytes = elements * FLOAT_BYTES
         algbw = nbytes / seconds / GB

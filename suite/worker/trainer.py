@@ -34,7 +34,7 @@ from suite.runtime.comm import CommVolume
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
 from suite.runtime.flops import StepFlops, step_flops
-from suite.runtime.memory import peak_memory, reset_peak
+from suite.runtime.memory import largest_over_ranks, peak_memory, reset_peak
 from suite.runtime.precision import make_precision
 from suite.runtime.profile import StepTrace
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
@@ -310,7 +310,7 @@ class Trainer:
             "samples_per_epoch": epochs[-1]["samples"],
             "steps_per_epoch": self.steps_per_epoch,
             "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),
-            **{key: max(m[key] for m in memory) for key in (*MEMORY_SPLIT, *DEVICE_MEMORY) if key in memory[0]},
+            **largest_over_ranks(memory, (*MEMORY_SPLIT, *DEVICE_MEMORY)),
             **self._skipped_steps(),
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **self._comm_metrics(),
