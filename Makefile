@@ -113,7 +113,8 @@ ui: setup
 # start is in results/tracking-server/credentials, mode 0600, which the suite's clients read). Cluster jobs reach
 # it when it listens beyond loopback (HOST=0.0.0.0) and the cluster config or MLFLOW_TRACKING_URI names it.
 mlflow-server: setup
-	$(PY) -m suite.records.tracking_server --host $(HOST) --port $(or $(PORT),5000) --workers $(or $(WORKERS),4)
+	$(PY) -m suite.records.tracking_server --host $(HOST) --port $(or $(PORT),5000) --workers $(or $(WORKERS),4) \
+		--backend-store-uri $(STORE_URI)
 
 # A one-node Slurm on this machine (installs slurm-wlm and munge with apt when missing; root or sudo).
 slurm-local: setup

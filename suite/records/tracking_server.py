@@ -131,8 +131,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", default="5000")
     parser.add_argument("--workers", default="4")
+    parser.add_argument("--backend-store-uri", required=True, help="the suite's store (suite.records.store)")
     args = parser.parse_args(argv)
-    from suite.records.store import tracking_uri
 
     try:
         credentials = server_credentials()
@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
                MLFLOW_FLASK_SERVER_SECRET_KEY=os.environ.get("MLFLOW_FLASK_SERVER_SECRET_KEY") or secrets.token_hex(32))
     mlflow = str(Path(sys.executable).with_name("mlflow"))
     command = [mlflow, "server", "--app-name", "basic-auth", "--host", args.host, "--port", args.port,
-               "--workers", args.workers, "--backend-store-uri", tracking_uri(), "--serve-artifacts",
+               "--workers", args.workers, "--backend-store-uri", args.backend_store_uri, "--serve-artifacts",
                "--artifacts-destination", str(results_dir() / "artifacts"), *allowed_hosts(args.host)]
     print(f"tracking server on {args.host}:{args.port}, for {credentials.username} only: the suite's clients read "
           f"the password from {credentials_file()} (a browser asks for it)", flush=True)
