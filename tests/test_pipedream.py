@@ -55,10 +55,25 @@ def optimizer_for(module: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM)
 
 
+def record_messages() -> list[tuple[str, int, str]]:
+    """From now on in this process, every point-to-point message as (send or recv, peer, its process group's name),
+    recorded on its way to torch.distributed."""
+    messages = []
+
+    def recorded(kind: str, call):
+        def message(tensor, peer, group=None):
+            messages.append((kind, peer, "default" if group is None else group.group_name))
+            return call(tensor, peer, group)
+        return message
+    dist.isend, dist.recv = recorded("send", dist.isend), recorded("recv", dist.recv)
+    return messages
+
+
 def run_rank(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=STAGES)
     torch.set_num_threads(1)
-    topology = Topology.build(Layout(dp=1, pp=STAGES, mini_batch=BATCH), rank, set(), "cpu")
+    messages = record_messages()
+    topology = Topology.build(Layout(dp=1, pp=STAGES, mini_batch=BATCH), rank, set(), "cpu", channels=True)
     module = StageModule(cut(make_layers(), SIZES)[rank])
     stage = PipeDreamStage(module, rank, topology, optimizer_for(module), lambda: None, torch.device("cpu"),
                            record_versions=True)
@@ -66,7 +81,8 @@ def run_rank(rank: int, init_file: str, out_dir: str) -> None:
     losses = [stage.step(x, y, loss_fn, precision, timer) for x, y in data()]
     stage.drain(timer)
     torch.save({"records": stage.records, "weights": module.named_state(), "versions": stage.weight_versions_max,
-                "losses": [float(loss) for loss in losses if loss is not None]}, f"{out_dir}/rank{rank}.pt")
+                "losses": [float(loss) for loss in losses if loss is not None], "messages": set(messages)},
+               f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -159,6 +175,19 @@ def test_pipedream_backward_uses_the_weights_of_its_forward(pipedream_run):
         # After the warm-up every backward on a stage with a lag runs against weights that have moved on.
         assert len(stale) == (MINIBATCHES - 1 if lag else 0), (stage, records)
         assert result["versions"] == lag  # versions in flight = stages after it
+
+
+def test_activations_and_gradients_travel_on_process_groups_of_their_own(pipedream_run):
+    """Each direction between neighbouring stages has its own group: on NCCL, one communicator per stage pair would
+    queue stage 0's next activation send ahead of its gradient receive while stage 1's gradient send waits for it."""
+    channels: dict[tuple[int, int], set[str]] = {}  # (sender, receiver) -> the groups either end used
+    for rank, run in enumerate(pipedream_run):
+        for kind, peer, group in run["messages"]:
+            channels.setdefault((rank, peer) if kind == "send" else (peer, rank), set()).add(group)
+    assert set(channels) == {(0, 1), (1, 0), (1, 2), (2, 1)}
+    assert all(len(groups) == 1 for groups in channels.values()), channels
+    groups = {group for groups in channels.values() for group in groups}
+    assert len(groups) == 4 and "default" not in groups
 
 
 def test_pipedream_weights_match_replay(pipedream_run):

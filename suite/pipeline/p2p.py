@@ -20,19 +20,20 @@ def _header(tensor: torch.Tensor) -> torch.Tensor:
     return header
 
 
-def isend(tensor: torch.Tensor, peer: int) -> list:
-    """Start sending; the returned works hold the buffers alive until waited on."""
+def isend(tensor: torch.Tensor, peer: int, group=None) -> list:
+    """Start sending to global rank `peer` over `group` (None: the default group); the returned works hold the
+    buffers alive until waited on."""
     tensor = tensor.detach().contiguous()
     header = _header(tensor).to(tensor.device)
-    return [dist.isend(header, peer), dist.isend(tensor, peer)]
+    return [dist.isend(header, peer, group), dist.isend(tensor, peer, group)]
 
 
-def recv(peer: int, device: torch.device) -> torch.Tensor:
+def recv(peer: int, device: torch.device, group=None) -> torch.Tensor:
     header = torch.empty(2 + MAX_DIMS, dtype=torch.int64, device=device)
-    dist.recv(header, peer)
+    dist.recv(header, peer, group)
     dtype, dims = DTYPES[int(header[0])], int(header[1])
     tensor = torch.empty(header[2:2 + dims].tolist(), dtype=dtype, device=device)
-    dist.recv(tensor, peer)
+    dist.recv(tensor, peer, group)
     return tensor
 
 

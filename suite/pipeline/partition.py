@@ -15,6 +15,7 @@ from torchgpipe.balance import balance_by_time, balance_cost
 
 from suite.errors import ConfigError
 from suite.models.layers import Layer
+from suite.runtime.memory import free_cached_memory
 
 BALANCERS = ("by_params", "by_time")
 
@@ -52,6 +53,8 @@ def stage_sizes(balance, layers: Sequence[Layer], stages: int, sample: torch.Ten
         module.inplace = True
     for param in sequential.parameters():
         param.grad = None  # the profiler's backward passes leave gradients behind
+    # The layer copies' memory, cached until freed, back to the driver: ranks sharing the GPU set up next.
+    free_cached_memory(device)
     return sizes
 
 

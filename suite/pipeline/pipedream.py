@@ -10,7 +10,9 @@ and its backward differentiates through that same snapshot, however many updates
 the resulting gradient is applied to the current weights. A stage thus holds up to `lag` stale
 versions besides its live weights (identical snapshots are shared). Sends are non-blocking and
 receives blocking: each stage's order is a topological order of the pipeline's dependencies, so
-no cycle of waits can form.
+no cycle of waits can form, as long as activations and gradients travel on process groups of their
+own (the topology's channels): on one NCCL communicator a stage's send of the next activation would
+queue its receive of a gradient behind it while the next stage's gradient send waits for that receive.
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ class PipeDreamStage:
     def _forward(self, inputs, targets, loss_fn, precision: Precision, timer: PhaseTimer):
         topo = self.topology
         if not topo.is_first:
-            inputs = p2p.recv(topo.peer(topo.stage_rank - 1), self.device).requires_grad_()
+            previous = topo.stage_rank - 1
+            inputs = p2p.recv(topo.peer(previous), self.device, topo.channel(previous, topo.stage_rank))
+            inputs.requires_grad_()
         with timer.phase("forward", f"stage{self.stage}.forward"), precision.autocast():
             if self.lag:
                 weights = self._snapshot()
@@ -112,19 +116,22 @@ class PipeDreamStage:
         self.started += 1
         if topo.is_last:
             return output.detach()
-        self.sends += p2p.isend(output, topo.peer(topo.stage_rank + 1))
+        following = topo.stage_rank + 1
+        self.sends += p2p.isend(output, topo.peer(following), topo.channel(topo.stage_rank, following))
         return None
 
     def _backward(self, timer: PhaseTimer) -> None:
         topo = self.topology
         self._count_versions()
         done = self.in_flight.popleft()
-        grad = None if topo.is_last else p2p.recv(topo.peer(topo.stage_rank + 1), self.device)
+        following, previous = topo.stage_rank + 1, topo.stage_rank - 1
+        grad = None if topo.is_last else p2p.recv(topo.peer(following), self.device,
+                                                  topo.channel(following, topo.stage_rank))
         weights = self.stashes.get(done.version) if self.lag else dict(self.module.named_parameters())
         with timer.phase("backward", f"stage{self.stage}.backward"):
             torch.autograd.backward(done.output, grad)
         if not topo.is_first:
-            self.sends += p2p.isend(done.inputs.grad, topo.peer(topo.stage_rank - 1))
+            self.sends += p2p.isend(done.inputs.grad, topo.peer(previous), topo.channel(topo.stage_rank, previous))
         if self.record_versions:
             self.records.append(VersionRecord(done.minibatch, done.version, done.checksum,
                                               checksum(weights.values()), self.version))

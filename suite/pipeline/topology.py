@@ -8,7 +8,7 @@ stage, the LM head on the last) sum its gradient in a tie group, as Megatron-LM 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -35,13 +35,17 @@ class Topology:
     pipe_group: object  # the stages of this replica
     dp_group: object  # this stage's replicas
     tie_group: object = None  # the ranks of this replica holding a tied weight; None when not one of them
+    channels: dict[tuple[int, int], object] = field(default_factory=dict)  # (sender, receiver) -> its own group
 
     @classmethod
-    def build(cls, layout: Layout, rank: int, tie_stage_ranks: set[int], device_type: str) -> Topology:
-        """Every rank calls this with the same arguments, in the same order (it creates process groups)."""
+    def build(cls, layout: Layout, rank: int, tie_stage_ranks: set[int], device_type: str,
+              channels: bool = False) -> Topology:
+        """Every rank calls this with the same arguments, in the same order (it creates process groups).
+        `channels`: a group of its own for each direction between neighbouring stages (Layout.stage_channels)."""
         mesh = layout.mesh(device_type)
         tie_group = layout.replica_subgroup(rank, tie_stage_ranks) if len(tie_stage_ranks) > 1 else None
-        return cls(layout.pp, layout.dp, rank, mesh["pp"].get_group(), mesh["dp"].get_group(), tie_group)
+        return cls(layout.pp, layout.dp, rank, mesh["pp"].get_group(), mesh["dp"].get_group(), tie_group,
+                   layout.stage_channels(rank) if channels else {})
 
     @property
     def stage_rank(self) -> int:
@@ -62,6 +66,11 @@ class Topology:
     def peer(self, stage_rank: int) -> int:
         """Global rank of a stage rank of this replica."""
         return self.replica * self.pp + stage_rank
+
+    def channel(self, sender: int, receiver: int):
+        """The process group messages from stage rank `sender` to stage rank `receiver` of this replica go on
+        (the default group where no channels were built)."""
+        return self.channels.get((self.peer(sender), self.peer(receiver)))
 
     def average_grads(self, params: list[nn.Parameter]) -> None:
         if self.dp > 1:

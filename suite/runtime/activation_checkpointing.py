@@ -11,8 +11,10 @@ that need no gradient would cut the gradient of every layer before the loss.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
+import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -43,3 +45,24 @@ def apply_activation_checkpointing(model: nn.Module, interval: int, checkpoint_f
         wrapped = checkpoint_wrapper(layer.module, checkpoint_fn=checkpoint_fn)
         model.get_submodule(parent).register_module(name, wrapped)
     return len(chosen)
+
+
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def recomputed_under_forward_autocast(checkpoint: Callable) -> Callable:
+    """`checkpoint` (a reentrant checkpoint function such as DeepSpeed's) made to recompute a block in backward
+    under the autocast its forward ran under, as torch.utils.checkpoint does by itself. Backward runs outside the
+    step's autocast, so a recomputation left alone would run in fp32, and the gradients would be those of other
+    activations than the forward's."""
+    def checkpointed(function: Callable, *args, **kwargs):
+        forward_autocast = {device: torch.get_autocast_dtype(device) for device in AUTOCAST_DEVICES
+                            if torch.is_autocast_enabled(device)}
+
+        def under_forward_autocast(*inputs):
+            with contextlib.ExitStack() as stack:
+                for device, dtype in forward_autocast.items():
+                    stack.enter_context(torch.autocast(device, dtype=dtype))
+                return function(*inputs)
+        return checkpoint(under_forward_autocast, *args, **kwargs)
+    return checkpointed

@@ -1,8 +1,9 @@
 """Wall-clock timers for the phases of a training step.
 
 On CPU a phase is timed with the host clock. On GPU it is timed with CUDA events on the current
-stream, read once per epoch after the epoch's final synchronisation, so timing a phase never
-stalls the host from queueing work ahead (the epoch clock stays that of an uninstrumented loop).
+stream of each GPU the rank drives (a phase lasts as long as on the GPU where it lasts longest), read
+once per epoch after the epoch's final synchronisation, so timing a phase never stalls the host from
+queueing work ahead (the epoch clock stays that of an uninstrumented loop).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work so that a clock read covers it (a no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def synchronize(*devices: torch.device) -> None:
+    """Wait for the work queued on `devices` so that a clock read covers it (a no-op on CPU)."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
 
 class PhaseTimer:
@@ -28,9 +30,10 @@ class PhaseTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.devices = [device]  # where a phase's events are recorded: a runtime driving several GPUs names them
         self.enabled = False
         self.totals: dict[str, float] = defaultdict(float)
-        self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self.pending: list[tuple[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]]] = []
         self.steps = 0
         # While a profiler records (suite.runtime.profile): a named range around each timed phase.
         self.ranges: Callable[[str], AbstractContextManager] | None = None
@@ -44,11 +47,15 @@ class PhaseTimer:
             return
         with self.ranges(names[0]) if self.ranges else nullcontext():
             if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+                streams = [torch.cuda.current_stream(device) for device in self.devices]
+                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                          for _ in streams]
+                for (start, _), stream in zip(events, streams):
+                    start.record(stream)
                 yield
-                end.record()
-                self.pending += [(name, start, end) for name in names]
+                for (_, end), stream in zip(events, streams):
+                    end.record(stream)
+                self.pending += [(name, events) for name in names]
             else:
                 start_s = time.perf_counter()
                 yield
@@ -61,9 +68,9 @@ class PhaseTimer:
                 self.totals[name] += seconds
 
     def collect(self) -> None:
-        """Fold the recorded CUDA events into the totals; call after synchronising the device."""
-        for name, start, end in self.pending:
-            self.totals[name] += start.elapsed_time(end) / 1000
+        """Fold the recorded CUDA events into the totals; call after synchronising the devices."""
+        for name, events in self.pending:
+            self.totals[name] += max(start.elapsed_time(end) for start, end in events) / 1000
         self.pending.clear()
 
     def means(self) -> dict[str, float]:

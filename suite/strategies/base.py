@@ -123,6 +123,12 @@ class Runtime:
         self.gradients_mb: float | None = None  # held after the first backward (freed by each step)
 
     @property
+    def devices(self) -> list[torch.device]:
+        """The devices this rank computes on, whose memory and queued work it measures: its own, or every GPU
+        of a gpipe process."""
+        return [self.rank.env.device]
+
+    @property
     def holds_output(self) -> bool:
         """Whether this rank computes the network's output (and so the loss): every rank of a replica,
         except in pipelines, where the last stage does."""
@@ -164,6 +170,10 @@ class Runtime:
     def held_optimizer_state(self) -> list[torch.Tensor]:
         """The optimizer's state tensors on this rank (momenta; Adam's first and second moments)."""
         return optimizer_state(self.optimizer)
+
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped on inf/NaN gradients (fp16 loss scaling) so far."""
+        return self.rank.precision.skipped_steps
 
     def note_gradients(self) -> None:
         """Measure the gradients held after the first backward."""

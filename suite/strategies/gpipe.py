@@ -48,9 +48,14 @@ class TorchGPipeRuntime(Runtime):
                  tied: list[list[nn.Parameter]]) -> None:
         super().__init__(rank, pipe, build_optimizer(pipe.parameters(), rank.cfg.optimizer))
         self.layers, self.tied = layers, tied
+        rank.timer.devices = self.devices
         for index, partition in enumerate(pipe.partitions):
             if pipe.devices[index].type == "cpu":
                 self._time_partition(partition, index)
+
+    @property
+    def devices(self) -> list[torch.device]:
+        return list(dict.fromkeys(self.model.devices))  # partitions may share a device (cluster.share_gpus, CPU)
 
     def _time_partition(self, partition: nn.Module, index: int) -> None:
         """Host-clock timers around each partition's forward and backward, from module hooks (torchgpipe runs
@@ -92,10 +97,10 @@ class TorchGPipeRuntime(Runtime):
         return self.model(inputs.to(self.model.devices[0]))
 
     def summary_metrics(self, memory_by_rank: list[dict[str, float]]) -> dict[str, float]:
-        devices = self.model.devices
-        # On CPU the stages share one process's host memory: not separable.
-        peaks = ({i: torch.cuda.max_memory_reserved(d) / 2**20 for i, d in enumerate(devices)}
-                 if devices[0].type == "cuda" else {})
+        # Each stage's GPU as this one rank measured it; on CPU the stages share the host memory: not separable.
+        by_device = memory_by_rank[0].get("by_device", {})
+        peaks = {i: by_device[str(d)]["peak_memory_mb"] for i, d in enumerate(self.model.devices)
+                 if str(d) in by_device}
         return pipeline_metrics(self.rank.timer, self.rank.layout.micro_batches, True, lambda s: s, peaks)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

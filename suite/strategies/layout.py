@@ -100,6 +100,25 @@ class Layout:
                 mine = group
         return mine
 
+    def stage_channels(self, rank: int) -> dict[tuple[int, int], Any]:
+        """A process group for each direction between consecutive stages of a replica, keyed (sender, receiver):
+        activations go down one, gradients up the other. On one NCCL communicator a rank's sends and receives run
+        in the order they were posted, so two stages that each post a send before the receive the other waits for
+        (PipeDream's steady state) would wait on each other forever; gloo buffers sends and never shows it. Every
+        rank creates all of them; the result holds the channels `rank` sends or receives on."""
+        import torch.distributed as dist
+
+        mine = {}
+        for replica in range(self.dp):
+            for tp_rank in range(self.tp):
+                for stage in range(self.rank_stages - 1):
+                    upper, lower = (self.rank_of(RankPlace(replica, s, tp_rank)) for s in (stage, stage + 1))
+                    for channel in ((upper, lower), (lower, upper)):
+                        group = dist.new_group(sorted(channel))
+                        if rank in channel:
+                            mine[channel] = group
+        return mine
+
     def mesh(self, device_type: str):
         """The point's device mesh, dimensions `dp`, `pp`, `tp` (sizes 1 included); every rank calls it."""
         from torch.distributed.device_mesh import init_device_mesh

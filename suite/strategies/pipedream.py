@@ -25,6 +25,7 @@ from suite.strategies.pipeline import DistributedPipeline, DistributedStages
 
 class PipeDreamRuntime(DistributedStages):
     flushes = False  # no flush between steps: in steady state every stage alternates forward and backward
+    p2p_channels = True
 
     def __init__(self, spec: DistributedPipeline, model: nn.Module, rank: RankContext) -> None:
         # GPT-2's embedding and LM head, tied in the other strategies, start equal and are then trained as two

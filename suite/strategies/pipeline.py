@@ -150,6 +150,8 @@ class DistributedStages(Runtime):
     gradients over the replicas."""
 
     flushes = True  # the schedule drains the pipeline every step (see `pipeline_metrics`)
+    # Whether the schedule sends with suite.pipeline.p2p both ways at once, on a channel per direction (Topology).
+    p2p_channels = False
 
     def __init__(self, spec: Pipeline, model: nn.Module, rank: RankContext, sum_tied: bool) -> None:
         layout, env = rank.layout, rank.env
@@ -159,7 +161,7 @@ class DistributedStages(Runtime):
         layer_stage = [stage for stage, group in enumerate(groups) for _ in group]
         ties = tied_parameters(layers) if sum_tied else []
         tie_ranks = {layer_stage[index] % pp for places in ties for index, _ in places}
-        self.topology = Topology.build(layout, env.rank, tie_ranks, env.device.type)
+        self.topology = Topology.build(layout, env.rank, tie_ranks, env.device.type, self.p2p_channels)
         self.stage_ids = list(range(self.topology.stage_rank, total, pp))
         self.total_stages = total
         local = nn.ModuleList(StageModule(groups[s]) for s in self.stage_ids).to(env.device)

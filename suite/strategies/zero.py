@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from suite.errors import BadValue, ConfigError
-from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.runtime.activation_checkpointing import checkpoint_interval, recomputed_under_forward_autocast
 from suite.runtime.memory import tensor_mb
 from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports, optimizer_state
 from suite.strategies.layout import Layout
@@ -35,15 +35,39 @@ def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def autocast_section(precision: str) -> dict[str, Any]:
+    """Mixed precision as every other strategy runs it, torch AMP: fp32 parameters, the forward under autocast, and
+    for fp16 a loss scaler (DeepSpeed's own GradScaler in this mode). DeepSpeed's `fp16`/`bf16` sections would
+    instead cast the parameters to half and switch the caller's CUDA autocast off inside the engine: image inputs
+    then meet half weights, BatchNorm half weights meet fp32 statistics, and LayerNorm and softmax run in half.
+    No module is named lower-precision-safe, so gradients are reduced in fp32, as DDP and FSDP reduce them."""
+    if precision == "fp32":
+        return {}
+    dtype = "bfloat16" if precision == "bf16" else "float16"
+    return {"torch_autocast": {"enabled": True, "dtype": dtype, "lower_precision_safe_modules": []}}
+
+
 class ZeroEngine(DataParallel):
     """The shared step with DeepSpeed's engine doing backward (loss scaling, gradient reduction or
-    reduce-scatter into its partitions) and the step; `precision` only autocasts."""
+    reduce-scatter into its partitions) and the step (skipped on overflow); `precision` only autocasts, and
+    DeepSpeed autocasts again inside the engine (its `torch_autocast` section)."""
 
     def backward(self, loss: torch.Tensor) -> None:
         self.model.backward(loss)
 
     def step(self) -> None:
         self.model.step()
+        zero = self.optimizer
+        if zero.overflow:
+            # inf/NaN in the reduced gradients' norm, agreed over the ranks: the engine skipped the step (and counted
+            # it) without telling its torch GradScaler (fp16), whose scale then never backs off, and every later step
+            # overflows at the same scale (DeepSpeed 0.19.8, ZeRO with torch_autocast).
+            scaler = zero.torch_autocast_gradscaler
+            if scaler is not None:
+                scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
+
+    def skipped_steps(self) -> int:
+        return self.model.skipped_steps
 
     def held_parameters(self) -> list[torch.Tensor]:
         """Stage 3 keeps each parameter's partition in `ds_tensor` (the parameter itself is an empty placeholder).
@@ -111,8 +135,7 @@ class Zero(Strategy):
             "optimizer": {"type": DS_OPTIMIZERS[opt.name],
                           "params": {"lr": opt.lr, "eps": opt.eps, "weight_decay": opt.weight_decay, "torch_adam": True,
                                      "adam_w_mode": opt.name == "adamw"}},
-            "bf16": {"enabled": cfg.precision == "bf16"},
-            "fp16": {"enabled": cfg.precision == "fp16"},
+            **autocast_section(cfg.precision),
             "zero_optimization": zero,
             "zero_force_ds_cpu_optimizer": False,  # offload with torch's Adam needs no compiled CPU Adam
             "steps_per_print": 2**31 - 1,  # the training loop logs progress
@@ -126,9 +149,13 @@ class Zero(Strategy):
         return Layout(dp=cfg.workers, mini_batch=cfg.batch_size, shard=cfg.workers)
 
     def setup(self, model: nn.Module, rank: RankContext) -> ZeroEngine:
+        env = rank.env
+        # DeepSpeed picks its accelerator once, at its first use: CUDA wherever one is visible, even for a point
+        # that runs its ranks on the CPU (cluster.device=cpu on a GPU node), whose engine would then move the model
+        # to a GPU while the batches and the process group stay on the host.
+        os.environ["DS_ACCELERATOR"] = env.device.type
         import deepspeed
 
-        env = rank.env
         # DeepSpeed asserts LOCAL_RANK (srun and jsrun do not set it) and takes it, here and there, for the number of
         # the rank's GPU: ranks sharing one (cluster.share_gpus) name theirs.
         os.environ["LOCAL_RANK"] = str(env.device.index if env.device.type == "cuda" else env.local_rank)
@@ -145,7 +172,7 @@ class Zero(Strategy):
         return ZeroEngine(rank, engine, engine.optimizer, plain=engine.module)
 
     def checkpoint_fn(self) -> Callable:
-        """DeepSpeed's activation checkpointing (configured in `setup`)."""
+        """DeepSpeed's activation checkpointing (configured in `setup`), recomputing under the forward's autocast."""
         import deepspeed
 
-        return deepspeed.checkpointing.checkpoint
+        return recomputed_under_forward_autocast(deepspeed.checkpointing.checkpoint)

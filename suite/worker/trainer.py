@@ -148,7 +148,7 @@ class Trainer:
         start = time.perf_counter()
         self.parallel.model.train()
         losses = [self._step(x, y) for x, y in self._batches(0, min(self.cfg.warmup_steps, self.steps_per_epoch))]
-        synchronize(self.env.device)
+        synchronize(*self.parallel.devices)
         (elapsed,) = self._max([time.perf_counter() - start])
         self.step_losses += self._reduce_losses(losses)
         return elapsed
@@ -161,7 +161,7 @@ class Trainer:
         trace = self.trace if epoch == 1 else None
         if trace:
             trace.start()  # before the clock starts
-        synchronize(self.env.device)
+        synchronize(*self.parallel.devices)
         dist.barrier()  # every rank starts the epoch clock together
         start = time.perf_counter()
         for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch, trace), 1):
@@ -177,7 +177,7 @@ class Trainer:
                              self.cfg.epochs, step, self.steps_per_epoch, loss, rate)
         with self.comm.counted(True):
             self.parallel.finish_epoch()
-        synchronize(self.env.device)
+        synchronize(*self.parallel.devices)
         elapsed = time.perf_counter() - start
         self.timer.enabled = False
         if trace:
@@ -237,7 +237,7 @@ class Trainer:
         if self.env.is_main:
             self.flops = self.count_flops()
         dist.barrier()
-        reset_peak(self.env.device)
+        reset_peak(*self.parallel.devices)
         train_clock = self._warm_up()
         epochs: list[dict[str, float]] = []
         to_target: dict[str, float] = {}
@@ -268,7 +268,7 @@ class Trainer:
         """fp16: the optimizer steps (warm-up included) that loss scaling skipped, on the rank that skipped most."""
         if self.cfg.precision != "fp16":
             return {}
-        (skipped,) = self._max([float(self.parallel.rank.precision.skipped_steps)])
+        (skipped,) = self._max([float(self.parallel.skipped_steps())])
         return {"fp16_skipped_steps": skipped}
 
     def _utilisation(self, seconds: float, steps: int) -> dict[str, Any]:
@@ -301,7 +301,8 @@ class Trainer:
         # A phase no rank timed (torchgpipe's partitions on GPUs, which its own streams run) is left out, not 0.
         phase_max = {p: t for p, t in zip(PHASES, self._max([phases.get(p, -1.0) for p in PHASES])) if t >= 0}
         memory = [None] * self.env.world_size
-        dist.all_gather_object(memory, {**peak_memory(self.env.device),
+        dist.all_gather_object(memory, {**peak_memory(*self.parallel.devices,
+                                                      ranks_share_gpu=self.cfg.cluster.share_gpus),
                                         **self.parallel.memory_split()})
         total_time = sum(e["epoch_time_s"] for e in epochs)
         summary = {
