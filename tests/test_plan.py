@@ -117,7 +117,7 @@ def test_zero_point_carries_its_deepspeed_config():
     assert batches == (8, 4, 1)
     assert ds["optimizer"]["type"] == "Adam"
     assert {k: ds["optimizer"]["params"][k] for k in ("lr", "weight_decay")} == {"lr": 0.001, "weight_decay": 0.01}
-    assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}
+    assert ds["torch_autocast"]["dtype"] == "bfloat16" and "bf16" not in ds and "fp16" not in ds
     assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                        "offload_param": {"device": "cpu"}, "overlap_comm": True}
 
