@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
+from omegaconf import DictConfig
 
 
 def will_use_cuda(cluster) -> bool:
@@ -12,6 +14,14 @@ def will_use_cuda(cluster) -> bool:
     if cluster.device != "auto":
         return cluster.device == "cuda"
     return cluster.scheduler != "local" or torch.cuda.is_available()
+
+
+def for_ranks(cfg: DictConfig) -> DictConfig:
+    """The config a point's ranks read: the point's, with `cluster.device=auto` decided as the driver planned (and,
+    on a batch cluster, asked for GPUs), so that a rank that finds no GPU fails instead of training on its CPU."""
+    ranks = copy.deepcopy(cfg)
+    ranks.cluster.device = "cuda" if will_use_cuda(cfg.cluster) else "cpu"
+    return ranks
 
 
 def threads_per_worker(configured: int | None, local_workers: int) -> int:

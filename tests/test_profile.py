@@ -23,6 +23,7 @@ from suite.runtime.trace_breakdown import (
     step_windows,
     subtract,
     union,
+    unmeasured_communication,
 )
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
@@ -119,6 +120,21 @@ def test_a_gpu_trace_without_device_step_ranges_takes_the_hosts(tmp_path):
     result = breakdown(path)
     assert [s["time_compute_s"] for s in result["steps"]] == pytest.approx([50e-6, 20e-6])
     assert result["time_idle_s"] == pytest.approx((50e-6 + 80e-6) / 2)
+
+
+def test_gloo_on_gpus_is_communication_a_device_trace_cannot_show(tmp_path):
+    """Ranks sharing a GPU run gloo on CUDA tensors: copies to the host, a reduction there on gloo's thread, copies
+    back. The device timeline has only the copies, so the breakdown would say the step did not communicate."""
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    events = [event("ProfilerStep#1", 0, 100, "gpu_user_annotation", tid=7),
+              event("ampere_sgemm", 0, 40, "kernel", tid=7), event("gloo:all_reduce", 40, 90, "user_annotation", 2),
+              event("Memcpy DtoH (Device -> Pinned)", 40, 45, "gpu_memcpy", tid=8),
+              event("Memcpy HtoD (Pinned -> Device)", 85, 90, "gpu_memcpy", tid=8)]
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    assert breakdown(path)["time_comm_s"] == 0
+    assert "gloo on GPU tensors" in unmeasured_communication("gloo", "cuda")
+    assert unmeasured_communication("nccl", "cuda") is None and unmeasured_communication("gloo", "cpu") is None
 
 
 def run_steps(timer: PhaseTimer, count: int, trace: StepTrace | None = None) -> None:

@@ -18,6 +18,7 @@ from suite.predict.costs import checkpointed
 from suite.predict.profile import LayerProfile
 from suite.predict.step import Chunk, Workload, chunks, regathers
 from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.runtime.gpu_query import first_gpu
 
 MIB = 2**20
 
@@ -177,7 +178,6 @@ def capacity_bytes(cfg, device_type: str, processes_per_node: int) -> float | No
     if configured:
         return configured * 2**30
     if device_type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_properties(0).total_memory if cfg.cluster.scheduler == "local" else None
+        here = first_gpu() if cfg.cluster.scheduler == "local" else None
+        return here.memory_bytes if here else None
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / processes_per_node

@@ -50,6 +50,7 @@ from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.paths import REPO_ROOT, results_dir
 from suite.records.point_dir import error_line
+from suite.runtime.gpu_query import first_gpu
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import synchronize
@@ -161,8 +162,10 @@ class WorkerThreadProfile:
 
 
 def device_name(device: torch.device) -> str:
+    """The model of this machine's device of `device`'s type, asked without a CUDA context (`first_gpu`: the GPU
+    that profiles run on)."""
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return first_gpu().name
     cpuinfo = Path("/proc/cpuinfo")
     names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
              if line.startswith("model name")]

@@ -13,6 +13,7 @@ from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.placement import threads_per_worker
 from suite.runtime.gpu_build import missing_gpu_code
+from suite.runtime.gpu_query import nvidia_driver
 from suite.runtime.rendezvous import Rendezvous
 from suite.runtime.torch_api import INIT_TAKES_DEVICE_ID
 
@@ -32,14 +33,28 @@ class DistEnv:
 
 
 def resolve_device(requested: str, local_rank: int, gpu_order: list[int] | None = None) -> torch.device:
-    """`auto` takes this rank's GPU when CUDA is available, else the CPU. A rank's GPU is its local rank's
-    entry of `gpu_order` (the cluster's GPU numbering near each rank's cores), else its local rank's number."""
+    """This rank's device. A point's ranks get `cuda` or `cpu`, as the driver planned the point
+    (`suite.placement.for_ranks`); `auto`, from a process that plans its own point, takes a GPU when CUDA is
+    available, else the CPU. A rank's GPU is its local rank's entry of `gpu_order` (the cluster's GPU numbering near
+    each rank's cores), else its local rank's number; a rank that sees no GPU is refused in one line."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":
+        visible = torch.cuda.device_count()
+        if not visible:
+            raise ConfigError(no_gpu_seen())
         gpu = gpu_order[local_rank % len(gpu_order)] if gpu_order else local_rank
-        return torch.device("cuda", gpu % torch.cuda.device_count())
+        return torch.device("cuda", gpu % visible)
     return torch.device(requested)
+
+
+def no_gpu_seen() -> str:
+    """Why a rank meant to run on a GPU cannot, with what decides which GPUs it sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU-only build)"
+    return (f"the point runs on GPUs (cluster.device=cuda, or auto on a machine or cluster with GPUs) but this rank "
+            f"sees none: CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}, {nvidia_driver()}, "
+            f"torch {torch.__version__} built for {build}")
 
 
 def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous, share_gpus: bool = False,

@@ -69,6 +69,21 @@ class Precision:
             optimizer.step()
 
 
+class AutocastForward(torch.nn.Module):
+    """`module` that computes its forward, and only its forward, in `precision`'s autocast, wherever it is called
+    from: on another thread than the step's (torchgpipe's workers; autocast is thread-local), again in backward
+    (recomputation), or inside a schedule that runs the backward too (torch.distributed.pipelining), which AMP
+    says not to autocast."""
+
+    def __init__(self, module: torch.nn.Module, precision: Precision) -> None:
+        super().__init__()
+        self.module, self.precision = module, precision
+
+    def forward(self, *args, **kwargs):
+        with self.precision.autocast():
+            return self.module(*args, **kwargs)
+
+
 def make_precision(name: str, device: torch.device) -> Precision:
     scaler = grad_scaler(device.type) if name == "fp16" else None
     return Precision(name, device.type, scaler)

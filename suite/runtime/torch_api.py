@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -12,6 +14,11 @@ try:
     from torch.distributed.tensor import DTensor  # public from torch 2.5
 except ImportError:
     from torch.distributed._tensor import DTensor  # noqa: F401 (re-exported) torch 2.1 to 2.4
+
+# TF32 on GPUs: newer torch sets it per backend and operator through `fp32_precision`, and once anything in the
+# process does, reading the legacy flags (`allow_tf32`, `get_float32_matmul_precision`) raises RuntimeError.
+MATMUL_FP32_PRECISION = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+CONV_FP32_PRECISION = hasattr(torch.backends.cudnn, "conv") and hasattr(torch.backends.cudnn.conv, "fp32_precision")
 
 # init_process_group(device_id=) binds the process group to the rank's GPU at once (torch 2.2, pytorch#114916).
 INIT_TAKES_DEVICE_ID = "device_id" in inspect.signature(dist.init_process_group).parameters
@@ -23,3 +30,34 @@ def grad_scaler(device_type: str):
     if hasattr(torch.amp, "GradScaler"):
         return torch.amp.GradScaler(device_type)
     return torch.cuda.amp.GradScaler()
+
+
+def matmul_tf32() -> bool:
+    """Whether float32 matrix products on GPUs may run in TF32 (torch's default: no)."""
+    if MATMUL_FP32_PRECISION:
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return torch.backends.cuda.matmul.allow_tf32
+
+
+def convolution_tf32() -> bool:
+    """Whether cuDNN may run float32 convolutions in TF32 (torch's default: yes)."""
+    if CONV_FP32_PRECISION:
+        return torch.backends.cudnn.conv.fp32_precision == "tf32"
+    return torch.backends.cudnn.allow_tf32
+
+
+@contextlib.contextmanager
+def matmuls_in_tf32(enabled: bool) -> Iterator[None]:
+    """Float32 matrix products on GPUs in TF32 (`enabled`) or in full float32 while the block runs; as before
+    after it."""
+    flags = torch.backends.cuda.matmul
+    if MATMUL_FP32_PRECISION:
+        name, value = "fp32_precision", "tf32" if enabled else "ieee"
+    else:
+        name, value = "allow_tf32", enabled
+    previous = getattr(flags, name)
+    setattr(flags, name, value)
+    try:
+        yield
+    finally:
+        setattr(flags, name, previous)

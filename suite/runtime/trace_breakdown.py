@@ -18,7 +18,11 @@ the backward of the next, while a send or receive is a range on the thread that 
 for (a blocking receive, in a pipeline, includes the wait for the stage that sends).
 On a GPU the timeline is the device's: NCCL's kernels are communication, every other kernel, memory copy and
 memory set computation, and a step starts with its first device activity (the profiler's `gpu_user_annotation`
-copy of `ProfilerStep#<k>`).
+copy of `ProfilerStep#<k>`). So communication that no NCCL kernel carries is not seen as such: gloo's on GPU
+tensors (ranks sharing GPUs, `cluster.share_gpus`), which copies them to the host and reduces them there, shows as
+copies (computation) and gaps (idle), and a rank whose backend is gloo on a GPU gets no breakdown
+(`unmeasured_communication`); a collective NCCL ran with the copy engines instead of kernels would count as
+computation too.
 """
 
 from __future__ import annotations
@@ -138,6 +142,14 @@ def device_intervals(events: list[dict[str, Any]]) -> tuple[Intervals, Intervals
         if e.get("cat") in DEVICE_WORK:
             (comm if "nccl" in e["name"].lower() else compute).append(seconds(e))
     return union(comm), union(compute)
+
+
+def unmeasured_communication(backend: str, device_type: str) -> str | None:
+    """Why the traces of ranks on `backend` and `device_type` cannot show their communication, or None."""
+    if backend == "gloo" and device_type == "cuda":
+        return ("gloo on GPU tensors copies them to the host and reduces them there: the device timeline shows its "
+                "copies as computation and its waits as idle time")
+    return None
 
 
 def trace_events(path: Path) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ import torch
 
 from suite.records.calibration import DamagedRecord, load_record, reading, record_path
 from suite.runtime.flops import StepFlops
+from suite.runtime.torch_api import convolution_tf32, matmul_tf32
 from suite.vocabulary import MathDtype, PeakSource
 
 TFLOP = 1e12
@@ -54,10 +55,11 @@ class NoPeak:
 def math_dtype(precision: str, device: torch.device, convolutional: bool) -> str:
     """The dtype a point's matrix products run in: its precision, except fp32 on GPUs with tensor cores for
     TF32 (compute capability 8.0+), where torch lets cuDNN run convolutions in TF32 by default, and matrix
-    products when `torch.set_float32_matmul_precision` allows it."""
+    products where TF32 is allowed (`torch.set_float32_matmul_precision`, or newer torch's
+    `torch.backends.cuda.matmul.fp32_precision`)."""
     if precision != MathDtype.fp32 or device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 0):
         return precision
-    tf32 = torch.backends.cudnn.allow_tf32 if convolutional else torch.get_float32_matmul_precision() != "highest"
+    tf32 = convolution_tf32() if convolutional else matmul_tf32()
     return MathDtype.tf32 if tf32 else MathDtype.fp32
 
 

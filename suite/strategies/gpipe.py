@@ -19,25 +19,12 @@ from suite.errors import BadValue, ConfigError
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline.partition import StageModule, cut, sum_grads, untie
 from suite.runtime.optim import build_optimizer
-from suite.runtime.precision import Precision
+from suite.runtime.precision import AutocastForward
 from suite.strategies.base import RankContext, Runtime
 from suite.strategies.layout import Layout
 from suite.strategies.pipeline import Pipeline, pipeline_metrics
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
-
-
-class AutocastStage(StageModule):
-    """A stage that enters the point's autocast itself: torchgpipe runs its forward on a worker thread and
-    recomputes it in backward, both outside the autocast of the thread driving the step (autocast is thread-local)."""
-
-    def __init__(self, layers: list[Layer], precision: Precision) -> None:
-        super().__init__(layers)
-        self.precision = precision
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with self.precision.autocast():
-            return super().forward(x)
 
 
 class TorchGPipeRuntime(Runtime):
@@ -82,7 +69,7 @@ class TorchGPipeRuntime(Runtime):
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         timer, precision = self.rank.timer, self.rank.precision
         with timer.phase("pipeline"):
-            with precision.autocast():  # for the loss: the stages enter it on their own threads (AutocastStage)
+            with precision.autocast():  # for the loss: the stages enter it on their own threads (AutocastForward)
                 outputs = self.model(inputs.to(self.model.devices[0]))
                 loss = self.rank.loss_fn(outputs, targets.to(outputs.device))
             precision.backward(loss)
@@ -155,7 +142,7 @@ class GPipe(Pipeline):
         sizes = self.stage_sizes(layers, rank)
         groups = cut(layers, sizes)
         devices = self._devices(rank.env.device, len(sizes), rank.cfg.cluster.share_gpus)
-        stages = nn.Sequential(*(AutocastStage(group, rank.precision) for group in groups))
+        stages = nn.Sequential(*(AutocastForward(StageModule(group), rank.precision) for group in groups))
         pipe = TorchGPipe(stages, balance=[1] * len(stages), devices=devices, chunks=rank.layout.micro_batches,
                           checkpoint=self.checkpoint)
         return TorchGPipeRuntime(rank, pipe, [layer for group in groups for layer in group], tied)

@@ -35,6 +35,7 @@ from suite.models import check_network
 from suite.paths import CONF_DIR
 from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.runtime.gpu_query import first_gpu
 from suite.strategies import Strategy, build_strategy, older_torch
 from suite.strategies.layout import Layout
 from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, OptimizerName, PrecisionName
@@ -287,9 +288,9 @@ def _check_hardware(hardware: DictConfig) -> None:
 
 def _gpu_without_bf16(cluster: DictConfig) -> str | None:
     """The cluster's GPU if it is known to lack bfloat16: this machine's, or one named in its hardware."""
-    if cluster.scheduler == "local" and torch.cuda.is_available():
-        # Not is_bf16_supported(including_emulation=False), an argument that torch 2.1 lacks.
-        return None if torch.cuda.get_device_capability() >= (8, 0) else torch.cuda.get_device_name()
+    here = first_gpu() if cluster.scheduler == "local" else None
+    if here:
+        return None if here.capability >= (8, 0) else here.name
     gpu = cluster.hardware.gpu or ""
     return gpu if any(name in gpu for name in NO_BF16_GPUS) else None
 

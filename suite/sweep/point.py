@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from suite.paths import REPO_ROOT, results_dir
+from suite.placement import for_ranks
 from suite.records.manifest import git_sha
 from suite.records.point_dir import PointDir
 from suite.records.store import run_params
@@ -43,7 +44,7 @@ def new_point_dir(point: Point, parent_run_id: str | None = None,
         except FileExistsError:
             continue
         out = PointDir(path)
-        OmegaConf.save(point.cfg, out.config, resolve=True)
+        OmegaConf.save(for_ranks(point.cfg), out.config, resolve=True)
         out.write_point({"label": point.label, "config_hash": point.config_hash,
                          "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
                          "git_sha": git_sha(REPO_ROOT),

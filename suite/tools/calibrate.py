@@ -137,6 +137,7 @@ def label(cfg: DictConfig) -> str:
 
 def job_dir(cfg: DictConfig, create: bool) -> PointDir:
     """A fresh directory for the job (created, with its config and point.json, when `create`)."""
+    from suite.placement import for_ranks
     from suite.records.manifest import git_sha
     from suite.records.store import flatten
     from suite.sweep.plan import config_hash
@@ -151,7 +152,7 @@ def job_dir(cfg: DictConfig, create: bool) -> PointDir:
     if not create:
         return out
     path.mkdir(parents=True)
-    OmegaConf.save(cfg, out.config, resolve=True)
+    OmegaConf.save(for_ranks(cfg), out.config, resolve=True)
     settings = flatten(OmegaConf.to_container(cfg.calibration), "calibration.")
     out.write_point({"label": label(cfg), "config_hash": config_hash(cfg), "experiment": cfg.tracking.experiment,
                      "git_sha": git_sha(REPO_ROOT), "parent_run_id": None,

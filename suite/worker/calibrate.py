@@ -31,6 +31,7 @@ from suite.records.manifest import rank_info
 from suite.runtime.comm import SHARE_SENT
 from suite.runtime.dist import DistEnv
 from suite.runtime.timing import synchronize
+from suite.runtime.torch_api import matmuls_in_tf32
 from suite.vocabulary import Collective, MathDtype
 
 log = logging.getLogger("suite")
@@ -149,17 +150,13 @@ class Calibration:
         kind = TORCH_DTYPES[dtype]
         a, b = (torch.randn(n, n, device=self.env.device).to(kind) for _ in range(2))
         out = torch.empty(n, n, dtype=kind, device=self.env.device)
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = dtype == MathDtype.tf32
-        try:
+        with matmuls_in_tf32(dtype == MathDtype.tf32):
             for _ in range(self.settings.warmup_iterations):
                 torch.mm(a, b, out=out)
             trial = self._clock(lambda: torch.mm(a, b, out=out), 1, together=False)
             iterations = max(1, min(self.settings.max_iterations,
                                     math.ceil(self.settings.matmul_seconds / max(trial, 1e-9))))
             seconds = self._clock(lambda: torch.mm(a, b, out=out), iterations, together=False) / iterations
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
         tflops = 2 * n**3 / seconds / 1e12
         log.info("calibrate: matmul %s n=%d: %.4g TFLOP/s (%d iterations)", dtype, n, tflops, iterations)
         return tflops

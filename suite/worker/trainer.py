@@ -38,7 +38,7 @@ from suite.runtime.memory import largest_over_ranks, peak_memory, reset_peak
 from suite.runtime.precision import make_precision
 from suite.runtime.profile import StepTrace
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
-from suite.runtime.trace_breakdown import breakdown
+from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
 from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
 from suite.strategies.base import RankContext, Strategy
 from suite.strategies.layout import Layout
@@ -292,6 +292,9 @@ class Trainer:
         whose communication all goes through torch.distributed, so that the trace shows all of it."""
         if self.trace is None or not self.comm.enabled:
             return {}
+        unmeasured = unmeasured_communication(self.env.backend, self.env.device.type)
+        if unmeasured:
+            return {"run_tags": {"suite.breakdown_missing": unmeasured}}
         by_rank = [None] * self.env.world_size
         dist.all_gather_object(by_rank, breakdown(self.trace.path))
         return {**{key: max(rank[key] for rank in by_rank) for key in TRACE_BREAKDOWN}, "breakdown_by_rank": by_rank}
@@ -305,6 +308,9 @@ class Trainer:
                                                       ranks_share_gpu=self.cfg.cluster.share_gpus),
                                         **self.parallel.memory_split()})
         total_time = sum(e["epoch_time_s"] for e in epochs)
+        breakdown_metrics = self._breakdown_metrics()
+        utilisation = self._utilisation(total_time, self.steps_per_epoch * len(epochs)) if self.env.is_main else {}
+        run_tags = {**breakdown_metrics.pop("run_tags", {}), **utilisation.pop("run_tags", {})}
         summary = {
             "epoch_time_s_mean": total_time / len(epochs),
             "throughput_samples_s_mean": sum(e["samples"] for e in epochs) / total_time,
@@ -315,8 +321,9 @@ class Trainer:
             **self._skipped_steps(),
             **{f"time_{p}_s": t for p, t in phase_max.items()},
             **self._comm_metrics(),
-            **self._breakdown_metrics(),
-            **(self._utilisation(total_time, self.steps_per_epoch * len(epochs)) if self.env.is_main else {}),
+            **breakdown_metrics,
+            **utilisation,
+            "run_tags": run_tags,
             **to_target,
             "memory_by_rank": memory,
             "strategy_metrics": self.parallel.summary_metrics(memory),
