@@ -13,7 +13,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup setup-offline wheelhouse horovod test test-fast test-compat test-gpu lint sweep status collect calibrate ui \
+.PHONY: setup setup-offline wheelhouse horovod test test-fast test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
 	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend bench-model
 
 setup: $(STAMP)
@@ -45,7 +45,7 @@ setup-offline:
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
-# Horovod built against the venv's torch (suite/tools/build_horovod.py): about 10 minutes on 2 cores the first time
+# Horovod built against the venv's torch (suite/tools/build_horovod.py): 10 to 25 minutes on 2 cores the first time
 # on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
 # The tests need it; a sweep with a strategy=horovod point refuses to launch without it (and says to run this).
 horovod: setup
@@ -77,9 +77,15 @@ test-compat:
 	$(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_compat.py
 	$(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_equivalence.py -k '$(COMPAT_TESTS)'
 
-# The CUDA paths, on this machine's GPU (tests marked `gpu`, which `make test` does not collect).
+# The CUDA paths, on this machine's GPUs: tests marked `gpu` (one GPU) and `gpu_multi` (2 or more, each skipped with
+# its reason on fewer; Horovod's skipped where `make horovod` has not run); `make test` collects neither.
 test-gpu: setup
-	$(PY) -m pytest -m gpu
+	$(PY) -m pytest -m "gpu or gpu_multi"
+
+# Only the checks that need 2 or more GPUs (NCCL across ranks, torchgpipe across GPUs, Horovod's NCCL all-reduce),
+# with Horovod built first.
+test-gpu-multi: setup horovod
+	$(PY) -m pytest -m gpu_multi
 
 # ruff's lint rules (E, W: layout and line length included); not `ruff format`, which would re-wrap the tree's
 # hand-aligned argument lists and tables.

@@ -37,6 +37,21 @@ def store(results) -> Store:
 RANK_OUTPUTS = ("epochs.jsonl", "summary.json", "manifest.json", "logs")
 
 
+@pytest.fixture
+def one_rank_group(request):
+    """A process group of one gloo rank in this process (torchgpipe's pipe is one process; a strategy's setup
+    needs a group), on the CPU, or on `cuda:0` where a test asks for it (indirect parameter "cuda")."""
+    import torch
+    import torch.distributed as dist
+
+    from suite.runtime.dist import DistEnv
+
+    device = torch.device("cuda", 0) if getattr(request, "param", "cpu") == "cuda" else torch.device("cpu")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield DistEnv(0, 1, 0, 1, device, "gloo")
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def worker_outputs(tmp_path_factory) -> Path:
     """The point directory of one real rank's run, whose RANK_OUTPUTS stand for those of the points a test records
@@ -102,8 +117,16 @@ def tracking_server(port: int):
         server.wait(30)
 
 
+# Tests that need GPUs: `gpu` one, `gpu_multi` two or more.
+GPU_MARKERS = ("gpu", "gpu_multi")
+
+
 def _gpu_tests_asked_for(config) -> bool:
-    return "gpu" in (config.getoption("markexpr") or "")
+    return any(marker in (config.getoption("markexpr") or "") for marker in GPU_MARKERS)
+
+
+def _needs_gpus(item) -> bool:
+    return any(item.get_closest_marker(marker) for marker in GPU_MARKERS)
 
 
 def pytest_configure(config):
@@ -114,10 +137,23 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run only when asked for (`make test-gpu`: -m gpu): `make test` runs where there is none."""
+    """Tests marked `gpu` or `gpu_multi` run only when asked for (`make test-gpu`: -m "gpu or gpu_multi";
+    `make test-gpu-multi`: -m gpu_multi): `make test` runs where there is none."""
     if _gpu_tests_asked_for(config):
+        _skip_where_too_few_gpus(items)
         return
-    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    gpu = [item for item in items if _needs_gpus(item)]
     if gpu:
         config.hook.pytest_deselected(items=gpu)
-        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        items[:] = [item for item in items if not _needs_gpus(item)]
+
+
+def _skip_where_too_few_gpus(items) -> None:
+    """A `gpu` test needs one GPU, a `gpu_multi` test two: where torch sees fewer, each is skipped with the count."""
+    import torch
+
+    visible = torch.cuda.device_count()
+    for item in items:
+        needed = 2 if item.get_closest_marker("gpu_multi") else 1 if item.get_closest_marker("gpu") else 0
+        if visible < needed:
+            item.add_marker(pytest.mark.skip(reason=f"needs {needed} or more CUDA GPUs; torch sees {visible} here"))

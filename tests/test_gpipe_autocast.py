@@ -4,13 +4,11 @@ recomputes checkpointed micro-batches in backward, both outside the autocast of 
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
 from suite.models.gpt2 import GPT2
-from suite.runtime.dist import DistEnv, resolve_device
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
@@ -20,29 +18,24 @@ from suite.strategies.layout import Layout
 VOCAB, SEQ, BATCH, CHUNKS = 64, 8, 4, 2
 
 
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, 1, resolve_device("cpu", 0), "gloo")
-    dist.destroy_process_group()
-
-
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
 
+@pytest.mark.parametrize("one_rank_group", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], indirect=True)
 @pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
 def test_gpipe_partitions_compute_in_the_points_precision(one_rank_group, precision, dtype):
     env = one_rank_group
     cfg = OmegaConf.create({"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0},
                             "dataset": {"kind": "tokens", "vocab_size": VOCAB, "seq_len": SEQ},
-                            "cluster": {"share_gpus": False}})
+                            "cluster": {"share_gpus": True}})
     rank = RankContext(cfg, env, Layout(dp=1, pp=2, mini_batch=BATCH, micro_batches=CHUNKS,
                                         stages_in_one_process=True),
                        make_precision(precision, env.device), PhaseTimer(env.device), lm_loss)
     torch.manual_seed(0)
     model = GPT2(vocab_size=VOCAB, block_size=SEQ, n_layer=2, n_head=2, n_embd=16)
     runtime = GPipe(balance=[2, 2], checkpoint="always").setup(model, rank)
+    assert {d.type for d in runtime.model.devices} == {env.device.type}
     linears = [m for m in runtime.model.modules() if isinstance(m, nn.Linear)]
     seen = []
     for linear in linears:

@@ -4,12 +4,10 @@ tests/test_nvml.py). No GPU here: CUDA events and streams are stood in for by a 
 
 import pytest
 import torch
-import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch import nn
 
 from suite.models.gpt2 import GPT2
-from suite.runtime.dist import DistEnv, resolve_device
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import PhaseTimer, synchronize
 from suite.strategies.base import RankContext
@@ -18,12 +16,6 @@ from suite.strategies.layout import Layout
 
 GPUS = [torch.device("cuda", 0), torch.device("cuda", 1)]
 
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, 1, resolve_device("cpu", 0), "gloo")
-    dist.destroy_process_group()
 
 
 def test_gpipe_measures_each_of_its_devices_once(one_rank_group):

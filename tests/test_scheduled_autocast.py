@@ -4,13 +4,11 @@ autocast (AMP: "backward passes under autocast are not recommended"); torch.dist
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
 from suite.models.gpt2 import GPT2
-from suite.runtime.dist import DistEnv, resolve_device
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
@@ -20,12 +18,6 @@ from suite.strategies.one_f_one_b import OneFOneB
 
 VOCAB, SEQ, BATCH, CHUNKS = 64, 8, 4, 2
 
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, 1, resolve_device("cpu", 0), "gloo")
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("strategy", [OneFOneB(virtual_stages=2), GPipeDist()], ids=["1f1b", "gpipe_dist"])

@@ -3,25 +3,16 @@
 from types import SimpleNamespace
 
 import pytest
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.config import GradCompressionConfig, OptimizerConfig
-from suite.runtime.dist import DistEnv, resolve_device
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
 from suite.strategies.ddp import DDP, apply_grad_compression
 from suite.strategies.layout import Layout
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, 1, resolve_device("cpu", 0), "gloo")
-    dist.destroy_process_group()
 
 
 def test_ddp_knobs_configure_distributed_data_parallel(one_rank_group):
