@@ -45,6 +45,7 @@ def main(argv: list[str]) -> int:
     from analysis.report import write_report
     from analysis.views import NotRun
     from launchers.batch import SchedulerError
+    from suite.predict.predictor import recorded_prediction
     from suite.records.point_dir import error_line
     from suite.records.store import Store, store_uri
     from suite.signals import Stopped, raise_on_sigterm
@@ -94,7 +95,7 @@ def main(argv: list[str]) -> int:
         raise_on_sigterm()  # a scheduler's SIGTERM stops the sweep like Ctrl-C, and the point as `timeout`
         expected = record_invalid(invalid or [], store, args.dry_run, parent)  # the sweep file expects them
         outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run,
-                              parent_run_id=parent)
+                              parent_run_id=parent, predict=recorded_prediction)
     except (ConfigError, SchedulerError) as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)

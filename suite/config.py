@@ -231,7 +231,7 @@ class CalibrationSettings:
     matmul_n: int | None = None  # n of the n x n x n product; None: 8192 on GPU, 2048 on CPU
     matmul_seconds: float = 1.0
     dtypes: list[str] | None = None  # math dtypes of the matmul; None: fp32 and bf16, and tf32 and fp16 on GPU
-    # Strategies whose library overhead is then measured on probe networks here (suite.predict.overhead); None:
+    # Strategies whose library overhead is then measured on probe networks here (suite.tools.overhead_probes); None:
     # every strategy's; []: none. Not by a batch cluster's job.
     probe_strategies: list[str] | None = None
     probe_passes: int = 3  # runs of each probe, in passes over all of them; its step is their median

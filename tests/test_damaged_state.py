@@ -28,7 +28,7 @@ from suite.records.calibration import DamagedRecord, record_path
 from suite.runtime.utilisation import Device, NoPeak, calibrated_peak
 from suite.strategies import missing_library
 from suite.strategies.base import Library, Strategy
-from suite.sweep.driver import sweep_prediction
+from suite.sweep.point import prediction_for
 from suite.vocabulary import Status
 
 TINY_RUN = [*TINY_GPT, "strategy=single", "workers=1", "epochs=1", "steps_per_epoch=2", "eval_batches=1"]
@@ -161,7 +161,7 @@ def test_the_model_failing_never_stops_a_sweep_and_is_said_once(results, capsys)
     record_path("local").mkdir(parents=True)
     said: set[str] = set()
     for position in ("1/2", "2/2"):
-        assert sweep_prediction(tiny_point("strategy=single", "workers=1"), position, said) == {}
+        assert prediction_for(recorded_prediction, tiny_point("strategy=single", "workers=1"), position, said) == {}
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("warning: [1/2 tokens/gpt2_tiny/single/w1] recorded without a prediction: the performance "
                            "model failed: IsADirectoryError: "), line

@@ -1,5 +1,6 @@
 """What a strategy's library costs per step beyond the model's compute and collectives: measured on probe
-networks by `make calibrate`, added to every prediction of the suite's model.
+networks by `make calibrate` (suite.tools.overhead_probes), fitted here, added to every prediction of the suite's
+model.
 
 The model prices a step from a profile of the plain network and the calibrated collectives. A strategy's library
 does more per step than either holds: DeepSpeed's engine (its flat buffers, the fp32 partition's copies), the
@@ -24,7 +25,6 @@ says so.
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,41 +32,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from suite.errors import ConfigError
 from suite.predict.correction import correction_key
 from suite.predict.links import nearest
 from suite.records.calibration import calibration_files, read_record, reading, record_path
 from suite.strategies.base import Strategy
-from suite.vocabulary import Status
 
-EXPERIMENT = "library_overhead"  # the probes' runs
-PROBE = ["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=32", "dataset.samples=256",
-         "dataset.val_samples=16", "batch_size=8", "epochs=2", "warmup_steps=2", "steps_per_epoch=8",
-         "log_every=100", "eval_batches=1", "optimizer.name=adam", "optimizer.lr=0.001"]
-NARROW = ["network.n_embd=32", "network.n_head=2", "dataset.vocab_size=256"]
-SHAPES = {"narrow": ["network.n_layer=2", *NARROW],  # 0.13 MB in 28 tensors
-          "wide": ["network.n_layer=2", "network.n_embd=512", "network.n_head=4", "dataset.vocab_size=4096"],  # 32 MB
-          "deep": ["network.n_layer=8", *NARROW]}  # 0.42 MB in 100 tensors
-# Per correction key, the strategy as its probes run it: on the calibration's workers (at least two) but `single`.
-STRATEGIES = {
-    "single": ["strategy=single", "workers=1"],
-    "ddp": ["strategy=ddp"],
-    "horovod": ["strategy=horovod"],
-    "zero": ["strategy=zero", "strategy.zero_stage=1"],
-    "zero3": ["strategy=zero", "strategy.zero_stage=3"],
-    "fsdp": ["strategy=fsdp"],
-    "megatron": ["strategy=megatron", "strategy.tp=2"],
-    "gpipe": ["strategy=gpipe", "strategy.micro_batches=4"],
-    "gpipe_dist": ["strategy=gpipe_dist", "strategy.micro_batches=4"],
-    "1f1b": ["strategy=1f1b", "strategy.micro_batches=4"],
-    "pipedream": ["strategy=pipedream"],
-}
-
-
-def probe_overrides(key: str, workers: int) -> list[str]:
-    """A strategy's probe settings on a calibration of `workers` ranks."""
-    own = STRATEGIES[key]
-    return own if any(o.startswith("workers=") for o in own) else [*own, f"workers={max(workers, 2)}"]
+EXPERIMENT = "library_overhead"  # the runs of the probes (suite.tools.overhead_probes) a fit is solved from
 
 
 @dataclass(frozen=True)
@@ -190,46 +161,3 @@ def save(cluster: str, probes: list[Probe], run_ids: list[str], workers: int) ->
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return path
-
-
-def check_keys(keys: list[str]) -> None:
-    unknown = sorted(set(keys) - STRATEGIES.keys())
-    if unknown:
-        raise ConfigError(f"calibration.probe_strategies: {', '.join(unknown)} not among {', '.join(STRATEGIES)}")
-
-
-def measure(cluster: str, keys: list[str], passes: int, workers: int) -> Path:
-    """Run the probes of `keys` on `cluster` here on `workers` ranks (`probe_overrides`), `passes` times over all of
-    them (a new run each: a probe's runs are minutes apart, and one that a swing of the machine slowed is
-    outvoted), fit and save their overheads."""
-    from suite.predict.predictor import crowding, workload
-    from suite.predict.step import step_time
-    from suite.records.store import Store, store_uri
-    from suite.sweep.driver import run_sweep
-    from suite.sweep.plan import plan
-
-    check_keys(keys)
-    probes = [[*PROBE, *shape, *probe_overrides(key, workers), f"cluster={cluster}"] for key in keys
-              for shape in SHAPES.values()]
-    points = plan([[*probe, f"repeat={n}"] for n in range(passes) for probe in probes], experiment=EXPERIMENT)
-    which = {point.config_hash: index % len(probes) for index, point in enumerate(points)}
-    store = Store(store_uri(points[0].cfg))
-    priced: dict[int, tuple[str, float, int, float]] = {}
-    placed: dict[int, tuple[float, int]] = {}  # crowding, workers
-    steps: dict[int, list[float]] = {}
-    run_ids = []
-    for outcome in run_sweep(points, store, force=True):
-        if outcome.status != Status.finished:
-            raise ConfigError(f"probe {outcome.point.label} ({' '.join(outcome.point.overrides)}) "
-                              f"{outcome.status}: {outcome.error} (run {outcome.run_id})")
-        probe = which[outcome.point.config_hash]
-        if probe not in priced:
-            w, _, _ = workload(outcome.point)
-            priced[probe] = (correction_key(outcome.point.strategy), w.profile.param_bytes, w.profile.param_tensors,
-                             step_time(w).total)
-            placed[probe] = crowding(outcome.point), outcome.point.cfg.workers
-        metrics = store.client.get_run(outcome.run_id).data.metrics
-        steps.setdefault(probe, []).append(metrics["epoch_time_s_mean"] / metrics["steps_per_epoch"])
-        run_ids.append(outcome.run_id)
-    measured = [Probe(*priced[i], statistics.median(steps[i]), tuple(steps[i]), *placed[i]) for i in range(len(probes))]
-    return save(cluster, measured, run_ids, workers)

@@ -10,7 +10,6 @@ still queued or running is left to it.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from launchers import LaunchResult, launch
@@ -18,7 +17,6 @@ from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.paths import REPO_ROOT
 from suite.placement import threads_per_worker
-from suite.predict.predictor import recorded_prediction
 from suite.records.manifest import git_sha
 from suite.records.point_dir import error_line
 from suite.records.record import finish
@@ -27,7 +25,7 @@ from suite.records.verdict import NotStarted
 from suite.strategies import missing_library
 from suite.sweep import jobs
 from suite.sweep.plan import InvalidPoint, Point
-from suite.sweep.point import Outcome, new_point_dir
+from suite.sweep.point import Outcome, Predict, new_point_dir, no_prediction, prediction_for
 from suite.vocabulary import Status
 
 
@@ -92,24 +90,12 @@ def check_installed(points: list[Point]) -> None:
             raise ConfigError(missing)
 
 
-def sweep_prediction(point: Point, position: str, said: set[str]) -> dict[str, float]:
-    """The prediction recorded with the point's run (`recorded_prediction`). The model never stops a sweep: where
-    it fails the point runs without one, and why is said once per sweep (`said`: the reasons said so far)."""
-    try:
-        return recorded_prediction(point)
-    except Exception as exc:  # a damaged calibration file (DamagedRecord), or the model's own failure
-        reason = str(exc) if isinstance(exc, ConfigError) else f"the performance model failed: {error_line(exc)}"
-        if reason not in said:
-            said.add(reason)
-            print(f"warning: [{position} {point.label}] recorded without a prediction: {reason} (said once per sweep)",
-                  file=sys.stderr, flush=True)
-        return {}
-
-
 def run_sweep(points: list[Point], store: Store, force: bool = False, retry_failed: bool = False,
-              dry_run: bool = False, parent_run_id: str | None = None) -> list[Outcome]:
+              dry_run: bool = False, parent_run_id: str | None = None,
+              predict: Predict = no_prediction) -> list[Outcome]:
     """Run the points here one by one, or submit them to their cluster's scheduler. Skipped points are in
-    the outcomes too, with the run that speaks for them. Runs made now are children of `parent_run_id`."""
+    the outcomes too, with the run that speaks for them. Runs made now are children of `parent_run_id`, each
+    recorded with `predict`'s metrics for its point."""
     mark("planned")
     check_installed(points)
     for experiment in jobs.batch_experiments(points):
@@ -136,12 +122,13 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
             print(f"[{position} {point.label}] would run here ({' '.join(point.overrides)})", flush=True)
         else:
             print(f"[{position} {point.label}] starting ({' '.join(point.overrides)})", flush=True)
-            outcome = run_point(point, store, position, sweep_prediction(point, position, unpredicted), parent_run_id)
+            outcome = run_point(point, store, position, prediction_for(predict, point, position, unpredicted),
+                                parent_run_id)
             line = f"[{position} {point.label}] {outcome.status}"
             print(line + (f": {outcome.error}" if outcome.error else "")
                   + (f" (run {outcome.run_id})" if outcome.run_id else ""), flush=True)
             outcomes.append(outcome)
-    return outcomes + jobs.submit(to_submit, store, dry_run, parent_run_id)
+    return outcomes + jobs.submit(to_submit, store, dry_run, parent_run_id, predict, unpredicted)
 
 
 def record_invalid(invalid: list[InvalidPoint], store: Store, dry_run: bool = False,

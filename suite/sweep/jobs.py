@@ -13,6 +13,7 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from omegaconf import OmegaConf
@@ -21,13 +22,12 @@ from launchers import BATCH_SCHEDULERS, LaunchResult, jobscript, site_rules
 from launchers.batch import ENDED, Job, JobState, SchedulerError, Step, cores_per_rank
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
-from suite.predict.predictor import recorded_prediction
 from suite.records.point_dir import PointDir, error_line
 from suite.records.record import finish
 from suite.records.store import Store, store_uri
 from suite.records.verdict import Ending, JobEnded, NotStarted
 from suite.sweep.plan import Point
-from suite.sweep.point import Outcome, new_point_dir, point_dir_path
+from suite.sweep.point import Outcome, Predict, new_point_dir, no_prediction, point_dir_path, prediction_for
 from suite.vocabulary import Status
 
 
@@ -209,11 +209,13 @@ def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
     return batch_job(name, cfg, steps)
 
 
-def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool,
-           parent_run_id: str | None = None) -> list[Outcome]:
+def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool, parent_run_id: str | None = None,
+           predict: Predict = no_prediction, unpredicted: set[str] | None = None) -> list[Outcome]:
     """Submit the points (position, point) as jobs of `cluster.job.points_per_job` points of one cluster and queue
     each (more where the queue lets a user have fewer jobs at once) and return at once; with `dry_run`, only write
-    the job scripts. A job the scheduler refuses is recorded as failed."""
+    the job scripts. A job the scheduler refuses is recorded as failed. Each point's directory carries `predict`'s
+    metrics for it, recorded with its run (`unpredicted`: why points went without one, said once)."""
+    unpredicted = set() if unpredicted is None else unpredicted
     if not dry_run:  # created once here, not by many jobs at the same moment
         for experiment in {point.cfg.tracking.experiment for _, point in items}:
             store.experiment_id(experiment)
@@ -230,15 +232,16 @@ def submit(items: list[tuple[str, Point]], store: Store, dry_run: bool,
             print(f"queue {site_rules.span(queue)} of cluster {cluster}: its {len(group)} point(s) go "
                   f"{per_job} to a job, one after another within the job's time limit", flush=True)
         for first in range(0, len(group), per_job):
-            outcomes += _submit_job(group[first:first + per_job], store, dry_run, parent_run_id)
+            outcomes += _submit_job(group[first:first + per_job], store, dry_run, parent_run_id,
+                                    lambda position, p: prediction_for(predict, p, position, unpredicted))
     return outcomes
 
 
-def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool,
-                parent_run_id: str | None) -> list[Outcome]:
+def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool, parent_run_id: str | None,
+                predicted: Callable[[str, Point], dict[str, float]]) -> list[Outcome]:
     scheduler = BATCH_SCHEDULERS[chunk[0][1].cfg.cluster.scheduler]
-    dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p, parent_run_id, recorded_prediction(p))
-            for _, p in chunk]
+    dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p, parent_run_id, predicted(position, p))
+            for position, p in chunk]
     name = dirs[0].path.name + (f"+{len(chunk) - 1}" if len(chunk) > 1 else "")
     job = _job(name, [(p, out) for (_, p), out in zip(chunk, dirs)])
     script = jobscript.write(job, scheduler)

@@ -2,18 +2,44 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
 from suite.placement import for_ranks
 from suite.records.manifest import git_sha
-from suite.records.point_dir import PointDir
+from suite.records.point_dir import PointDir, error_line
 from suite.records.store import run_params
 from suite.sweep.plan import Point
+
+# What a sweep records with a point's run beside what it measures: a prediction's metrics. The sweep does not price
+# points itself (the predictor plans points, so it imports the sweep's planning): whoever runs the sweep hands it
+# the model's (suite.predict.predictor.recorded_prediction), or nothing is predicted.
+Predict = Callable[[Point], dict[str, float]]
+
+
+def no_prediction(point: Point) -> dict[str, float]:
+    return {}
+
+
+def prediction_for(predict: Predict, point: Point, where: str, said: set[str]) -> dict[str, float]:
+    """`predict(point)`, which never stops a sweep: where it fails the point runs without a prediction, and why is
+    said once per sweep (`said`: the reasons said so far)."""
+    try:
+        return predict(point)
+    except Exception as exc:  # a damaged calibration file (DamagedRecord), or the model's own failure
+        reason = str(exc) if isinstance(exc, ConfigError) else f"the performance model failed: {error_line(exc)}"
+        if reason not in said:
+            said.add(reason)
+            print(f"warning: [{where} {point.label}] recorded without a prediction: {reason} (said once per sweep)",
+                  file=sys.stderr, flush=True)
+        return {}
 
 
 @dataclass(frozen=True)

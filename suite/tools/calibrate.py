@@ -41,6 +41,7 @@ from suite.paths import CONF_DIR, REPO_ROOT
 from suite.predict import overhead
 from suite.records.calibration import jobs_dir, load_record, record_path
 from suite.records.point_dir import PointDir, error_line
+from suite.tools import overhead_probes
 from suite.vocabulary import Collective, MathDtype, Status
 
 CALIBRATED = "# calibrated:"  # the provenance comment `--apply` writes (and replaces)
@@ -108,7 +109,7 @@ def check(cfg: DictConfig, dry_run: bool) -> None:
         raise ConfigError("calibration: seconds and matmul_seconds must be positive, "
                           "1 <= min_iterations <= max_iterations")
     if s.probe_strategies:
-        overhead.check_keys(list(s.probe_strategies))
+        overhead_probes.check_keys(list(s.probe_strategies))
     if s.probe_passes < 1:
         raise ConfigError(f"calibration.probe_passes must be at least 1, got {s.probe_passes}")
     if cluster.job.account_required and not cluster.job.account:
@@ -221,7 +222,7 @@ def summary_table(record: dict) -> str:
 
 def probe_keys(cfg: DictConfig) -> list[str]:
     chosen = cfg.calibration.probe_strategies
-    return list(overhead.STRATEGIES) if chosen is None else list(chosen)
+    return list(overhead_probes.STRATEGIES) if chosen is None else list(chosen)
 
 
 def overhead_table(path: Path) -> str:
@@ -329,11 +330,12 @@ def measure_overhead(cfg: DictConfig) -> int:
     if not keys:
         return 0
     passes = cfg.calibration.probe_passes
-    print(f"\n[{label(cfg)}] library overhead of {', '.join(keys)}: {len(keys) * len(overhead.SHAPES)} probe points "
+    probes = len(keys) * len(overhead_probes.SHAPES)
+    print(f"\n[{label(cfg)}] library overhead of {', '.join(keys)}: {probes} probe points "
           f"here on {max(cfg.workers, 2)} workers (single on 1), {passes} pass(es) over them, experiment "
-          f"{overhead.EXPERIMENT}", flush=True)
+          f"{overhead_probes.EXPERIMENT}", flush=True)
     try:
-        path = overhead.measure(cfg.cluster.name, keys, passes, cfg.workers)
+        path = overhead_probes.measure(cfg.cluster.name, keys, passes, cfg.workers)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -37,7 +37,7 @@ from analysis.tables import Table
 from suite.errors import ConfigError
 from suite.predict.correction import FORMS, Correction, Observed, correction_key, correction_path, fit, save
 from suite.predict.links import calibrated_links
-from suite.predict.predictor import Prediction, predict
+from suite.predict.predictor import Prediction, predict, recorded_prediction
 from suite.records.store import Store, run_status
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import InvalidPoint, Point, expand, plan, sweep_lines
@@ -247,7 +247,7 @@ def main(argv: list[str]) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 2
     store = Store()
-    run_sweep(points, store, force=args.force, retry_failed=args.retry_failed)
+    run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, predict=recorded_prediction)
     scored = scored_points(points, store, "suite")
     uncorrected = [s for s, _ in scored]
     for table in (point_table(uncorrected), strategy_table(uncorrected), recommender_table(uncorrected)):
