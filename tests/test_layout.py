@@ -2,7 +2,7 @@
 
 import pytest
 
-from suite.strategies.layout import Layout, RankPlace
+from suite.layout import Layout, RankPlace
 from suite.sweep.plan import plan
 
 TOKENS = ["dataset=tokens", "network=gpt2_tiny"]

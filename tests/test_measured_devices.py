@@ -7,12 +7,12 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from suite.layout import Layout
 from suite.models.gpt2 import GPT2
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import PhaseTimer, synchronize
 from suite.strategies.base import RankContext
 from suite.strategies.gpipe import GPipe
-from suite.strategies.layout import Layout
 
 GPUS = [torch.device("cuda", 0), torch.device("cuda", 1)]
 

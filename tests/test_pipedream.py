@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from suite.layout import Layout
 from suite.models.layers import Layer
 from suite.pipeline.partition import StageModule, cut
 from suite.pipeline.pipedream import PipeDreamStage
 from suite.pipeline.topology import Topology
 from suite.runtime.precision import Precision
 from suite.runtime.timing import PhaseTimer
-from suite.strategies.layout import Layout
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
 

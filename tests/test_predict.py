@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from analysis.model_score import Scored, cell_scores, fits_accuracy, kendall_tau, strategy_errors
 from suite.errors import ConfigError
+from suite.layout import Layout
 from suite.predict.costs import (
     DeviceWork,
     bubble_fraction,
@@ -29,7 +30,6 @@ from suite.strategies.ddp import DDP
 from suite.strategies.fsdp import FSDP
 from suite.strategies.gpipe import GPipe
 from suite.strategies.horovod import Horovod
-from suite.strategies.layout import Layout
 from suite.strategies.one_f_one_b import OneFOneB
 from suite.strategies.pipedream import PipeDream
 from suite.strategies.zero import Zero

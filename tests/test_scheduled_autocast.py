@@ -8,12 +8,12 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from suite.layout import Layout
 from suite.models.gpt2 import GPT2
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
 from suite.strategies.gpipe_dist import GPipeDist
-from suite.strategies.layout import Layout
 from suite.strategies.one_f_one_b import OneFOneB
 
 VOCAB, SEQ, BATCH, CHUNKS = 64, 8, 4, 2

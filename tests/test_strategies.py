@@ -8,11 +8,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.config import GradCompressionConfig, OptimizerConfig
+from suite.layout import Layout
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
 from suite.strategies.ddp import DDP, apply_grad_compression
-from suite.strategies.layout import Layout
 
 
 def test_ddp_knobs_configure_distributed_data_parallel(one_rank_group):

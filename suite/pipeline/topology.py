@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from suite.layout import Layout
 from suite.runtime.dist import all_reduce_flat
-from suite.strategies.layout import Layout
 
 
 def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -> None:

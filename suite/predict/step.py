@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from omegaconf import DictConfig
 
 from suite.errors import ConfigError
+from suite.layout import Layout
 from suite.predict.costs import (
     DeviceWork,
     StepTime,
@@ -34,7 +35,6 @@ from suite.predict.links import LinkModel, sent_bytes
 from suite.predict.profile import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies.base import Strategy
-from suite.strategies.layout import Layout
 
 MIB = 2**20
 DDP_FIRST_BUCKET = 1 * MIB  # torch DDP closes its first gradient bucket early (dist._DEFAULT_FIRST_BUCKET_BYTES)

@@ -146,7 +146,7 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def run_params(cfg: DictConfig, knobs: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
     """The flattened config, plus the short names the contract promises, the point's layout (degrees and
-    batches, see suite.strategies.layout) and the strategy's own knobs."""
+    batches, see suite.layout) and the strategy's own knobs."""
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params.update(dataset=cfg.dataset.name, network=cfg.network.name, strategy=cfg.strategy.name, **layout)
     for knob, value in knobs.items():

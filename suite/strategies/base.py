@@ -21,12 +21,12 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
+from suite.layout import Layout
 from suite.runtime.dist import DistEnv
 from suite.runtime.memory import local_tensor, tensor_mb
 from suite.runtime.precision import Precision
 from suite.runtime.timing import PhaseTimer
 from suite.runtime.torch_api import DTensor
-from suite.strategies.layout import Layout
 from suite.vocabulary import GradCompression, OptimizerName, PrecisionName
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

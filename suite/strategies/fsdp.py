@@ -14,10 +14,10 @@ from typing import ClassVar
 
 from torch import nn
 
+from suite.layout import Layout
 from suite.models.layers import block_layers
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
-from suite.strategies.layout import Layout
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS
 
 

@@ -16,12 +16,12 @@ from torch import nn
 from torchgpipe import GPipe as TorchGPipe
 
 from suite.errors import BadValue, ConfigError
+from suite.layout import Layout
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline.partition import StageModule, cut, sum_grads, untie
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import AutocastForward
 from suite.strategies.base import RankContext, Runtime
-from suite.strategies.layout import Layout
 from suite.strategies.pipeline import Pipeline, pipeline_metrics
 
 CHECKPOINT_MODES = ("always", "except_last", "never")

@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from suite.errors import ConfigError
+from suite.layout import Layout
 from suite.runtime.dist import all_reduce_flat
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
-from suite.strategies.layout import Layout
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
+from suite.layout import Layout
 from suite.models import build_model
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline import p2p
@@ -29,7 +30,6 @@ from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
-from suite.strategies.layout import Layout
 
 
 def layer_count(cfg) -> int:

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from suite.errors import BadValue, ConfigError
+from suite.layout import Layout
 from suite.runtime.activation_checkpointing import checkpoint_interval, recomputed_under_forward_autocast
 from suite.runtime.memory import tensor_mb
 from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports, optimizer_state
-from suite.strategies.layout import Layout
 
 OFFLOADS = ("none", "cpu", "params")
 DS_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}

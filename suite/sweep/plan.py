@@ -31,13 +31,13 @@ from launchers import SCHEDULERS
 from suite.config import OptimizerConfig, register_schema
 from suite.data import check_dataset, train_samples
 from suite.errors import BadValue, ConfigError, yaml_error_line
+from suite.layout import Layout
 from suite.models import check_network
 from suite.paths import CONF_DIR
 from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import Strategy, build_strategy, older_torch
-from suite.strategies.layout import Layout
 from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, OptimizerName, PrecisionName
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from suite.data import Datasets, build_datasets
 from suite.errors import ConfigError
 from suite.launch_timing import mark
+from suite.layout import Layout
 from suite.models import build_model
 from suite.placement import node_threads
 from suite.records.manifest import rank_info
@@ -41,7 +42,6 @@ from suite.runtime.timing import PHASES, PhaseTimer, synchronize
 from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
 from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
 from suite.strategies.base import RankContext, Strategy
-from suite.strategies.layout import Layout
 from suite.vocabulary import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN
 
 log = logging.getLogger("suite")
