@@ -78,11 +78,16 @@ def gpu_runs(sweep_store) -> dict:
     return {key(r): r for r in sweep_store.runs("gpu_checks") if "suite.sweep" not in r.data.tags}
 
 
-def test_every_point_finishes_on_cuda(gpu_runs):
+def assert_every_point_finished(runs: dict, sweep: str) -> None:
+    """Each planned point of `sweep` has its run in `runs` (none keyed alike), finished."""
     failed = [f"{k}: {r.data.tags['suite.status']}: {r.data.tags.get('suite.error', '')}"
-              for k, r in sorted(gpu_runs.items()) if r.data.tags["suite.status"] != "finished"]
+              for k, r in sorted(runs.items()) if r.data.tags["suite.status"] != "finished"]
     assert not failed, "\n".join(failed)
-    assert len(gpu_runs) == len(planned_points("gpu_checks"))  # one run per point, none keyed alike
+    assert len(runs) == len(planned_points(sweep))
+
+
+def test_every_point_finishes_on_cuda(gpu_runs):
+    assert_every_point_finished(gpu_runs, "gpu_checks")
 
 
 def test_contract_metrics_and_cuda_event_phase_times(gpu_runs):

@@ -8,13 +8,13 @@ import json
 
 import pytest
 import torch
-from test_gpu import failures, planned_points, run_sweep, step_losses
+from test_gpu import assert_every_point_finished, failures, run_sweep, step_losses
 
 from conftest import run_suite
 from suite.vocabulary import DEVICE_MEMORY
 
 GPUS = torch.cuda.device_count()
-pytestmark = [pytest.mark.gpu_multi, pytest.mark.slow, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu_multi, pytest.mark.slow]
 
 PIPELINES = [("pipedream", ""), ("1f1b", "1"), ("1f1b", "2"), ("gpipe_dist", "")]
 MESSAGE_MB = 6  # GPT-2 small's activations between stages: 4 sequences of 512 tokens x 768 fp32 (the sweep's)
@@ -40,10 +40,7 @@ def multi_runs(sweep_store) -> dict:
 
 def test_every_point_finishes_on_two_gpus(multi_runs):
     """A pipeline whose sends and receives wait on each other on one NCCL stream hangs: it is recorded `timeout`."""
-    failed = [f"{k}: {r.data.tags['suite.status']}: {r.data.tags.get('suite.error', '')}"
-              for k, r in sorted(multi_runs.items()) if r.data.tags["suite.status"] != "finished"]
-    assert not failed, "\n".join(failed)
-    assert len(multi_runs) == len(planned_points("gpu_multi_checks"))
+    assert_every_point_finished(multi_runs, "gpu_multi_checks")
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: "-".join(filter(None, p)))
