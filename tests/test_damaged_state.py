@@ -23,7 +23,8 @@ from suite.paths import REPO_ROOT
 from suite.predict import correction, overhead
 from suite.predict.links import calibrated_links, matmul_tflops
 from suite.predict.predictor import recorded_prediction
-from suite.predict.profile import DataProfile, _cached
+from suite.profiling.cache import _cached
+from suite.profiling.profiles import DataProfile
 from suite.records.calibration import DamagedRecord, record_path
 from suite.runtime.utilisation import Device, NoPeak, calibrated_peak
 from suite.strategies import missing_library

@@ -7,7 +7,7 @@ import torch
 from conftest import DIGITS
 from suite.errors import ConfigError
 from suite.predict.memory import capacity_bytes
-from suite.predict.profile import device_name
+from suite.profiling.cache import device_name
 from suite.runtime.gpu_query import first_gpu, nvidia_driver
 from suite.sweep.plan import plan
 

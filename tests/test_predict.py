@@ -24,8 +24,9 @@ from suite.predict.memory import _input_bytes as input_bytes
 from suite.predict.memory import _workspace as memory_workspace
 from suite.predict.memory import rank_memory
 from suite.predict.predictor import crowding, workload
-from suite.predict.profile import LayerProfile, Profile, _median_times, network_profile
 from suite.predict.step import Workload, step_time
+from suite.profiling.cache import _median_times, network_profile
+from suite.profiling.profiles import LayerProfile, Profile
 from suite.strategies.ddp import DDP
 from suite.strategies.fsdp import FSDP
 from suite.strategies.gpipe import GPipe

@@ -13,7 +13,7 @@ from suite.predict.costs import StepTime
 from suite.predict.memory import Memory
 from suite.predict.overhead import Overhead, Probe
 from suite.predict.predictor import Prediction, crowding, with_correction, with_library_overhead
-from suite.predict.profile import LayerProfile, Profile
+from suite.profiling.profiles import LayerProfile, Profile
 from suite.strategies.ddp import DDP
 from suite.strategies.zero import Zero
 from suite.sweep.plan import plan

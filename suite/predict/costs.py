@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from suite.predict.profile import LayerProfile
+from suite.profiling.profiles import LayerProfile
 
 
 @dataclass(frozen=True)

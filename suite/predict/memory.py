@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass, replace
 
 from suite.predict.costs import checkpointed
-from suite.predict.profile import LayerProfile
 from suite.predict.step import Chunk, Workload, chunks, regathers
+from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
 

@@ -25,8 +25,9 @@ from suite.predict import correction, overhead
 from suite.predict.costs import StepTime
 from suite.predict.links import link_model, matmul_tflops
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
-from suite.predict.profile import Profile, data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.predict.step import VARIANTS, Workload, step_time
+from suite.profiling.cache import data_profile, network_profile, rank_base_mb, worker_thread_profile
+from suite.profiling.profiles import Profile
 from suite.records.calibration import DamagedRecord, record_path
 from suite.sweep.plan import Point
 

@@ -32,7 +32,7 @@ from suite.predict.costs import (
     trailing_comm,
 )
 from suite.predict.links import LinkModel, sent_bytes
-from suite.predict.profile import LayerProfile, Profile
+from suite.profiling.profiles import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies.base import Strategy
 

@@ -20,7 +20,7 @@ from analysis.tables import Table
 from suite.errors import ConfigError, OneLineParser
 from suite.predict import correction
 from suite.predict.predictor import FITTED, PREDICTORS, Prediction, predict
-from suite.predict.profile import MAX_STEPS, STEPS, WARMUP, WINDOW_S
+from suite.profiling.profiles import MAX_STEPS, STEPS, WARMUP, WINDOW_S
 from suite.sweep.plan import InvalidPoint, Point, expand, plan
 
 NOTHING_SUBMITTED = ["cluster.job.account_required=false"]

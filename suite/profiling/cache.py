@@ -1,0 +1,170 @@
+"""Profiles measured once and stored: the parent of a profile, which starts its children
+(suite.profiling.measure) and keeps what they print as JSON files under `results/profiles/`, named by what they
+were taken on and a digest of the rest, so that a sweep or a recommendation profiles each (network, data shape,
+batch, precision, optimizer, device, threads) once. The performance model (suite.predict) reads them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from omegaconf import OmegaConf
+
+from suite.errors import ConfigError
+from suite.paths import REPO_ROOT, results_dir
+from suite.profiling.profiles import VERSION, DataProfile, Profile, WorkerThreadProfile
+from suite.records.point_dir import error_line
+from suite.runtime.gpu_query import first_gpu
+from suite.strategies import missing_library
+
+# A point whose network is negligible: what its rank holds is the framework's (see `rank_base_mb`).
+NEGLIGIBLE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "network.n_head=1", "network.n_embd=8",
+              "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=8", "dataset.val_samples=2",
+              "batch_size=2", "epochs=1", "steps_per_epoch=1", "warmup_steps=1", "eval_batches=1",
+              "optimizer.name=adam", "workers=1", "cluster=local"]
+
+T = TypeVar("T")  # what a cached profile is read as
+
+
+def device_name(device: torch.device) -> str:
+    """The model of this machine's device of `device`'s type, asked without a CUDA context (`first_gpu`: the GPU
+    that profiles run on)."""
+    if device.type == "cuda":
+        return first_gpu().name
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+             if line.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
+def _key(cfg, batch: int, device: torch.device, threads: int, parts: tuple[str, ...]) -> dict[str, Any]:
+    key = {part: OmegaConf.to_container(cfg[part], resolve=True) for part in parts}
+    # How many samples there are, and where they are read from, changes neither shape nor cost of a batch.
+    key["dataset"] = {k: v for k, v in key["dataset"].items() if k not in ("path", "samples", "val_samples")}
+    return {**key, "batch": batch, "precision": cfg.precision, "device": f"{device.type}:{device_name(device)}",
+            "threads": threads, "torch": torch.__version__, "version": VERSION}
+
+
+def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],
+            parse: Callable[[dict[str, Any]], T]) -> tuple[T, bool]:
+    """The profile of `key` (`parse`d) from results/profiles/, or taken now and stored; and whether it was stored
+    before. A stored file that does not parse (cut short by a full disk or a killed process, edited) is said on
+    stderr, discarded and taken again."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    name = key.get("network", {}).get("name") or key["dataset"]["name"]
+    stem = f"{kind}-{name}-b{key['batch']}-{key['precision']}-t{key['threads']}-{digest}"
+    path = results_dir() / "profiles" / f"{stem}.json"
+    if path.exists():
+        try:
+            return parse(json.loads(path.read_text())), True
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not a profile of this version
+            print(f"warning: profile cache {path} is damaged ({error_line(e)}): discarded, profiling again",
+                  file=sys.stderr, flush=True)
+            path.unlink(missing_ok=True)
+    data = {"key": key, **take()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return parse(data), False
+
+
+def network_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1) -> tuple[Profile, bool]:
+    """The profile of the point's network at `batch` (and whether it came from the cache), taken by `together`
+    processes at once (see `_in_children`)."""
+    key = {**_key(cfg, batch, device, threads, ("network", "dataset", "optimizer")), "together": together}
+    return _cached("net", key, lambda: _in_children("network", cfg, batch, device, threads, together),
+                   Profile.from_json)
+
+
+def data_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1) -> tuple[DataProfile, bool]:
+    key = {**_key(cfg, batch, device, threads, ("dataset",)), "together": together}
+    return _cached("data", key, lambda: _in_children("data", cfg, batch, device, threads, together),
+                   DataProfile.from_json)
+
+
+def worker_thread_profile(cfg, batch: int, device: torch.device, threads: int,
+                          together: int = 1) -> tuple[WorkerThreadProfile, bool]:
+    key = {**_key(cfg, batch, device, threads, ("network", "dataset")), "together": together}  # no optimizer step
+    return _cached("thread", key, lambda: _in_children("thread", cfg, batch, device, threads, together),
+                   WorkerThreadProfile.from_json)
+
+
+def _in_children(what: str, cfg, batch: int, device: torch.device, threads: int, together: int) -> dict[str, Any]:
+    """Profile in `together` fresh interpreters at once, each with the threads a rank gets (OMP_NUM_THREADS, read
+    when torch loads): as many as the point's ranks that share this node's cores, so that what they take from each
+    other (cores, caches, memory bandwidth) is in the times, and neither this process's threads nor its memory
+    are. Each time is the median over the children; the rest is the first child's."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
+        config.write(OmegaConf.to_yaml(cfg, resolve=True))
+        config.flush()
+        command = [sys.executable, "-m", "suite.profiling.measure", what, str(batch), str(device), config.name]
+        children = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT,
+                                     text=True) for _ in range(together)]
+        ended = [child.communicate() for child in children]
+    results = []
+    for child, (out, err) in zip(children, ended):
+        if child.returncode:
+            lines = [line for line in err.splitlines() if line.strip()]
+            raise ConfigError(f"profiling {cfg.network.name} at batch {batch} failed: {lines[-1] if lines else '?'}")
+        results.append(json.loads(out.splitlines()[-1]))
+    return _median_times(results)
+
+
+def _median_times(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first result, each of its times (`*_s`, also per layer) the median over all results."""
+    first = dict(results[0])
+    for name in (k for k in first if k.endswith("_s")):
+        first[name] = statistics.median(r[name] for r in results)
+    if "layers" in first:
+        first["layers"] = [{**layer, **{k: statistics.median(r["layers"][i][k] for r in results)
+                                        for k in layer if k.endswith("_s")}}
+                           for i, layer in enumerate(first["layers"])]
+    return first
+
+
+def rank_base_mb(strategy: str, threads: int) -> float:
+    """Peak memory of a rank of `strategy` training a negligible network (a one-block GPT-2 of width 8), one step
+    on one worker, started here as a sweep starts its ranks: what the framework, its libraries and the rank's
+    own machinery hold before a model (on CPU the resident set, on GPU the CUDA context and allocator)."""
+    from launchers import launch
+    from suite.sweep.plan import plan
+    from suite.sweep.point import new_point_dir
+
+    key = {"strategy": strategy, "threads": threads, "device": f"{'cuda' if torch.cuda.is_available() else 'cpu'}:"
+           f"{device_name(torch.device('cuda' if torch.cuda.is_available() else 'cpu'))}", "torch": torch.__version__,
+           "python": sys.version, "batch": 0, "precision": "fp32", "dataset": {"name": "rank"}, "version": VERSION}
+
+    def take() -> dict[str, Any]:
+        (point,) = plan([[*NEGLIGIBLE, f"strategy={strategy}", f"cluster.threads_per_worker={threads}"]],
+                        experiment="rank-base")
+        missing = missing_library(point.strategy)
+        if missing:
+            raise ConfigError(missing)
+        out = new_point_dir(point)
+        try:
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+                   "SUITE_POINT_LABEL": f"[base memory of a {strategy} rank]"}
+            launch("local", out.path, point.processes, point.cfg.timeout_s, env, point.rank_launcher)
+            summary = out.summary()
+            if not summary:
+                raise ConfigError(f"a one-step {strategy} rank with a negligible network did not finish here, so its "
+                                  f"base memory is unknown: see {out.path}")
+            return {"peak_mb": summary["peak_memory_mb"]}
+        finally:
+            if out.summary():
+                shutil.rmtree(out.path, ignore_errors=True)
+    peak_mb, _ = _cached("base", key, take, lambda data: float(data["peak_mb"]))
+    return peak_mb
