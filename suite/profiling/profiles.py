@@ -14,11 +14,8 @@ at a time on the previous layer's output, which costs a little more than the sam
 network, so their times are scaled to add up to the whole network's forward and backward, timed in the same
 steps as its optimizer step; their sum is Study J's sequential measurement of a training step. Loading a batch
 is profiled apart (`data_profile`), at the batch a rank reads, which a pipeline's micro-batch is not. So is the
-forward on a worker thread (`worker_thread_profile`), where torchgpipe runs it.
-
-Profiles are JSON files under `results/profiles/`, named by what they were taken on and a digest of the
-rest, so a sweep or a recommendation profiles each (network, data shape, batch, precision, optimizer,
-device, threads) once.
+forward on a worker thread (`worker_thread_profile`), where torchgpipe runs it. Taking one is
+suite.profiling.measure's; keeping them, suite.profiling.cache's.
 """
 
 from __future__ import annotations
