@@ -26,6 +26,7 @@ from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun
 from suite.errors import ConfigError, OneLineParser
 from suite.paths import CONF_DIR, results_dir
 from suite.records.store import Store
+from suite.sweep.sweep_files import sweep_file
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,6 @@ def report_settings(sweep: str | None) -> dict:
     """The `report` section of conf/sweep/<sweep>.yaml ({} without one), checked."""
     if not sweep or not (CONF_DIR / "sweep" / f"{sweep}.yaml").exists():
         return {}
-    from suite.sweep.plan import sweep_file  # only then: it imports torch
 
     section = sweep_file(sweep).get("report")
     settings = OmegaConf.to_container(section) if section else {}
@@ -74,7 +74,6 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
 def check_experiment(store: Store, experiment: str) -> None:
     """Raise ConfigError, naming the known sweeps, unless the store holds `experiment` or it is a sweep's."""
     if experiment not in store.experiment_names():
-        from suite.sweep.plan import sweep_file  # only then: it imports torch
 
         sweep_file(experiment)
 

@@ -51,8 +51,9 @@ def main(argv: list[str]) -> int:
     from suite.signals import Stopped, raise_on_sigterm
     from suite.sweep.driver import check_installed, record_invalid, run_sweep
     from suite.sweep.jobs import batch_experiments, check_submittable, collect
-    from suite.sweep.plan import expand, plan, repeat_overrides, sweep_file, sweep_lines
+    from suite.sweep.plan import plan
     from suite.sweep.status import end_abandoned_sweep_runs, status_table
+    from suite.sweep.sweep_files import expand, repeat_overrides, sweep_file, sweep_lines
 
     parent = None  # the sweep invocation's run in the store
     try:

@@ -13,7 +13,9 @@ from suite.predict.costs import StepTime
 from suite.predict.memory import Memory
 from suite.predict.predictor import Prediction
 from suite.sweep import plan as planning
-from suite.sweep.plan import plan, sweep_file
+from suite.sweep import sweep_files
+from suite.sweep.plan import plan
+from suite.sweep.sweep_files import sweep_file
 from suite.tools import predict as predict_tool
 from suite.tools import recommend as recommend_tool
 
@@ -30,6 +32,7 @@ def conf_copy(tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     shutil.copytree(planning.CONF_DIR, conf)
     monkeypatch.setattr(planning, "CONF_DIR", conf)
+    monkeypatch.setattr(sweep_files, "CONF_DIR", conf)
     monkeypatch.setattr(reporting, "CONF_DIR", conf)
     return conf
 

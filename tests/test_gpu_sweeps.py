@@ -3,7 +3,10 @@ pass every check made before launch, here, without a GPU: planned for a Slurm cl
 machine's to look for. A misspelt key, or a point its strategy refuses, shows in `make test` rather than on the rare
 machine with GPUs."""
 
-from suite.sweep.plan import expand, plan, sweep_lines
+from suite.sweep.plan import plan
+
+# NCCL's default buffer (NCCL_BUFFSIZE): a larger send cannot complete into the buffer before its receive is posted, so
+from suite.sweep.sweep_files import expand, sweep_lines
 
 # NCCL's default buffer (NCCL_BUFFSIZE): a larger send cannot complete into the buffer before its receive is posted, so
 # a pipeline whose sends and receives can wait on each other on one NCCL stream (review gpu-paths, B4 and R6) hangs.

@@ -5,7 +5,8 @@ import pytest
 from conftest import run_suite
 from suite.errors import ConfigError
 from suite.strategies import build_strategy
-from suite.sweep.plan import expand, plan, sweep_lines
+from suite.sweep.plan import plan
+from suite.sweep.sweep_files import expand, sweep_lines
 
 MALFORMED = {
     "unknown strategy": (["strategy=dpp"], "strategy/dpp"),

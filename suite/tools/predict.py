@@ -21,7 +21,8 @@ from suite.errors import ConfigError, OneLineParser
 from suite.predict import correction
 from suite.predict.predictor import FITTED, PREDICTORS, Prediction, predict
 from suite.profiling.profiles import MAX_STEPS, STEPS, WARMUP, WINDOW_S
-from suite.sweep.plan import InvalidPoint, Point, expand, plan
+from suite.sweep.plan import InvalidPoint, Point, plan
+from suite.sweep.sweep_files import expand
 
 NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
 

@@ -15,7 +15,7 @@ import sys
 from analysis.tables import Table
 from suite.errors import ConfigError
 from suite.predict.recommend import Ranking, rank_cell
-from suite.sweep.plan import parse_overrides
+from suite.sweep.sweep_files import parse_overrides
 from suite.tools.predict import NOTHING_SUBMITTED, describe, fits_text, layout_text, notes, parse_args
 
 

@@ -40,7 +40,8 @@ from suite.predict.links import calibrated_links
 from suite.predict.predictor import Prediction, predict, recorded_prediction
 from suite.records.store import Store, run_status
 from suite.sweep.driver import run_sweep
-from suite.sweep.plan import InvalidPoint, Point, expand, plan, sweep_lines
+from suite.sweep.plan import InvalidPoint, Point, plan
+from suite.sweep.sweep_files import expand, sweep_lines
 from suite.tools.predict import describe
 from suite.vocabulary import Status
 

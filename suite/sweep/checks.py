@@ -1,0 +1,198 @@
+"""Whether a composed point can run: its values in range and among their choices, its hardware, device and
+precision, its batches, the strategy's own knobs and the machine's placement. suite.sweep.plan asks `validate`."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+
+from launchers import SCHEDULERS
+from suite.config import OptimizerConfig
+from suite.data import check_dataset, train_samples
+from suite.errors import BadValue, ConfigError
+from suite.layout import Layout
+from suite.models import check_network
+from suite.placement import will_use_cuda
+from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.runtime.gpu_query import first_gpu
+from suite.strategies import Strategy, build_strategy, older_torch
+from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, OptimizerName, PrecisionName
+
+TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
+NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's V100)
+
+
+class OlderTorch(ConfigError):
+    """A point whose strategy needs a newer torch than the environment that runs its ranks (this one: a batch job
+    runs this interpreter too): refused before anything is launched or submitted, while the other points run."""
+
+
+def _check_ranges(cfg: DictConfig) -> None:
+    positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "epochs": cfg.epochs,
+                "timeout_s": cfg.timeout_s, "log_every": cfg.log_every, "optimizer.lr": cfg.optimizer.lr,
+                "grad_compression.rank": cfg.grad_compression.rank,
+                "cluster.workers_per_node": cfg.cluster.workers_per_node}
+    job = cfg.cluster.job
+    positive.update({"cluster.job.time_limit_min": job.time_limit_min,
+                     "cluster.job.points_per_job": job.points_per_job})
+    optional = {"steps_per_epoch": cfg.steps_per_epoch, "eval_batches": cfg.eval_batches, "nodes": cfg.nodes,
+                "cluster.threads_per_worker": cfg.cluster.threads_per_worker,
+                "cluster.job.cores_per_worker": job.cores_per_worker}
+    for key, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
+        if value <= 0:
+            raise BadValue(f"{key} must be positive, got {value}")
+    if cfg.warmup_steps < 0:
+        raise BadValue(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    if cfg.repeat < 0:
+        raise BadValue(f"repeat must be >= 0, got {cfg.repeat}")
+    if cfg.profile.steps < 0:
+        raise BadValue(f"profile.steps must be >= 0, got {cfg.profile.steps}")
+    if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
+        raise BadValue(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    choices = {"precision": (cfg.precision, tuple(PrecisionName)),
+               "optimizer.name": (cfg.optimizer.name, tuple(OptimizerName)),
+               "grad_compression.name": (cfg.grad_compression.name, tuple(GradCompression)),
+               "cluster.device": (cfg.cluster.device, tuple(Device)),
+               "cluster.scheduler": (cfg.cluster.scheduler, SCHEDULERS)}
+    if cfg.fault.kind is not None:
+        choices["fault.kind"] = (cfg.fault.kind, tuple(FaultKind))
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise BadValue(f"{key}={value} is not one of {', '.join(allowed)}")
+    metric = TASK_METRICS.get(cfg.dataset.kind)
+    if cfg.target.metric is not None and cfg.target.metric != metric:  # a value of another point's dataset
+        raise ConfigError(f"target.metric={cfg.target.metric} does not fit {cfg.dataset.kind} data (use {metric})")
+    target = cfg.target.value
+    if target is not None and not (0 < target <= 1 if metric == "val_accuracy" else target >= 1):
+        raise BadValue(f"target.value={target} is not a reachable {metric} "
+                          + ("(a fraction in (0, 1])" if metric == "val_accuracy" else "(a perplexity >= 1)"))
+    checkpoint_interval(cfg.activation_checkpointing)
+    for dtype in cfg.cluster.hardware.peak_tflops or {}:
+        if dtype not in tuple(MathDtype):
+            raise BadValue(f"cluster.hardware.peak_tflops.{dtype} is not one of {', '.join(MathDtype)}")
+    if not 0 <= cfg.fault.rank < cfg.workers:  # a rank of another point's workers
+        raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
+
+
+def _check_hardware(hardware: DictConfig) -> None:
+    """A cluster's datasheet: counts, capacities, bandwidths and peaks positive where given, latencies >= 0."""
+    positive = {key: hardware[key] for key in ("nodes", "cores_per_node", "cpu_memory_gb", "device_memory_gb",
+                                               "fp64_tflops", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs")}
+    positive.update({f"peak_tflops.{dtype}": peak for dtype, peak in (hardware.peak_tflops or {}).items()})
+    for key, value in positive.items():
+        if value is not None and value <= 0:
+            raise BadValue(f"cluster.hardware.{key} must be positive, got {value}")
+    for key in ("intra_node_latency_us", "inter_node_latency_us"):
+        if hardware[key] is not None and hardware[key] < 0:
+            raise BadValue(f"cluster.hardware.{key} must be >= 0, got {hardware[key]}")
+
+
+def _gpu_without_bf16(cluster: DictConfig) -> str | None:
+    """The cluster's GPU if it is known to lack bfloat16: this machine's, or one named in its hardware."""
+    here = first_gpu() if cluster.scheduler == "local" else None
+    if here:
+        return None if here.capability >= (8, 0) else here.name
+    gpu = cluster.hardware.gpu or ""
+    return gpu if any(name in gpu for name in NO_BF16_GPUS) else None
+
+
+def _check_device(cfg: DictConfig) -> None:
+    """The device a point will run on; the GPUs themselves only for points this machine runs."""
+    uses_cuda = will_use_cuda(cfg.cluster)
+    if cfg.precision == "fp16" and not uses_cuda:
+        raise ConfigError("precision=fp16 needs a GPU (loss scaling); use bf16 on CPU")
+    old_gpu = _gpu_without_bf16(cfg.cluster) if cfg.precision == "bf16" and uses_cuda else None
+    if old_gpu:
+        raise ConfigError(f"precision=bf16 needs a GPU with bfloat16 (compute capability 8.0+), not {old_gpu}; "
+                          "use fp16")
+    if cfg.cluster.scheduler != "local":
+        return
+    if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("cluster.device=cuda but this machine has no CUDA device")
+    if uses_cuda and cfg.workers > torch.cuda.device_count() and not cfg.cluster.share_gpus:
+        raise ConfigError(f"workers={cfg.workers} but this machine has {torch.cuda.device_count()} GPUs "
+                          "(cluster.share_gpus=true runs the ranks on shared GPUs over gloo)")
+
+
+def _check_batches(cfg: DictConfig, layout: Layout) -> None:
+    """The data must give every shard at least one batch, `steps_per_epoch` batches when set, and the first epoch
+    the steps `profile.steps` traces."""
+    global_batch = layout.global_batch
+    samples = train_samples(cfg.dataset)
+    if samples is None:  # real data: its size is checked by the workers once it is read
+        return
+    batches = (samples // layout.dp) // layout.mini_batch
+    if batches < 1:
+        raise ConfigError(f"{samples} training samples are fewer than one global batch of {global_batch}")
+    if cfg.steps_per_epoch is not None and cfg.steps_per_epoch > batches:
+        raise ConfigError(f"steps_per_epoch={cfg.steps_per_epoch} but {samples} samples give {batches} batches "
+                          f"of {global_batch}: raise dataset.samples or lower the batch")
+    epoch_steps = cfg.steps_per_epoch or batches
+    if cfg.profile.steps > epoch_steps:
+        raise ConfigError(f"profile.steps={cfg.profile.steps} but an epoch has {epoch_steps} steps")
+
+
+def validate(cfg: DictConfig, torch_version: str) -> tuple[Strategy, Layout]:
+    """Raise ConfigError for a point that cannot run on a torch of `torch_version`; return its strategy and layout."""
+    _check_ranges(cfg)
+    _check_choices(cfg)
+    _check_hardware(cfg.cluster.hardware)
+    _check_device(cfg)
+    check_dataset(cfg.dataset)
+    check_network(cfg.network, cfg.dataset)
+    strategy = build_strategy(cfg)
+    too_old = older_torch(strategy, torch_version)
+    if too_old:
+        raise OlderTorch(too_old)
+    strategy.check(cfg)
+    _check_knobs(cfg, strategy)
+    layout = strategy.layout(cfg)
+    _check_batches(cfg, layout)
+    _check_placement(cfg)
+    return strategy, layout
+
+
+def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
+    """The cross-strategy knobs (precision, optimizer, activation checkpointing, gradient compression) fit the
+    strategy."""
+    supports = strategy.supports
+    if cfg.precision not in supports.precisions:
+        raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
+                          f"(use {', '.join(supports.precisions)})")
+    if cfg.optimizer.name not in supports.optimizers:
+        use = f"use {', '.join(supports.optimizers)}"
+        if cfg.optimizer.name == OptimizerConfig.name:  # perhaps not chosen at all: say how to choose
+            use = f"the default; set optimizer.name={' or '.join(supports.optimizers)} and an optimizer.lr for it"
+        raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} ({use})")
+    if checkpoint_interval(cfg.activation_checkpointing) and not supports.activation_checkpointing:
+        raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
+                          f"{cfg.activation_checkpointing}; leave it none")
+    compression = cfg.grad_compression.name
+    if compression not in supports.grad_compressions:
+        raise ConfigError(f"strategy {strategy.name} does not compress gradients (grad_compression.name="
+                          f"{compression}); ddp does, through its communication hooks")
+
+
+def _check_placement(cfg: DictConfig) -> None:
+    """The point's ranks fit the nodes it asks for, the nodes fit the cluster, the scheduler gets what it needs."""
+    cluster = cfg.cluster
+    per_node = math.ceil(cfg.workers / cfg.nodes)
+    if cfg.nodes > cfg.workers:
+        raise ConfigError(f"nodes={cfg.nodes} but only workers={cfg.workers} ranks to place on them")
+    if per_node > cluster.workers_per_node:
+        raise ConfigError(f"workers={cfg.workers} on nodes={cfg.nodes} is {per_node} per node, but cluster "
+                          f"{cluster.name} has {cluster.workers_per_node} per node")
+    if cluster.scheduler == "local" and cfg.nodes != 1:
+        raise ConfigError(f"cluster local is one node, but the point needs {cfg.nodes} "
+                          f"(workers={cfg.workers}, {cluster.workers_per_node} per node)")
+    if cluster.hardware.nodes is not None and cfg.nodes > cluster.hardware.nodes:
+        raise ConfigError(f"the point needs {cfg.nodes} nodes (workers={cfg.workers}, {per_node} per node), "
+                          f"but cluster {cluster.name} has {cluster.hardware.nodes}")
+    if cluster.job.account_required and not cluster.job.account:
+        raise ConfigError(f"cluster {cluster.name} needs an account to charge: add ACCOUNT=<name> "
+                          "(or cluster.job.account=<name>)")

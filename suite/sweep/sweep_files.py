@@ -1,0 +1,79 @@
+"""Sweep files and Hydra's sweep syntax: conf/sweep/<name>.yaml read and checked, and override lines expanded into
+the jobs a sweep plans (suite.sweep.plan)."""
+
+from __future__ import annotations
+
+import yaml
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+
+from suite.errors import ConfigError, yaml_error_line
+from suite.paths import CONF_DIR
+
+
+def parse_overrides(overrides: list[str]) -> list[Override]:
+    """Hydra's parse of the overrides; ConfigError naming the first that is not one."""
+    without_value = [o for o in overrides if "=" not in o and not o.startswith("~")]  # `~key` deletes a key
+    if without_value:
+        raise ConfigError(f"{without_value[0]!r} is not an override: give key=value, e.g. strategy=ddp")
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as e:  # its message's last line links Hydra's grammar
+        problem = " ".join(line.strip() for line in e.message.splitlines()[:-1])
+        raise ConfigError(f"override {e.override!r} does not parse: {problem}") from e
+
+
+def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """Hydra's own sweep syntax: `strategy=single,ddp workers=1,2` is the cartesian product."""
+    parsed = parse_overrides(overrides)
+    if not multirun:
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            raise ConfigError(f"{sweeps[0]!r} is a sweep: add -m (--multirun) to run every value")
+        return [overrides]
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+SWEEP_KEYS = ("common", "points", "repeats", "invalid_points", "report")
+
+
+def sweep_file(name: str) -> DictConfig:
+    """conf/sweep/<name>.yaml: `common` overrides, `points` (one override line each), optional `repeats` (each
+    point measured that many times, `repeat=0..N-1`), `invalid_points` (reject | record) and `report` (the
+    tables and figures of its report, see analysis.views)."""
+    path = CONF_DIR / "sweep" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise ConfigError(f"no sweep {name!r} in conf/sweep (known: {known})")
+    try:
+        sweep = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_error_line(e) or f"{path}: {' '.join(str(e).split())}") from e
+    unknown = sorted(set(sweep.keys()) - set(SWEEP_KEYS))
+    if unknown:
+        raise ConfigError(f"sweep {name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(SWEEP_KEYS)})")
+    if sweep.get("invalid_points", "reject") not in ("reject", "record"):
+        raise ConfigError(f"sweep {name}: invalid_points={sweep.invalid_points} is not reject or record")
+    repeats = sweep.get("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ConfigError(f"sweep {name}: repeats={repeats} is not a positive integer")
+    return sweep
+
+
+def repeat_overrides(repeats: int) -> list[str]:
+    """Each point measured `repeats` times: the repeat index is part of its identity (config hash), so that
+    resuming skips the repeats that finished and no run is overwritten."""
+    if repeats < 1:
+        raise ConfigError(f"repeats must be positive, got {repeats}")
+    return [f"repeat=range(0,{repeats})"] if repeats > 1 else []
+
+
+def sweep_lines(name: str, repeats: int | None = None) -> list[list[str]]:
+    """The override lines of a sweep file, `common` first, each repeated `repeats` times (default: the file's)."""
+    sweep = sweep_file(name)
+    common = list(sweep.get("common", []))
+    repeat = repeat_overrides(repeats or sweep.get("repeats", 1))
+    return [common + line.split() + repeat for line in sweep.points]
