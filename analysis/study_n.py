@@ -20,8 +20,6 @@ from analysis.stats import Estimate, ratio
 from analysis.tables import Table
 from analysis.views import Context, Section, save_figure, table_section, view
 
-NAMES = {"ddp": "DDP", "gpipe": "TorchGPipe", "pipedream": "PipeDream", "fsdp": "FSDP", "1f1b": "1F1B",
-         "horovod": "Horovod", "single": "single", "gpipe_dist": "GPipe-dist"}
 PIPELINES = ("gpipe", "pipedream", "1f1b", "gpipe_dist")
 PHASES = ("time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s", "time_comm_s")
 
@@ -35,7 +33,9 @@ def frameworks(row: Row, ctx: Context) -> list[str]:
     if row.strategy == "zero":
         name = f"ZeRO-{row.params.get('strategy.zero_stage', row.params.get('zero_stage', '?'))}"
     else:
-        name = NAMES.get(row.strategy, row.strategy)
+        from suite.strategies import label  # only here: the strategy's spec imports torch
+
+        name = label(row.strategy)
     return [name + (" (ext)" if row.strategy in ctx.extension else "")]
 
 

@@ -35,6 +35,17 @@ class OptimizerName(StrEnum):
 ELEMENTWISE_OPTIMIZERS = (OptimizerName.sgd, OptimizerName.adam, OptimizerName.adamw)
 
 
+class Family(StrEnum):
+    """How a strategy divides a step, which is how the performance model prices it and what memory a rank keeps
+    (suite.predict.step, suite.predict.memory): each strategy declares its own (`Strategy.family`)."""
+
+    replicated = "replicated"  # every rank the whole model, gradients reduced (single, DDP, Horovod)
+    sharded = "sharded"  # parameters, gradients and optimizer states split over the ranks (ZeRO, FSDP)
+    tensor_parallel = "tensor_parallel"  # each layer's matrices split (Megatron)
+    flushed_pipeline = "flushed_pipeline"  # stages, micro-batches, a flush every step (GPipe, 1F1B)
+    async_pipeline = "async_pipeline"  # stages, no flush, weight stashing (PipeDream)
+
+
 class GradCompression(StrEnum):
     none = "none"
     fp16 = "fp16"

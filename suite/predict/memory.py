@@ -19,6 +19,8 @@ from suite.predict.step import Chunk, Workload, chunks, regathers
 from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
+from suite.strategies.ddp import DDP
+from suite.vocabulary import Family
 
 MIB = 2**20
 
@@ -70,7 +72,7 @@ def replicated(w: Workload, base: float) -> Memory:
     params = p.param_bytes + p.buffer_bytes
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     buckets = 0.0
-    if w.strategy.name == "ddp" and w.layout.dp > 1 and not w.strategy.gradient_as_bucket_view:
+    if isinstance(w.strategy, DDP) and w.layout.dp > 1 and not w.strategy.gradient_as_bucket_view:
         buckets = p.param_bytes  # the reducer's flat buckets beside the gradients
     return Memory(base, params, p.param_bytes, _state_ratio(w) * p.param_bytes,
                   kept_for_backward(p.layers, interval), buckets + _input_bytes(w) + _workspace(w))
@@ -162,13 +164,12 @@ def _with_transient(memory: Memory, extra: float) -> Memory:
                   memory.transient + extra)
 
 
-FAMILIES = {"single": replicated, "ddp": replicated, "horovod": replicated, "zero": sharded, "fsdp": sharded,
-            "megatron": tensor_parallel, "gpipe": pipeline, "gpipe_dist": pipeline, "1f1b": pipeline,
-            "pipedream": pipeline}
+KEPT = {Family.replicated: replicated, Family.sharded: sharded, Family.tensor_parallel: tensor_parallel,
+        Family.flushed_pipeline: pipeline, Family.async_pipeline: pipeline}
 
 
 def rank_memory(w: Workload, base_bytes: float) -> Memory:
-    return FAMILIES[w.strategy.name](w, base_bytes)
+    return KEPT[w.strategy.family](w, base_bytes)
 
 
 def capacity_bytes(cfg, device_type: str, processes_per_node: int) -> float | None:

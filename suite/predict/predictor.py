@@ -105,7 +105,7 @@ def _scaled(profile: Profile, factor: float) -> Profile:
 def base_bytes(point: Point, threads: int) -> float:
     """What a rank of the point's strategy holds before its model: measured on a rank of the same library
     (torch alone, DeepSpeed under `zero`, Horovod) with a negligible network, here."""
-    library = point.strategy.name if point.strategy.name in ("zero", "horovod") else "ddp"
+    library = point.strategy.base_memory_of
     return rank_base_mb(library, threads) * MIB
 
 

@@ -35,6 +35,7 @@ from suite.predict.links import LinkModel, sent_bytes
 from suite.profiling.profiles import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies.base import Strategy
+from suite.vocabulary import Family
 
 MIB = 2**20
 DDP_FIRST_BUCKET = 1 * MIB  # torch DDP closes its first gradient bucket early (dist._DEFAULT_FIRST_BUCKET_BYTES)
@@ -347,17 +348,14 @@ def async_pipeline(w: Workload, variant: str) -> StepTime:
     return shared_cores(w, replace(slowest, bubble=fill / w.steps), [pace.compute + pace.optimizer for pace in paces])
 
 
-FAMILIES: dict[str, Callable[[Workload, str], StepTime]] = {
-    "single": data_parallel, "ddp": data_parallel, "horovod": data_parallel,
-    "zero": sharded, "fsdp": sharded,
-    "megatron": tensor_parallel,
-    "gpipe": flushed_pipeline, "gpipe_dist": flushed_pipeline, "1f1b": flushed_pipeline,
-    "pipedream": async_pipeline,
+COSTS: dict[Family, Callable[[Workload, str], StepTime]] = {
+    Family.replicated: data_parallel, Family.sharded: sharded, Family.tensor_parallel: tensor_parallel,
+    Family.flushed_pipeline: flushed_pipeline, Family.async_pipeline: async_pipeline,
 }
 
 
 def step_time(w: Workload, variant: str = "suite") -> StepTime:
-    family = FAMILIES.get(w.strategy.name)
+    family = COSTS.get(w.strategy.family)
     if family is None:
         raise ConfigError(f"the performance model has no cost function for strategy {w.strategy.name}")
     if variant not in VARIANTS:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
 
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 from packaging.version import Version
 
 from suite.errors import ConfigError
-from suite.paths import REPO_ROOT
+from suite.paths import CONF_DIR, REPO_ROOT
 from suite.strategies.base import Library, Strategy
 from suite.strategies.knob_types import check_knob_types
 
-__all__ = ["Strategy", "build_strategy", "missing_library", "older_torch"]
+__all__ = ["Strategy", "build_strategy", "label", "missing_library", "older_torch", "strategy_class"]
 
 
 def build_strategy(cfg) -> Strategy:
@@ -31,6 +32,22 @@ def build_strategy(cfg) -> Strategy:
         raise ConfigError(f"strategy _target_ {node._target_} is not a suite Strategy")
     check_knob_types(strategy)
     return strategy
+
+
+@functools.cache
+def strategy_class(name: str) -> type[Strategy] | None:
+    """The spec class that conf/strategy/<name>.yaml selects (its `_target_`): the one place a strategy's facts
+    are declared, which the predictor and the reports ask; None for a name no config has (a run recorded by
+    another version of the suite)."""
+    path = CONF_DIR / "strategy" / f"{name}.yaml"
+    target = OmegaConf.load(path).get("_target_") if path.exists() else None
+    return get_class(target) if target else None
+
+
+def label(name: str) -> str:
+    """The name studies and reports give strategy `name` (its spec's `label`), else `name` itself."""
+    spec = strategy_class(name)
+    return (spec.label if spec else "") or name
 
 
 def missing_library(strategy: Strategy) -> str | None:

@@ -27,7 +27,7 @@ from suite.runtime.memory import local_tensor, tensor_mb
 from suite.runtime.precision import Precision
 from suite.runtime.timing import PhaseTimer
 from suite.runtime.torch_api import DTensor
-from suite.vocabulary import GradCompression, OptimizerName, PrecisionName
+from suite.vocabulary import Family, GradCompression, OptimizerName, PrecisionName
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -80,6 +80,12 @@ class Strategy:
     # moved since): Open-CE's newest build on Power9 (Lassen) is torch 2.1.2 (open-ce/open-ce#941), and
     # `make test-compat` trains the strategies that declare it on that torch.
     needs_torch: ClassVar[str] = "2.1"
+    # The strategy's facts the rest of the suite asks it, rather than keeping tables of names: how the performance
+    # model prices it and what memory its ranks keep (its family), the name studies and reports give it, and the
+    # strategy whose one-step rank on a negligible network gives its ranks' base memory (its library's).
+    family: ClassVar[Family | None] = None  # None: the model does not price it
+    label: ClassVar[str] = ""  # "" : its name
+    base_memory_of: ClassVar[str] = "ddp"
 
     def knobs(self) -> dict[str, Any]:
         """The strategy's own settings, recorded as run params."""

@@ -15,7 +15,7 @@ from suite.errors import BadValue, ConfigError
 from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
-from suite.vocabulary import GradCompression
+from suite.vocabulary import Family, GradCompression
 
 # torch 2.14 renamed `broadcast_buffers`; an older torch (a GPU machine's own) knows only the old name.
 SYNC_BUFFERS = next(name for name in ("forward_sync_buffers", "broadcast_buffers")
@@ -37,6 +37,8 @@ def apply_grad_compression(model: DistributedDataParallel, compression) -> None:
 @dataclass(frozen=True)
 class DDP(Strategy):
     name: str = "ddp"
+    family: ClassVar[Family] = Family.replicated
+    label: ClassVar[str] = "DDP"
     supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=tuple(GradCompression))
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False

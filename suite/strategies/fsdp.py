@@ -18,12 +18,14 @@ from suite.layout import Layout
 from suite.models.layers import block_layers
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
-from suite.vocabulary import ELEMENTWISE_OPTIMIZERS
+from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
 
 @dataclass(frozen=True)
 class FSDP(Strategy):
     name: str = "fsdp"
+    family: ClassVar[Family] = Family.sharded
+    label: ClassVar[str] = "FSDP"
     # Parameters are sharded: only element-wise updates are right on a shard.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS)
     # FSDP2's torch.distributed.fsdp.fully_shard is public from torch 2.6 (2.4 had it private, in _composable).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import AutocastForward
 from suite.strategies.base import RankContext, Runtime
 from suite.strategies.pipeline import Pipeline, pipeline_metrics
+from suite.vocabulary import Family
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
 
@@ -97,6 +99,8 @@ class TorchGPipeRuntime(Runtime):
 @dataclass(frozen=True)
 class GPipe(Pipeline):
     name: str = "gpipe"
+    family: ClassVar[Family] = Family.flushed_pipeline
+    label: ClassVar[str] = "TorchGPipe"
     devices: list[str] | None = None  # None: cuda:0..workers-1 on GPUs, else `workers` x "cpu"
     checkpoint: str = "except_last"  # torchgpipe's activation recomputation: always | except_last | never
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from suite.strategies.base import RankContext
 from suite.strategies.pipeline import DistributedPipeline
+from suite.vocabulary import Family
 
 if TYPE_CHECKING:
     from suite.strategies.scheduled import Scheduled
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class GPipeDist(DistributedPipeline):
     name: str = "gpipe_dist"
+    family: ClassVar[Family] = Family.flushed_pipeline
+    label: ClassVar[str] = "GPipe-dist"
     needs_torch: ClassVar[str] = "2.6"  # see suite.strategies.scheduled
 
     def setup(self, model: nn.Module, rank: RankContext) -> Scheduled:

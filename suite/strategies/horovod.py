@@ -18,6 +18,7 @@ from torch import nn
 from suite.errors import BadValue
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports
+from suite.vocabulary import Family
 
 MIB = 1024 * 1024
 
@@ -38,6 +39,9 @@ class HorovodOptimizer(DataParallel):
 @dataclass(frozen=True)
 class Horovod(Strategy):
     name: str = "horovod"
+    family: ClassVar[Family] = Family.replicated
+    label: ClassVar[str] = "Horovod"
+    base_memory_of: ClassVar[str] = "horovod"  # its library's rank, not DDP's
     supports: ClassVar[Supports] = Supports(rank_launcher="horovodrun")
     requires: ClassVar[tuple[Library, ...]] = (Library("Horovod", "horovod", "horovod", ("horovodrun",)),)
     fusion_threshold_mb: float = 128.0

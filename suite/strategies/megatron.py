@@ -25,7 +25,7 @@ from suite.runtime.dist import all_reduce_flat
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
-from suite.vocabulary import ELEMENTWISE_OPTIMIZERS
+from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -100,6 +100,8 @@ class TensorParallel(DataParallel):
 @dataclass(frozen=True)
 class Megatron(Strategy):
     name: str = "megatron"
+    family: ClassVar[Family] = Family.tensor_parallel
+    label: ClassVar[str] = "Megatron"
     # Parameters are sharded (element-wise updates only); the tensor-parallel plan addresses the plain blocks,
     # not checkpoint wrappers.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS,

@@ -12,6 +12,7 @@ from torch import nn
 from suite.errors import BadValue, ConfigError
 from suite.strategies.base import RankContext
 from suite.strategies.pipeline import DistributedPipeline
+from suite.vocabulary import Family
 
 if TYPE_CHECKING:
     from suite.strategies.scheduled import Scheduled
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class OneFOneB(DistributedPipeline):
     name: str = "1f1b"
+    family: ClassVar[Family] = Family.flushed_pipeline
+    label: ClassVar[str] = "1F1B"
     needs_torch: ClassVar[str] = "2.6"  # see suite.strategies.scheduled
     virtual_stages: int = 1
 

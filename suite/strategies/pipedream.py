@@ -21,6 +21,7 @@ from suite.pipeline.microbatch import MicroBatching
 from suite.pipeline.pipedream import PipeDreamStage
 from suite.strategies.base import RankContext
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages
+from suite.vocabulary import Family
 
 
 class PipeDreamRuntime(DistributedStages):
@@ -60,6 +61,8 @@ class PipeDreamRuntime(DistributedStages):
 @dataclass(frozen=True)
 class PipeDream(DistributedPipeline):
     name: str = "pipedream"
+    family: ClassVar[Family] = Family.async_pipeline
+    label: ClassVar[str] = "PipeDream"
     # Its process groups come from a device mesh with named dimensions (suite.pipeline.topology): init_device_mesh,
     # public from torch 2.2.
     needs_torch: ClassVar[str] = "2.2"

@@ -10,11 +10,13 @@ from torch import nn
 from suite.errors import ConfigError
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.vocabulary import Family
 
 
 @dataclass(frozen=True)
 class Single(Strategy):
     name: str = "single"
+    family: ClassVar[Family] = Family.replicated
     supports: ClassVar[Supports] = Supports(counts_communication=True)
 
     def check(self, cfg) -> None:

@@ -21,6 +21,7 @@ from suite.layout import Layout
 from suite.runtime.activation_checkpointing import checkpoint_interval, recomputed_under_forward_autocast
 from suite.runtime.memory import tensor_mb
 from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports, optimizer_state
+from suite.vocabulary import Family
 
 OFFLOADS = ("none", "cpu", "params")
 DS_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
@@ -99,6 +100,9 @@ class ZeroEngine(DataParallel):
 @dataclass(frozen=True)
 class Zero(Strategy):
     name: str = "zero"
+    family: ClassVar[Family] = Family.sharded
+    label: ClassVar[str] = "ZeRO"
+    base_memory_of: ClassVar[str] = "zero"  # its library's rank, not DDP's
     # Optimizers: those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=tuple(DS_OPTIMIZERS))
     requires: ClassVar[tuple[Library, ...]] = (Library("DeepSpeed", "deepspeed", "setup"),)
