@@ -39,8 +39,20 @@ MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False, "cluster.gpu_order": None}
 
 
+class Named:
+    """What a composed point is known by: its label, and its config hash (its identity across sweeps)."""
+
+    @property
+    def label(self) -> str:
+        return point_label(self.cfg)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.cfg)
+
+
 @dataclass(frozen=True)
-class Point:
+class Point(Named):
     overrides: tuple[str, ...]
     cfg: DictConfig
     strategy: Strategy
@@ -64,30 +76,14 @@ class Point:
         """Generated library configs (see Strategy.config_files)."""
         return self.strategy.config_files(self.cfg)
 
-    @property
-    def label(self) -> str:
-        return point_label(self.cfg)
-
-    @property
-    def config_hash(self) -> str:
-        return config_hash(self.cfg)
-
 
 @dataclass(frozen=True)
-class InvalidPoint:
+class InvalidPoint(Named):
     """A point that composes but cannot run here: recorded as `invalid` with `error`, never launched."""
 
     overrides: tuple[str, ...]
     cfg: DictConfig
     error: str
-
-    @property
-    def label(self) -> str:
-        return point_label(self.cfg)
-
-    @property
-    def config_hash(self) -> str:
-        return config_hash(self.cfg)
 
 
 class Unrunnable(ConfigError):
