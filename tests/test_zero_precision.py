@@ -32,9 +32,9 @@ def cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
 
 
-def rank_config(precision: str, checkpointing: str = "none"):
+def rank_config(precision: str, checkpointing: str = "none", workers: int = WORKERS):
     return OmegaConf.create({"optimizer": {"name": "adam", "lr": 0.01, "eps": 1e-8, "weight_decay": 0.0},
-                             "workers": WORKERS, "batch_size": BATCH, "precision": precision,
+                             "workers": workers, "batch_size": BATCH, "precision": precision,
                              "activation_checkpointing": checkpointing})
 
 
@@ -112,7 +112,7 @@ def test_bf16_trains_an_image_network_with_batchnorm(tmp_path):
 def recompute_rank(rank: int, init_file: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=1)
     cpu = torch.device("cpu")
-    cfg, strategy = rank_config("bf16", checkpointing="every"), Zero(zero_stage=1)
+    cfg, strategy = rank_config("bf16", checkpointing="every", workers=1), Zero(zero_stage=1)
     context = RankContext(cfg, DistEnv(0, 1, 0, 1, cpu, "gloo"), strategy.layout(cfg), make_precision("bf16", cpu),
                           PhaseTimer(cpu), None)
     strategy.setup(nn.Linear(4, 4), context)  # configures DeepSpeed's checkpointing
