@@ -110,6 +110,7 @@ def test_bf16_trains_an_image_network_with_batchnorm(tmp_path):
 
 
 def recompute_rank(rank: int, init_file: str, out: str) -> None:
+    torch.set_num_threads(1)  # forked: the parent's thread pool does not survive a fork (DataLoader's workers do this)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=1)
     cpu = torch.device("cpu")
     cfg, strategy = rank_config("bf16", checkpointing="every", workers=1), Zero(zero_stage=1)
