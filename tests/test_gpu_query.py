@@ -27,6 +27,7 @@ def test_without_a_gpu_the_answer_is_none(fresh_answer):
     assert "NVIDIA driver" in nvidia_driver()  # its version, or why NVML does not answer
 
 
+@pytest.mark.slow  # starts a process
 def test_the_driver_asks_about_its_gpu_in_a_child_process(fresh_answer, monkeypatch):
     """As if this machine had a GPU: counting GPUs opens no context, so the driver believes the count, and its
     questions about the GPU go to a child process, which (no GPU here) fails with one line."""

@@ -45,6 +45,7 @@ def test_the_driver_decides_auto_for_the_ranks(results, cluster, device, ranks_g
     assert out.point()["params"]["cluster.device"] == device
 
 
+@pytest.mark.slow  # starts a process
 def test_a_batch_rank_without_its_gpu_is_recorded_invalid(results):
     (point,) = plan([[*DIGITS, *SLURM]])  # cluster.device=auto: the job asks for GPUs
     out = new_point_dir(point)
