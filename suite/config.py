@@ -13,6 +13,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from suite.vocabulary import Device, FaultKind, GradCompression, OptimizerName, PrecisionName
+
 
 @dataclass
 class DatasetConfig:
@@ -43,7 +45,7 @@ class NetworkConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "sgd"  # sgd | adam | adamw | lamb
+    name: OptimizerName = OptimizerName.sgd
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 1e-4
@@ -54,7 +56,7 @@ class OptimizerConfig:
 class GradCompressionConfig:
     """Gradients compressed before they are all-reduced (ddp: DDP communication hooks)."""
 
-    name: str = "none"  # none | fp16 | bf16 | powersgd
+    name: GradCompression = GradCompression.none
     rank: int = 1  # powersgd: rank of the low-rank approximation (PowerSGD's matrix_approximation_rank)
     start_iter: int = 2  # powersgd: plain all-reduce before this step (torch needs >= 2 for its error feedback)
 
@@ -71,7 +73,7 @@ class TargetConfig:
 class FaultConfig:
     """Fault injection for testing how failures are recorded: kind error | oom | hang | exit."""
 
-    kind: str | None = None
+    kind: FaultKind | None = None
     step: int = 1  # global training step (warm-up included) at which it fires
     rank: int = 0
 
@@ -164,7 +166,7 @@ class ClusterConfig:
     scheduler: str = "local"  # local (ranks started on this machine) | slurm | lsf | pbs
     workers_per_node: int = 1  # GPUs per node, or CPU worker processes per node
     threads_per_worker: int | None = None  # CPU intra-op threads per rank; None = cores / local ranks
-    device: str = "auto"  # auto | cpu | cuda
+    device: Device = Device.auto
     # More ranks than GPUs on a node, sharing them over gloo (NCCL refuses two ranks on one GPU): for checking the
     # GPU paths of multi-rank strategies on a one-GPU machine; its timings say nothing of scaling.
     share_gpus: bool = False
@@ -202,7 +204,7 @@ class PointConfig:
     steps_per_epoch: int | None = None  # None = one full pass over the training set
     warmup_steps: int = 2  # untimed training steps before the first epoch
     eval_batches: int | None = None  # None = the whole validation set
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: PrecisionName = PrecisionName.fp32
     activation_checkpointing: str = "none"  # none | every (each block) | k (every k-th block: the k-th, 2k-th, ...)
     seed: int = 0
     repeat: int = 0  # index of a repeated measurement of the same point (a sweep's `repeats`); part of its identity

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import yaml
+from omegaconf.errors import ValidationError
 
 
 class ConfigError(ValueError):
@@ -45,3 +47,21 @@ def yaml_error_line(error: BaseException) -> str | None:
     mark = error.problem_mark or error.context_mark
     problem = error.problem or error.context or "YAML syntax error"
     return f"{mark.name}:{mark.line + 1}:{mark.column + 1}: {problem}" if mark else problem
+
+
+def composition_error_line(error: BaseException) -> str:
+    """One line for a config that does not compose: a YAML syntax error's place, a value outside its field's choices
+    or type (`precision=fp8 is not one of fp32, bf16, fp16`), else Hydra's own message."""
+    where = yaml_error_line(error)
+    if where:
+        return where
+    cause = error
+    while cause is not None and not isinstance(cause, ValidationError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None or not cause.full_key:
+        return " ".join(str(error).split())
+    problem = str(cause).splitlines()[0]
+    choices = re.fullmatch(r"Invalid value '.*', expected one of \[(.*)\]", problem)
+    if choices:
+        return f"{cause.full_key}={cause.value} is not one of {choices[1]}"
+    return f"{cause.full_key}={cause.value}: {problem}"

@@ -18,7 +18,7 @@ from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import Strategy, build_strategy, older_torch
-from suite.vocabulary import Device, FaultKind, GradCompression, MathDtype, OptimizerName, PrecisionName
+from suite.vocabulary import MathDtype
 
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
 NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's V100)
@@ -54,16 +54,10 @@ def _check_ranges(cfg: DictConfig) -> None:
 
 
 def _check_choices(cfg: DictConfig) -> None:
-    choices = {"precision": (cfg.precision, tuple(PrecisionName)),
-               "optimizer.name": (cfg.optimizer.name, tuple(OptimizerName)),
-               "grad_compression.name": (cfg.grad_compression.name, tuple(GradCompression)),
-               "cluster.device": (cfg.cluster.device, tuple(Device)),
-               "cluster.scheduler": (cfg.cluster.scheduler, SCHEDULERS)}
-    if cfg.fault.kind is not None:
-        choices["fault.kind"] = (cfg.fault.kind, tuple(FaultKind))
-    for key, (value, allowed) in choices.items():
-        if value not in allowed:
-            raise BadValue(f"{key}={value} is not one of {', '.join(allowed)}")
+    # precision, optimizer.name, cluster.device and the other words of suite.vocabulary are checked as the config
+    # composes (suite.config types them); the schedulers are launchers'
+    if cfg.cluster.scheduler not in SCHEDULERS:
+        raise BadValue(f"cluster.scheduler={cfg.cluster.scheduler} is not one of {', '.join(SCHEDULERS)}")
     metric = TASK_METRICS.get(cfg.dataset.kind)
     if cfg.target.metric is not None and cfg.target.metric != metric:  # a value of another point's dataset
         raise ConfigError(f"target.metric={cfg.target.metric} does not fit {cfg.dataset.kind} data (use {metric})")

@@ -23,7 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from suite.config import register_schema
-from suite.errors import BadValue, ConfigError, yaml_error_line
+from suite.errors import BadValue, ConfigError, composition_error_line
 from suite.layout import Layout
 from suite.paths import CONF_DIR
 from suite.strategies import Strategy
@@ -133,7 +133,7 @@ def _compose(overrides: list[str]) -> DictConfig:
     try:
         return compose(config_name="config", overrides=overrides)
     except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
-        raise ConfigError(yaml_error_line(e) or " ".join(str(e).split())) from e
+        raise ConfigError(composition_error_line(e)) from e
 
 
 def make_point(overrides: list[str], experiment: str | None, torch_version: str) -> Point:
