@@ -14,6 +14,7 @@ from collections import defaultdict
 
 from analysis.runs import Row
 from analysis.stats import Estimate, estimate, ratio
+from suite.vocabulary import Status
 
 PROTOCOLS = {
     "suite": "s/epoch, suite protocol: mean over epochs after an untimed warm-up "
@@ -59,7 +60,7 @@ def cells(rows: list[Row]) -> dict[tuple, list[Row]]:
 
 
 def finished(repeats: list[Row]) -> list[Row]:
-    return [r for r in repeats if r.status == "finished"]
+    return [r for r in repeats if r.status == Status.finished]
 
 
 def samples(repeats: list[Row], histories: Histories, protocol: str, metric: str = "epoch_time_s") -> list[float]:
@@ -97,6 +98,6 @@ def speedup(repeats: list[Row], baseline: list[Row], histories: Histories, proto
 def status_of(repeats: list[Row]) -> str:
     """`finished`, or the status of the newest repeat that did not finish (with its error line)."""
     if finished(repeats):
-        return "finished"
+        return Status.finished
     last = max(repeats, key=lambda r: r.start_time)
     return f"{last.status}: {last.error}" if last.error else last.status

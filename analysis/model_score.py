@@ -20,6 +20,7 @@ from analysis.measure import Histories, cells, finished, samples, status_of
 from analysis.runs import Row
 from analysis.tables import Table
 from analysis.views import Context, Section, view
+from suite.vocabulary import Status
 
 TOP1_FLOOR = 0.03  # a pick this close to the measured fastest counts as right, or 2 x the spread where larger
 
@@ -90,8 +91,8 @@ def cell_name(dataset: str, network: str, cluster: str, workers: int, memory_gb:
 
 def fits_accuracy(points: list[Scored]) -> tuple[int, int]:
     """(right, judged): a point ran out of memory or finished, and the model said it would not fit or would."""
-    judged = [p for p in points if p.predicted_fits is not None and p.status in ("finished", "oom")]
-    right = sum(p.predicted_fits == (p.status == "finished") for p in judged)
+    judged = [p for p in points if p.predicted_fits is not None and p.status in (Status.finished, Status.oom)]
+    right = sum(p.predicted_fits == (p.status == Status.finished) for p in judged)
     return right, len(judged)
 
 

@@ -14,6 +14,7 @@ plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.get_cmap("tab20").colors)
 
 from analysis.runs import Row  # noqa: E402
 from analysis.speedup import baseline_for  # noqa: E402
+from suite.vocabulary import Status  # noqa: E402
 
 
 def _legend(ax) -> None:
@@ -28,7 +29,7 @@ def plot_speedup(rows: list[Row], path: Path) -> Path:
         lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for row in rows:
             base = baseline_for(row, rows)
-            if row.workload == workload and row.status == "finished" and base and row.throughput:
+            if row.workload == workload and row.status == Status.finished and base and row.throughput:
                 lines[row.label].append((row.workers, row.throughput / base.throughput))
         top = max((w for pts in lines.values() for w, _ in pts), default=1)
         ax.plot([1, top], [1, top], "k:", label="linear")

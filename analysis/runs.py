@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from suite.records.store import run_status
-from suite.vocabulary import MEMORY_SPLIT
+from suite.vocabulary import MEMORY_SPLIT, Status
 
 # Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).
 SPLIT_METRICS = (*MEMORY_SPLIT, "comm_mb_per_step")
@@ -86,7 +86,7 @@ def latest_per_point(runs) -> list[Row]:
     for run in sorted(point_runs(runs), key=lambda r: r.info.start_time):
         key = run.data.tags.get("suite.config_hash", run.info.run_id)
         row = row_from_run(run)
-        if key not in best or row.status == "finished" or best[key].status != "finished":
+        if key not in best or row.status == Status.finished or best[key].status != Status.finished:
             best[key] = row
     rows = label_variants(list(best.values()))
     return sorted(rows, key=lambda r: (r.dataset, r.network, r.strategy != "single", r.label, r.workers))

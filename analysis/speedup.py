@@ -8,13 +8,14 @@ the epoch-time ratio when epochs cover the same data (one pass over the training
 from __future__ import annotations
 
 from analysis.runs import SPLIT_METRICS, Row
+from suite.vocabulary import Status
 
 SPLIT_HEADERS = {"mem_params_mb": "params MB", "mem_grads_mb": "grads MB", "mem_optim_mb": "optim MB",
                  "mem_master_mb": "master MB", "comm_mb_per_step": "comm MB/step"}
 
 
 def baseline_for(row: Row, rows: list[Row]) -> Row | None:
-    finished = [r for r in rows if r.workload == row.workload and r.status == "finished" and r.throughput]
+    finished = [r for r in rows if r.workload == row.workload and r.status == Status.finished and r.throughput]
     single = [r for r in finished if r.strategy == "single" and r.workers == 1]
     if single:
         return single[0]
@@ -37,7 +38,8 @@ def speedup_table(rows: list[Row]) -> str:
     ]
     for row in rows:
         base = baseline_for(row, rows)
-        speedup = row.throughput / base.throughput if base and row.throughput and row.status == "finished" else None
+        measured = base and row.throughput and row.status == Status.finished
+        speedup = row.throughput / base.throughput if measured else None
         baseline = f"{base.label}/w{base.workers}" if base else "-"
         metric = f"{row.val_metric} {row.val_value:.4g}" if row.val_value is not None else "-"
         lines.append(

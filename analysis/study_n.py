@@ -19,6 +19,7 @@ from analysis.runs import Row
 from analysis.stats import Estimate, ratio
 from analysis.tables import Table
 from analysis.views import Context, Section, save_figure, table_section, view
+from suite.vocabulary import Status
 
 PIPELINES = ("gpipe", "pipedream", "1f1b", "gpipe_dist")
 PHASES = ("time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s", "time_comm_s")
@@ -193,7 +194,7 @@ def breakdown(ctx: Context) -> Section:
             ax.bar([x + 0.3 for x in range(len(bars))], [b[2][key] or 0.0 for b in bars], width=0.2, align="edge",
                    label="communication" if key == "time_comm_s" else "of which exposed", **style)
         for x, (_, _, _, status) in enumerate(bars):
-            if status != "finished":
+            if status != Status.finished:
                 ax.text(x, 0, status.split(":")[0], rotation=90, fontsize=6, color="C3", ha="center", va="bottom")
         ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=70, fontsize=6)
         ax.set(title=network, ylabel="seconds per step")

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from analysis.measure import Histories, cells, status_of  # noqa: E402
 from analysis.runs import Row  # noqa: E402
 from analysis.tables import Table  # noqa: E402
+from suite.vocabulary import Status
 
 DEFAULT_VIEWS = ("speedup_table", "speedup", "convergence", "breakdown")
 
@@ -87,7 +88,7 @@ def status_matrix(ctx: Context) -> Section:
         state.setdefault((missing.dataset, missing.network, missing.workers, missing.strategy), "not run")
     matrix = Table("status_matrix", f"{ctx.experiment}: status of every point", ["dataset", "network", "workers",
                                                                                  *labels],
-                   [[d, n, str(w), *(("ok" if state.get((d, n, w, label)) == "finished"
+                   [[d, n, str(w), *(("ok" if state.get((d, n, w, label)) == Status.finished
                                       else state.get((d, n, w, label), "").split(":")[0] or "")
                                      for label in labels)] for d, n, w in places],
                    ["ok: finished; an empty cell is not a point of this sweep."])
@@ -95,7 +96,7 @@ def status_matrix(ctx: Context) -> Section:
                      ["dataset", "network", "strategy", "workers", "status", "error"],
                      [[d, n, label, str(w), *(state[d, n, w, label].split(": ", 1) + [""])[:2]]
                       for d, n, w in places for label in labels
-                      if state.get((d, n, w, label), "finished") != "finished"])
+                      if state.get((d, n, w, label), Status.finished) != Status.finished])
     files = matrix.write(ctx.directory) + problems.write(ctx.directory)
     return Section("Status", matrix.markdown() + "\n\n" + problems.markdown(), files)
 

@@ -28,10 +28,12 @@ from launchers.batch import (
     run_command,
 )
 from suite.errors import ConfigError
+from suite.vocabulary import Status
 
-STATES = {"PEND": (QUEUED, None), "PSUSP": (QUEUED, None), "DONE": (ENDED, "finished"), "EXIT": (ENDED, "failed")}
+STATES = {"PEND": (QUEUED, None), "PSUSP": (QUEUED, None), "DONE": (ENDED, Status.finished),
+          "EXIT": (ENDED, Status.failed)}
 # Why an EXIT job ended (bjobs exit_reason), where it means more than `failed`.
-EXIT_REASONS = {"TERM_RUNLIMIT": "timeout", "TERM_PREEMPT": "timeout", "TERM_MEMLIMIT": "oom"}
+EXIT_REASONS = {"TERM_RUNLIMIT": Status.timeout, "TERM_PREEMPT": Status.timeout, "TERM_MEMLIMIT": Status.oom}
 
 
 def job_state(job_id: str, stat: str, exit_reason: str = "") -> JobState:

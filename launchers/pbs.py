@@ -7,12 +7,13 @@ from pathlib import Path
 
 from launchers.batch import ENDED, QUEUED, RUNNING, Job, JobState, Scheduler, run_command
 from launchers.site_rules import job_queue
+from suite.vocabulary import Status
 
 QUEUED_STATES = ("Q", "H", "W", "T", "S")
 ENDED_STATES = ("F", "X")
 # PBS Pro's exit statuses for jobs it killed itself (negative: JOB_EXEC_KILL_*).
-EXIT_STATUSES = {-29: ("timeout", "walltime exceeded"), -27: ("oom", "memory limit exceeded"),
-                 -25: ("timeout", "cpu time limit exceeded")}
+EXIT_STATUSES = {-29: (Status.timeout, "walltime exceeded"), -27: (Status.oom, "memory limit exceeded"),
+                 -25: (Status.timeout, "cpu time limit exceeded")}
 
 
 def job_state(job_id: str, job_state_letter: str, exit_status: int | None = None, comment: str = "") -> JobState:
@@ -21,8 +22,8 @@ def job_state(job_id: str, job_state_letter: str, exit_status: int | None = None
     if job_state_letter not in ENDED_STATES:
         return JobState(job_id, RUNNING, None, job_state_letter)
     if exit_status == 0:
-        return JobState(job_id, ENDED, "finished", "F (exit status 0)")
-    status, words = EXIT_STATUSES.get(exit_status, ("failed", None))
+        return JobState(job_id, ENDED, Status.finished, "F (exit status 0)")
+    status, words = EXIT_STATUSES.get(exit_status, (Status.failed, None))
     if words is None:
         words = f"killed by signal {exit_status - 256}" if exit_status and exit_status > 256 else \
             f"exit status {exit_status}"

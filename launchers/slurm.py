@@ -14,16 +14,17 @@ import math
 from pathlib import Path
 
 from launchers.batch import ENDED, QUEUED, RUNNING, Job, JobState, Scheduler, run_command
+from suite.vocabulary import Status
 
 # Slurm's job states (squeue %T, sacct State) as the suite reads them; unlisted ones count as running.
 STATES = {
     "PENDING": (QUEUED, None), "CONFIGURING": (QUEUED, None), "REQUEUED": (QUEUED, None),
     "REQUEUE_HOLD": (QUEUED, None), "REQUEUE_FED": (QUEUED, None), "RESV_DEL_HOLD": (QUEUED, None),
     "SUSPENDED": (QUEUED, None),
-    "COMPLETED": (ENDED, "finished"), "TIMEOUT": (ENDED, "timeout"), "PREEMPTED": (ENDED, "timeout"),
-    "DEADLINE": (ENDED, "timeout"), "OUT_OF_MEMORY": (ENDED, "oom"), "CANCELLED": (ENDED, "failed"),
-    "FAILED": (ENDED, "failed"), "NODE_FAIL": (ENDED, "failed"), "BOOT_FAIL": (ENDED, "failed"),
-    "SPECIAL_EXIT": (ENDED, "failed"), "REVOKED": (ENDED, "failed"),
+    "COMPLETED": (ENDED, Status.finished), "TIMEOUT": (ENDED, Status.timeout), "PREEMPTED": (ENDED, Status.timeout),
+    "DEADLINE": (ENDED, Status.timeout), "OUT_OF_MEMORY": (ENDED, Status.oom), "CANCELLED": (ENDED, Status.failed),
+    "FAILED": (ENDED, Status.failed), "NODE_FAIL": (ENDED, Status.failed), "BOOT_FAIL": (ENDED, Status.failed),
+    "SPECIAL_EXIT": (ENDED, Status.failed), "REVOKED": (ENDED, Status.failed),
 }
 UNKNOWN_JOB = ("Invalid job id", "accounting storage is disabled")
 

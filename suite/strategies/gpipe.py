@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 from torchgpipe import GPipe as TorchGPipe
 
-from suite.errors import BadValue, ConfigError
+from suite.errors import ConfigError
 from suite.layout import Layout
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline.partition import StageModule, cut, sum_grads, untie
@@ -25,8 +25,6 @@ from suite.runtime.precision import AutocastForward
 from suite.strategies.base import RankContext, Runtime
 from suite.strategies.pipeline import Pipeline, pipeline_metrics
 from suite.vocabulary import Family
-
-CHECKPOINT_MODES = ("always", "except_last", "never")
 
 
 class TorchGPipeRuntime(Runtime):
@@ -102,7 +100,7 @@ class GPipe(Pipeline):
     family: ClassVar[Family] = Family.flushed_pipeline
     label: ClassVar[str] = "TorchGPipe"
     devices: list[str] | None = None  # None: cuda:0..workers-1 on GPUs, else `workers` x "cpu"
-    checkpoint: str = "except_last"  # torchgpipe's activation recomputation: always | except_last | never
+    checkpoint: Literal["always", "except_last", "never"] = "except_last"  # torchgpipe's activation recomputation
 
     def stages(self, cfg) -> int:
         return cfg.workers
@@ -113,9 +111,6 @@ class GPipe(Pipeline):
                       stages_in_one_process=True)
 
     def check(self, cfg) -> None:
-        if self.checkpoint not in CHECKPOINT_MODES:
-            raise BadValue(f"strategy gpipe: checkpoint={self.checkpoint} is not one of "
-                              f"{', '.join(CHECKPOINT_MODES)}")
         if self.devices is not None and len(self.devices) != cfg.workers:
             raise ConfigError(f"strategy gpipe: {len(self.devices)} devices listed but workers={cfg.workers} "
                               "(workers counts the devices)")

@@ -18,6 +18,8 @@ def _matches(value: Any, hint: Any) -> bool:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return True
+    if origin is typing.Literal:
+        return value in args
     if hint is None or hint is type(None):
         return value is None
     if origin in (typing.Union, types.UnionType):
@@ -41,6 +43,8 @@ def _describe(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is None or hint is type(None):
         return "null"
+    if origin is typing.Literal:
+        return f"one of {', '.join(map(str, args))}"
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(arg) for arg in args)
     if origin in (list, tuple):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,7 @@ class Pipeline(Strategy):
     micro_batches: int | None = None
     micro_batch_size: int | None = None
     preset: str | None = None  # study_n | study_j
-    balance: Any = "by_params"  # by_params | by_time | [layers per stage]
+    balance: Literal["by_params", "by_time"] | list[int] = "by_params"  # or layers per stage
 
     def stages(self, cfg) -> int:
         """Pipeline stages (devices a mini-batch flows through)."""

@@ -18,6 +18,7 @@ import sys
 from suite.records.store import Store
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
+from suite.vocabulary import Status
 
 STRATEGIES = ("gpipe", "gpipe_dist", "1f1b")
 POINT = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=6", "network.n_embd=256", "network.n_head=4",
@@ -37,7 +38,7 @@ def main(overrides: list[str]) -> int:
     print("\n| strategy | step (s) | bound T_seq(mb)(p+m-1)/p (s) | ratio | bubble measured | bubble ideal |")
     print("|---|---:|---:|---:|---:|---:|")
     for outcome in outcomes:
-        if outcome.status != "finished":
+        if outcome.status != Status.finished:
             print(f"| {outcome.point.cfg.strategy.name} | {outcome.status}: {outcome.error} |||||")
             continue
         metrics = store.client.get_run(outcome.run_id).data.metrics
@@ -47,7 +48,7 @@ def main(overrides: list[str]) -> int:
     print(f"\ntarget: ratio <= 1.10 for gpipe_dist and 1f1b ({c.workers} stages, {c.strategy.micro_batches} "
           f"micro-batches, GPT-2 {c.network.n_layer}x{c.network.n_embd}, {c.cluster.threads_per_worker} thread(s) "
           "per stage)")
-    return 0 if all(o.status == "finished" for o in outcomes) else 1
+    return 0 if all(o.status == Status.finished for o in outcomes) else 1
 
 
 if __name__ == "__main__":
