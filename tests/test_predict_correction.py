@@ -8,7 +8,7 @@ import pytest
 
 from suite.errors import ConfigError
 from suite.predict import correction, overhead
-from suite.predict.correction import Correction, Fit, Observed, correction_key, correction_path, fit
+from suite.predict.correction import Correction, Fit, Observed, correction_path, fit
 from suite.predict.costs import StepTime
 from suite.predict.memory import Memory
 from suite.predict.overhead import Overhead, Probe
@@ -41,8 +41,8 @@ def test_leave_one_network_out_fits_on_the_other_networks_only():
 
 
 def test_zero_3_is_corrected_apart_from_stages_1_and_2():
-    assert [correction_key(Zero(zero_stage=s)) for s in (1, 2, 3)] == ["zero", "zero", "zero3"]
-    assert correction_key(DDP()) == "ddp"
+    assert [Zero(zero_stage=s).overhead_key for s in (1, 2, 3)] == ["zero", "zero", "zero3"]
+    assert DDP().overhead_key == "ddp"
 
 
 def prediction(*overrides: str, workers: int = 2) -> Prediction:

@@ -24,17 +24,11 @@ from suite.records.calibration import read_record, reading, record_path
 FORMS = ("factor", "per_step")
 
 
-def correction_key(strategy) -> str:
-    """The strategy's name; ZeRO-3 apart from stages 1-2, whose overhead it does not share (its parameter
-    gathers hook every module: 3-5x stages 1-2's per-step overhead on model_bench)."""
-    return "zero3" if strategy.name == "zero" and strategy.zero_stage == 3 else strategy.name
-
-
 @dataclass(frozen=True)
 class Observed:
     """One measured point, per training step."""
 
-    key: str  # correction_key of its strategy
+    key: str  # its strategy's overhead_key
     network: str
     predicted_s: float
     measured_s: float
@@ -53,11 +47,11 @@ class Fit:
 
 @dataclass(frozen=True)
 class Correction:
-    fits: dict[str, Fit]  # per correction_key
+    fits: dict[str, Fit]  # per strategy overhead_key
     date: str
 
     def step_s(self, strategy, predicted_s: float) -> float:
-        fit = self.fits.get(correction_key(strategy))
+        fit = self.fits.get(strategy.overhead_key)
         return predicted_s if fit is None else fit.step_s(predicted_s)
 
     def source(self) -> str:

@@ -20,6 +20,8 @@ from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies.ddp import DDP
+from suite.strategies.gpipe import GPipe
+from suite.strategies.zero import Zero
 from suite.vocabulary import Family
 
 MIB = 2**20
@@ -81,11 +83,12 @@ def replicated(w: Workload, base: float) -> Memory:
 def sharded(w: Workload, base: float) -> Memory:
     p, shard = w.profile, w.layout.shard
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
-    zero_stage = w.strategy.zero_stage if w.strategy.name == "zero" else 3
+    zero = isinstance(w.strategy, Zero)
+    zero_stage = w.strategy.zero_stage if zero else 3
     params = p.param_bytes / (shard if zero_stage == 3 else 1) + p.buffer_bytes
     grads = p.param_bytes / (shard if zero_stage >= 2 else 1)
     optimizer = _state_ratio(w) * p.param_bytes / shard
-    if w.strategy.name == "zero":
+    if zero:
         optimizer += p.param_bytes / shard  # fp32 master partition
     gathered = 0.0
     if zero_stage == 3 and regathers(w):
@@ -113,10 +116,9 @@ def tensor_parallel(w: Workload, base: float) -> Memory:
 def _in_flight(w: Workload, device: int) -> float:
     """Micro-batches whose activations a pipeline device keeps at its peak."""
     p, m, v = w.layout.pp, w.layout.micro_batches, w.layout.virtual_stages
-    name = w.strategy.name
-    if name in ("gpipe", "gpipe_dist"):
+    if w.strategy.forwards_all_first:
         return m
-    if name == "pipedream":
+    if w.strategy.family == Family.async_pipeline:
         return p - device  # mini-batches between its forward and its backward
     if v > 1:  # interleaved 1F1B's warm-up, in chunk-micro-batches, spread over the device's v chunks
         return min(m * v, 2 * (p - device - 1) + (v - 1) * p + 1) / v
@@ -134,7 +136,8 @@ def pipeline(w: Workload, base: float) -> Memory:
         buffers = sum(w.profile.buffer_bytes * sum(x.param_bytes for x in c.layers) / max(w.profile.param_bytes, 1)
                       for c in mine)
         kept = sum(_chunk_activations(w, c, d) for c in mine)
-        stash = held * (p - d - 1) if w.strategy.name == "pipedream" else 0.0  # older weight versions
+        async_pipeline = w.strategy.family == Family.async_pipeline
+        stash = held * (p - d - 1) if async_pipeline else 0.0  # older weight versions
         share = sum(x.saved_bytes for c in mine for x in c.layers) / max(sum(x.saved_bytes for x in w.layers), 1)
         per_device.append(Memory(0.0, held + buffers + stash, held, _state_ratio(w) * held, kept,
                                  _workspace(w, share)))
@@ -151,7 +154,7 @@ def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:
     the micro-batches it recomputes (all, all but the last, none)."""
     full = kept_for_backward(chunk.layers, 0)
     in_flight = _in_flight(w, device)
-    if w.strategy.name != "gpipe":
+    if not isinstance(w.strategy, GPipe):
         return full * in_flight
     m = w.layout.micro_batches
     recomputed = {"always": m, "except_last": m - 1, "never": 0}[w.strategy.checkpoint]

@@ -17,7 +17,7 @@ cores more crowded than the probes' (more ranks than cores run at once), it grow
 
 The probes run on the calibration's workers (`single` on one): kept per cluster in
 results/calibration/<cluster>.overhead.yaml (the latest) and <cluster>.w<workers>.overhead.yaml (the latest of
-each number of workers) beside the calibration records, per `correction_key` (ZeRO-3 apart from stages 1-2); a
+each number of workers) beside the calibration records, per strategy `overhead_key` (ZeRO-3 apart from stages 1-2); a
 point takes the fit of the number of workers nearest its own. Where there is none, the model adds nothing and
 says so.
 """
@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from suite.predict.correction import correction_key
 from suite.predict.links import nearest
 from suite.records.calibration import calibration_files, read_record, reading, record_path
 from suite.strategies.base import Strategy
@@ -117,7 +116,7 @@ class LibraryOverhead:
     def measured(self, strategy: Strategy, workers: int, fewer_workers: bool = False) -> tuple[Overhead, str] | None:
         """The fit for the strategy probed on the number of workers nearest `workers` (`fewer_workers`: fewer than
         them only), and its source; None where none was."""
-        probed = {count: found for count, found in self.fits.get(correction_key(strategy), {}).items()
+        probed = {count: found for count, found in self.fits.get(strategy.overhead_key, {}).items()
                   if not fewer_workers or count < workers}
         return probed[nearest(probed, workers)] if probed else None
 

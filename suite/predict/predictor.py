@@ -189,7 +189,7 @@ def with_correction(prediction: Prediction) -> Prediction:
     path = correction.correction_path(cluster)
     fitted = correction.required(cluster)
     strategy = prediction.point.strategy
-    if correction.correction_key(strategy) not in fitted.fits:
+    if strategy.overhead_key not in fitted.fits:
         return prediction
     step = prediction.step
     added = fitted.step_s(strategy, step.total) - step.total

@@ -35,6 +35,11 @@ from suite.predict.links import LinkModel, sent_bytes
 from suite.profiling.profiles import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies.base import Strategy
+from suite.strategies.ddp import DDP
+from suite.strategies.fsdp import FSDP
+from suite.strategies.gpipe import GPipe
+from suite.strategies.horovod import Horovod
+from suite.strategies.zero import Zero
 from suite.vocabulary import Family
 
 MIB = 2**20
@@ -73,17 +78,17 @@ class Workload:
 
 def data_parallel(w: Workload, variant: str) -> StepTime:
     """single, ddp, horovod: every rank runs the whole network on its batch, gradients are all-reduced."""
-    layers, dp, name = w.layers, w.layout.dp, w.strategy.name
+    layers, dp = w.layers, w.layout.dp
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
     grads = w.profile.param_bytes * (0.5 if w.cfg.grad_compression.name in ("fp16", "bf16") else 1.0)
     comm = sent = 0.0
     if dp > 1:
         sent = sent_bytes("all_reduce", grads, dp)
-        if name == "ddp" and w.strategy.forward_sync_buffers:
+        if isinstance(w.strategy, DDP) and w.strategy.forward_sync_buffers:
             sent += sent_bytes("broadcast", w.profile.buffer_bytes, dp)
     if dp > 1 and variant == "study_j":
-        threshold = w.strategy.fusion_threshold_mb if name == "horovod" else w.strategy.bucket_cap_mb
+        threshold = w.strategy.fusion_threshold_mb if isinstance(w.strategy, Horovod) else w.strategy.bucket_cap_mb
         fused = min(grads, threshold * MIB) if threshold else grads
         comm = 2 * (dp - 1) * w.links.send(fused / dp)  # Eq. 5.1's ring, every step on the calibrated link
     elif dp > 1:
@@ -109,7 +114,7 @@ def _overlapped_all_reduce(w: Workload, backward: float, shrink: float) -> float
     buffers (up to `fusion_threshold_mb` of what is ready at each `cycle_time_ms` tick) all-reduced while
     backward runs on; what ends after backward is exposed (all of it where compute does not hide it)."""
     sizes, ready = _grads_in_backward_order(w)
-    if w.strategy.name == "horovod":
+    if isinstance(w.strategy, Horovod):
         cycle = w.strategy.cycle_time_ms / 1000
         ticks = [math.ceil(at / cycle) * cycle for at in ready]
         cap = w.strategy.fusion_threshold_mb * MIB or 1.0
@@ -130,7 +135,7 @@ def _overlapped_all_reduce(w: Workload, backward: float, shrink: float) -> float
 
 def _buffer_broadcast(w: Workload) -> float:
     """DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward."""
-    if w.strategy.name != "ddp" or not w.strategy.forward_sync_buffers:
+    if not isinstance(w.strategy, DDP) or not w.strategy.forward_sync_buffers:
         return 0.0
     return w.links.collective("broadcast", w.profile.buffer_bytes, w.layout.dp)
 
@@ -148,7 +153,7 @@ def sharded(w: Workload, variant: str) -> StepTime:
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
     params = w.profile.param_bytes
     optimizer = w.profile.optimizer_s / shard
-    if w.strategy.name == "zero" and w.strategy.zero_stage < 3:
+    if isinstance(w.strategy, Zero) and w.strategy.zero_stage < 3:
         comm = w.links.collective("all_reduce", params, shard) + w.links.collective("all_gather", params, shard)
         sent = sent_bytes("all_reduce", params, shard) + sent_bytes("all_gather", params, shard)
         return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
@@ -177,7 +182,7 @@ def sharded(w: Workload, variant: str) -> StepTime:
 
 def regathers(w: Workload) -> bool:
     """Whether ZeRO-3 or FSDP gathers the parameters again for backward (see `sharded`)."""
-    if w.strategy.name == "fsdp":
+    if isinstance(w.strategy, FSDP):
         return w.strategy.reshard_after_forward
     zero = w.strategy.ds_config.get("zero_optimization", {})
     return w.profile.param_bytes // PARAM_BYTES > zero.get("stage3_max_reuse_distance", ZERO3_REUSE_DISTANCE)
@@ -271,7 +276,7 @@ def devices(w: Workload, recompute: float = 0.0) -> list[Device]:
 
 def _gpipe_recompute(w: Workload) -> float:
     """Share of micro-batches whose forward torchgpipe runs again in backward (`checkpoint`)."""
-    if w.strategy.name != "gpipe":
+    if not isinstance(w.strategy, GPipe):
         return 0.0
     m = w.layout.micro_batches
     return {"always": 1.0, "except_last": (m - 1) / m, "never": 0.0}[w.strategy.checkpoint]

@@ -8,16 +8,18 @@ import time
 
 import torch
 
+from suite.vocabulary import FaultKind
+
 
 def inject_fault(kind: str, step: int) -> None:
-    if kind == "error":
+    if kind == FaultKind.error:
         raise RuntimeError(f"injected fault at step {step}")
-    if kind == "oom":
+    if kind == FaultKind.oom:
         torch.empty(1 << 50, dtype=torch.uint8)  # a real allocator failure (1 PiB), not a simulated one
-    if kind == "hang":
+    if kind == FaultKind.hang:
         while True:
             time.sleep(60)
-    if kind == "exit":
+    if kind == FaultKind.exit:
         os._exit(3)  # dies without a Python traceback, like a crash in native code
-    if kind == "kill":
+    if kind == FaultKind.kill:
         os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's out-of-memory killer does

@@ -87,6 +87,12 @@ class Strategy:
     label: ClassVar[str] = ""  # "" : its name
     base_memory_of: ClassVar[str] = "ddp"
 
+    @property
+    def overhead_key(self) -> str:
+        """Whose fitted library overhead a point of this strategy shares (suite.predict.correction): its name, unless
+        a knob changes what its library does every step."""
+        return self.name
+
     def knobs(self) -> dict[str, Any]:
         """The strategy's own settings, recorded as run params."""
         return {k: v for k, v in asdict(self).items() if k != "name"}

@@ -99,6 +99,7 @@ class GPipe(Pipeline):
     name: str = "gpipe"
     family: ClassVar[Family] = Family.flushed_pipeline
     label: ClassVar[str] = "TorchGPipe"
+    forwards_all_first: ClassVar[bool] = True
     devices: list[str] | None = None  # None: cuda:0..workers-1 on GPUs, else `workers` x "cpu"
     checkpoint: Literal["always", "except_last", "never"] = "except_last"  # torchgpipe's activation recomputation
 

@@ -22,6 +22,7 @@ class GPipeDist(DistributedPipeline):
     family: ClassVar[Family] = Family.flushed_pipeline
     label: ClassVar[str] = "GPipe-dist"
     needs_torch: ClassVar[str] = "2.6"  # see suite.strategies.scheduled
+    forwards_all_first: ClassVar[bool] = True
 
     def setup(self, model: nn.Module, rank: RankContext) -> Scheduled:
         from torch.distributed.pipelining import ScheduleGPipe

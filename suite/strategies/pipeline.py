@@ -56,6 +56,8 @@ class Pipeline(Strategy):
     micro_batch_size: int | None = None
     preset: str | None = None  # study_n | study_j
     balance: Literal["by_params", "by_time"] | list[int] = "by_params"  # or layers per stage
+    # GPipe's schedule: every micro-batch's forward before any backward, so a stage keeps all of their activations
+    forwards_all_first: ClassVar[bool] = False
 
     def stages(self, cfg) -> int:
         """Pipeline stages (devices a mini-batch flows through)."""

@@ -113,6 +113,12 @@ class Zero(Strategy):
     offload: Literal["none", "cpu", "params"] = "none"
     ds_config: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def overhead_key(self) -> str:
+        """ZeRO-3 apart from stages 1-2, whose overhead it does not share (its parameter gathers hook every module:
+        3-5x stages 1-2's per-step overhead on model_bench)."""
+        return "zero3" if self.zero_stage == 3 else self.name
+
     def check(self, cfg) -> None:
         if self.zero_stage not in (1, 2, 3):
             raise BadValue(f"strategy zero: zero_stage must be 1, 2 or 3, got {self.zero_stage}")

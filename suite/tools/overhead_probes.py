@@ -9,7 +9,6 @@ import statistics
 from pathlib import Path
 
 from suite.errors import ConfigError
-from suite.predict.correction import correction_key
 from suite.predict.overhead import EXPERIMENT, Probe, save
 from suite.predict.predictor import crowding, workload
 from suite.predict.step import step_time
@@ -74,7 +73,7 @@ def measure(cluster: str, keys: list[str], passes: int, workers: int) -> Path:
         probe = which[outcome.point.config_hash]
         if probe not in priced:
             w, _, _ = workload(outcome.point)
-            priced[probe] = (correction_key(outcome.point.strategy), w.profile.param_bytes, w.profile.param_tensors,
+            priced[probe] = (outcome.point.strategy.overhead_key, w.profile.param_bytes, w.profile.param_tensors,
                              step_time(w).total)
             placed[probe] = crowding(outcome.point), outcome.point.cfg.workers
         metrics = store.client.get_run(outcome.run_id).data.metrics

@@ -35,7 +35,7 @@ from functools import cache
 from analysis.model_score import Scored, cell_name, point_table, recommender_table, strategy_table
 from analysis.tables import Table
 from suite.errors import ConfigError
-from suite.predict.correction import FORMS, Correction, Observed, correction_key, correction_path, fit, save
+from suite.predict.correction import FORMS, Correction, Observed, correction_path, fit, save
 from suite.predict.links import calibrated_links
 from suite.predict.predictor import Prediction, predict, recorded_prediction
 from suite.records.store import Store, run_status
@@ -133,7 +133,7 @@ def network(prediction: Prediction) -> str:
 
 def observed(scored: list[tuple[Scored, Prediction]]) -> list[Observed]:
     """The measured points, per step, as a correction is fitted on them."""
-    return [Observed(correction_key(p.point.strategy), network(p), s.predicted_s / p.steps, s.measured_s / p.steps)
+    return [Observed(p.point.strategy.overhead_key, network(p), s.predicted_s / p.steps, s.measured_s / p.steps)
             for s, p in scored if s.measured_s is not None]
 
 
