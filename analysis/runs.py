@@ -15,12 +15,18 @@ VARIANT_PARAMS = ("precision", "optimizer.name", "activation_checkpointing", "cl
 
 
 @dataclass(frozen=True)
-class Row:
-    run_id: str
+class GridPoint:
+    """A point's place in a sweep's grid."""
+
     dataset: str
     network: str
     strategy: str
     workers: int
+
+
+@dataclass(frozen=True)
+class Row(GridPoint):
+    run_id: str
     status: str
     epoch_time_s: float | None
     throughput: float | None

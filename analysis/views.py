@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.measure import Histories, cells, status_of  # noqa: E402
-from analysis.runs import Row  # noqa: E402
+from analysis.runs import GridPoint, Row  # noqa: E402
 from analysis.tables import Table  # noqa: E402
 from suite.vocabulary import Status
 
@@ -23,13 +23,8 @@ DEFAULT_VIEWS = ("speedup_table", "speedup", "convergence", "breakdown")
 
 
 @dataclass(frozen=True)
-class NotRun:
+class NotRun(GridPoint):
     """A point of the sweep with no run in the store (never started, or its job is still waiting)."""
-
-    dataset: str
-    network: str
-    strategy: str
-    workers: int
 
 
 @dataclass

@@ -124,3 +124,8 @@ class Layout:
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(device_type, (self.dp, self.rank_stages, self.tp), mesh_dim_names=MESH_DIMS)
+
+
+def divisors(n: int) -> list[int]:
+    """The sizes a dimension of `n` ranks can take."""
+    return [d for d in range(1, n + 1) if n % d == 0]

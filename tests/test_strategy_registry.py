@@ -1,6 +1,6 @@
 """A strategy is declared once, by its spec (family, label, base memory) and its config: a toy strategy added here
-and in one yaml is planned, priced by its family's cost and memory model, and named in reports by its label,
-with no table of strategy names to edit elsewhere."""
+and in one yaml is planned, priced by its family's cost and memory model, recommended, and named in reports by its
+label, with no table of strategy names to edit elsewhere."""
 
 import shutil
 from dataclasses import dataclass
@@ -12,6 +12,7 @@ from test_predict import layer, synthetic
 import suite.strategies as strategies
 from suite.layout import Layout
 from suite.predict.memory import rank_memory
+from suite.predict.recommend import candidates
 from suite.predict.step import step_time
 from suite.strategies.ddp import DDP
 from suite.sweep import plan as planning
@@ -50,6 +51,7 @@ def test_a_strategy_declared_once_is_planned_priced_and_named(conf_with_toy):
     assert rank_memory(toy, 0.0) == rank_memory(ddp, 0.0)  # and its family's memory
 
     assert strategies.strategy_class("toy") is Toy
+    assert ["strategy=toy"] in candidates(workers=2, batch=8)  # recommended among the others
     assert strategies.label("toy") == "Toy" and strategies.label("ddp") == "DDP"
     assert strategies.label("no_such_strategy") == "no_such_strategy"  # a run of another suite's strategy
 

@@ -1,10 +1,11 @@
 """The recommender: every strategy, with its main knobs, that could train a cell (dataset x network x cluster x
 workers), ranked by predicted epoch time; those that cannot run or do not fit listed apart with the reason.
 
-Candidates on W workers: `single` (W = 1), `ddp`, `horovod`, `zero` stages 1-3, `fsdp` resharding or not,
-`megatron` with every tp dividing W, and for every pipeline depth pp >= 2 dividing W: `gpipe` (pp = W, one
-process), `gpipe_dist`, `1f1b` and interleaved `1f1b` (2 chunks per rank) with pp, 2 pp and 4 pp micro-batches
-where they divide the batch, and `pipedream`; dp = W / pp replicas of each pipeline.
+Each strategy says which of its knob settings are candidates (`Strategy.candidates`). On W workers: `single`
+(W = 1), `ddp`, `horovod`, `zero` stages 1-3, `fsdp` resharding or not, `megatron` with every tp dividing W, and
+for every pipeline depth pp >= 2 dividing W: `gpipe` (pp = W, one process), `gpipe_dist`, `1f1b` and interleaved
+`1f1b` (2 chunks per rank) with pp, 2 pp and 4 pp micro-batches where they divide the batch, and `pipedream`;
+dp = W / pp replicas of each pipeline.
 """
 
 from __future__ import annotations
@@ -14,29 +15,15 @@ from dataclasses import dataclass
 from suite.config import PointConfig
 from suite.predict import correction
 from suite.predict.predictor import FITTED, Prediction, predict
+from suite.strategies import strategy_class, strategy_names
 from suite.sweep.plan import InvalidPoint, Point, plan
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def candidates(workers: int, batch: int) -> list[list[str]]:
-    """Strategy overrides of every candidate for a cell of `workers` with the point's `batch_size`."""
-    found = [["strategy=single"]] if workers == 1 else []
-    found += [["strategy=ddp"], ["strategy=horovod"]]
-    found += [["strategy=zero", f"strategy.zero_stage={stage}"] for stage in (1, 2, 3)]
-    found += [["strategy=fsdp", f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
-    found += [["strategy=megatron", f"strategy.tp={tp}"] for tp in divisors(workers)]
-    for pp in (d for d in divisors(workers) if d > 1):
-        for m in (c for c in (pp, 2 * pp, 4 * pp) if batch % c == 0):
-            micro = f"strategy.micro_batches={m}"
-            if pp == workers:
-                found.append(["strategy=gpipe", micro])
-            found += [[f"strategy={name}", f"strategy.pp={pp}", micro] for name in ("gpipe_dist", "1f1b")]
-            found.append(["strategy=1f1b", f"strategy.pp={pp}", micro, "strategy.virtual_stages=2"])
-        found.append(["strategy=pipedream", f"strategy.pp={pp}"])
-    return found
+    """Every priced strategy with each knob setting it offers for a cell of `workers` with the point's `batch_size`
+    (each strategy's `candidates`)."""
+    priced = [strategy_class(name) for name in strategy_names() if strategy_class(name).family is not None]
+    return [[f"strategy={spec.name}", *knobs] for spec in priced for knobs in spec.candidates(workers, batch)]
 
 
 @dataclass(frozen=True)

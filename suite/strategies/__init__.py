@@ -16,7 +16,7 @@ from suite.paths import CONF_DIR, REPO_ROOT
 from suite.strategies.base import Library, Strategy
 from suite.strategies.knob_types import check_knob_types
 
-__all__ = ["Strategy", "build_strategy", "label", "missing_library", "older_torch", "strategy_class"]
+__all__ = ["Strategy", "build_strategy", "label", "missing_library", "older_torch", "strategy_class", "strategy_names"]
 
 
 def build_strategy(cfg) -> Strategy:
@@ -42,6 +42,11 @@ def strategy_class(name: str) -> type[Strategy] | None:
     path = CONF_DIR / "strategy" / f"{name}.yaml"
     target = OmegaConf.load(path).get("_target_") if path.exists() else None
     return get_class(target) if target else None
+
+
+def strategy_names() -> list[str]:
+    """Every configured strategy (conf/strategy/*.yaml)."""
+    return sorted(path.stem for path in (CONF_DIR / "strategy").glob("*.yaml"))
 
 
 def label(name: str) -> str:

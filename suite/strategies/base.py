@@ -87,6 +87,12 @@ class Strategy:
     label: ClassVar[str] = ""  # "" : its name
     base_memory_of: ClassVar[str] = "ddp"
 
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        """The knob settings the recommender (suite.predict.recommend) prices for a cell of `workers` ranks and
+        `batch` samples per rank, as overrides (`strategy.zero_stage=3`): [] for none, [[]] for its defaults."""
+        return [[]]
+
     @property
     def overhead_key(self) -> str:
         """Whose fitted library overhead a point of this strategy shares (suite.predict.correction): its name, unless

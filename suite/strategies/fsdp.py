@@ -32,6 +32,10 @@ class FSDP(Strategy):
     needs_torch: ClassVar[str] = "2.6"
     reshard_after_forward: bool = True
 
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        return [[f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
+
     def layout(self, cfg) -> Layout:
         return Layout(dp=cfg.workers, mini_batch=cfg.batch_size, shard=cfg.workers)
 

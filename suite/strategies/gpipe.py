@@ -103,6 +103,11 @@ class GPipe(Pipeline):
     devices: list[str] | None = None  # None: cuda:0..workers-1 on GPUs, else `workers` x "cpu"
     checkpoint: Literal["always", "except_last", "never"] = "except_last"  # torchgpipe's activation recomputation
 
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        """One pipeline of every rank (torchgpipe's devices are one process's)."""
+        return [[f"strategy.micro_batches={m}"] for m in cls.micro_batch_counts(workers, batch)] if workers > 1 else []
+
     def stages(self, cfg) -> int:
         return cfg.workers
 

@@ -4,32 +4,20 @@ forward, then all backward, then a flush (torch.distributed.pipelining.ScheduleG
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from torch import nn
-
-from suite.strategies.base import RankContext
-from suite.strategies.pipeline import DistributedPipeline
-from suite.vocabulary import Family
-
-if TYPE_CHECKING:
-    from suite.strategies.scheduled import Scheduled
+from suite.strategies.base import LossFn
+from suite.strategies.pipeline import ScheduledPipeline
 
 
 @dataclass(frozen=True)
-class GPipeDist(DistributedPipeline):
+class GPipeDist(ScheduledPipeline):
     name: str = "gpipe_dist"
-    family: ClassVar[Family] = Family.flushed_pipeline
     label: ClassVar[str] = "GPipe-dist"
-    needs_torch: ClassVar[str] = "2.6"  # see suite.strategies.scheduled
     forwards_all_first: ClassVar[bool] = True
 
-    def setup(self, model: nn.Module, rank: RankContext) -> Scheduled:
+    def schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
         from torch.distributed.pipelining import ScheduleGPipe
 
-        from suite.strategies.scheduled import Scheduled
-
-        def schedule(stages, micro_batches, loss_fn):
-            (stage,) = stages
-            return ScheduleGPipe(stage, micro_batches, loss_fn=loss_fn)
-        return Scheduled(self, model, rank, schedule)
+        (stage,) = stages
+        return ScheduleGPipe(stage, micro_batches, loss_fn=loss_fn)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.layout import Layout
+from suite.layout import Layout, divisors
 from suite.runtime.dist import all_reduce_flat
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
@@ -111,6 +111,10 @@ class Megatron(Strategy):
     batch_grows_with_tp: bool = True
     vocab_parallel: bool = False
     sequence_parallel: bool = False
+
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        return [[f"strategy.tp={tp}"] for tp in divisors(workers)]
 
     def check(self, cfg) -> None:
         net = cfg.network

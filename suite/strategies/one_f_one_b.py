@@ -5,29 +5,26 @@ the same math as GPipe with at most `stages` micro-batches of activations alive 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
-
-from torch import nn
+from typing import ClassVar
 
 from suite.errors import BadValue, ConfigError
-from suite.strategies.base import RankContext
-from suite.strategies.pipeline import DistributedPipeline
-from suite.vocabulary import Family
-
-if TYPE_CHECKING:
-    from suite.strategies.scheduled import Scheduled
+from suite.strategies.base import LossFn
+from suite.strategies.pipeline import ScheduledPipeline
 
 
 @dataclass(frozen=True)
-class OneFOneB(DistributedPipeline):
+class OneFOneB(ScheduledPipeline):
     name: str = "1f1b"
-    family: ClassVar[Family] = Family.flushed_pipeline
     label: ClassVar[str] = "1F1B"
-    needs_torch: ClassVar[str] = "2.6"  # see suite.strategies.scheduled
     virtual_stages: int = 1
 
     def chunks_per_device(self) -> int:
         return self.virtual_stages
+
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        flat = super().candidates(workers, batch)
+        return flat + [[*knobs, "strategy.virtual_stages=2"] for knobs in flat]
 
     def check(self, cfg) -> None:
         if self.virtual_stages < 1:
@@ -38,14 +35,10 @@ class OneFOneB(DistributedPipeline):
             raise ConfigError(f"strategy 1f1b: interleaving needs micro_batches ({m}) divisible by the "
                               f"{stages} stages")
 
-    def setup(self, model: nn.Module, rank: RankContext) -> Scheduled:
+    def schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
         from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
 
-        from suite.strategies.scheduled import Scheduled
-
-        def schedule(stages, micro_batches, loss_fn):
-            if self.virtual_stages > 1:
-                return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)
-            (stage,) = stages
-            return Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)
-        return Scheduled(self, model, rank, schedule)
+        if self.virtual_stages > 1:
+            return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)
+        (stage,) = stages
+        return Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)

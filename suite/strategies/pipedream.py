@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
+from suite.layout import divisors
 from suite.pipeline.microbatch import MicroBatching
 from suite.pipeline.pipedream import PipeDreamStage
 from suite.strategies.base import RankContext
@@ -69,6 +70,10 @@ class PipeDream(DistributedPipeline):
 
     def batching(self, cfg) -> MicroBatching:
         return MicroBatching(1, cfg.batch_size)
+
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        return [[f"strategy.pp={pp}"] for pp in divisors(workers) if pp > 1]
 
     def check(self, cfg) -> None:
         for knob in ("micro_batches", "micro_batch_size", "preset"):

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.layout import Layout
+from suite.layout import Layout, divisors
 from suite.models import build_model
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline import p2p
@@ -29,7 +29,8 @@ from suite.pipeline.topology import Topology
 from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.runtime.timing import PhaseTimer
-from suite.strategies.base import RankContext, Runtime, Strategy, Supports
+from suite.strategies.base import LossFn, RankContext, Runtime, Strategy, Supports
+from suite.vocabulary import Family
 
 
 def layer_count(cfg) -> int:
@@ -58,6 +59,12 @@ class Pipeline(Strategy):
     balance: Literal["by_params", "by_time"] | list[int] = "by_params"  # or layers per stage
     # GPipe's schedule: every micro-batch's forward before any backward, so a stage keeps all of their activations
     forwards_all_first: ClassVar[bool] = False
+
+    @staticmethod
+    def micro_batch_counts(stages: int, batch: int) -> list[int]:
+        """The micro-batch counts the recommender tries on `stages` stages: 1, 2 and 4 per stage, where they divide
+        the batch."""
+        return [m for m in (stages, 2 * stages, 4 * stages) if batch % m == 0]
 
     def stages(self, cfg) -> int:
         """Pipeline stages (devices a mini-batch flows through)."""
@@ -134,6 +141,11 @@ class DistributedPipeline(Pipeline):
     supports: ClassVar[Supports] = replace(Pipeline.supports, counts_communication=True)
     pp: int | None = None  # stages per pipeline; None = every worker (one pipeline, no replicas)
 
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        return [[f"strategy.pp={pp}", f"strategy.micro_batches={m}"]
+                for pp in divisors(workers) if pp > 1 for m in cls.micro_batch_counts(pp, batch)]
+
     def stages(self, cfg) -> int:
         return self.pp or cfg.workers
 
@@ -142,6 +154,25 @@ class DistributedPipeline(Pipeline):
             raise ConfigError(f"strategy {self.name}: its stages send each other CUDA tensors, which gloo cannot "
                               "(cluster.share_gpus: ranks sharing a GPU); give each rank a GPU of its own")
         super().check(cfg)
+
+
+@dataclass(frozen=True)
+class ScheduledPipeline(DistributedPipeline):
+    """A flushed pipeline that a torch.distributed.pipelining schedule runs (suite.strategies.scheduled, imported
+    in `setup`: it needs torch 2.6, which these declare)."""
+
+    name: str = "scheduled_pipeline"
+    family: ClassVar[Family] = Family.flushed_pipeline
+    needs_torch: ClassVar[str] = "2.6"
+
+    def schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
+        """The schedule of this rank's stages (its one stage, or its `virtual_stages` chunks)."""
+        raise NotImplementedError
+
+    def setup(self, model: nn.Module, rank: RankContext) -> Runtime:
+        from suite.strategies.scheduled import Scheduled
+
+        return Scheduled(self, model, rank, self.schedule)
 
 
 class DistributedStages(Runtime):

@@ -19,6 +19,10 @@ class Single(Strategy):
     family: ClassVar[Family] = Family.replicated
     supports: ClassVar[Supports] = Supports(counts_communication=True)
 
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        return [[]] if workers == 1 else []
+
     def check(self, cfg) -> None:
         if cfg.workers != 1:
             raise ConfigError(f"strategy single runs one process, but workers={cfg.workers}")

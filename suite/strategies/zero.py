@@ -113,6 +113,10 @@ class Zero(Strategy):
     offload: Literal["none", "cpu", "params"] = "none"
     ds_config: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        return [[f"strategy.zero_stage={stage}"] for stage in (1, 2, 3)]
+
     @property
     def overhead_key(self) -> str:
         """ZeRO-3 apart from stages 1-2, whose overhead it does not share (its parameter gathers hook every module:
