@@ -1,5 +1,5 @@
 """The suite's shared names, defined once: point statuses, the values of the cross-strategy choices, and the
-metric names of the MLflow contract (README, "What a run records"). Each choice is a `StrEnum`, so a member
+metric names of the MLflow contract (docs/mlflow.md). Each choice is a `StrEnum`, so a member
 compares equal to the string a config or a tag holds, and a misspelt member is an AttributeError."""
 
 from __future__ import annotations
@@ -121,5 +121,8 @@ SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memor
                    *UTILISATION_METRICS, *TRACE_BREAKDOWN, "fp16_skipped_steps",
                    *PREDICTED)
 # Summary entries that are not single numbers: recorded in their own form (see suite.records.store); `run_tags`
-# are tags the ranks add (where the peak came from, or why there is no MFU).
-SUMMARY_DETAILS = ("memory_by_rank", "breakdown_by_rank", "strategy_metrics", "step_losses", "run_tags")
+# are tags the ranks add (where the peak came from, or why there is no MFU); `run_params` the settings the ranks
+# ran with beyond the config (library defaults resolved, implementations chosen, environment), recorded as params
+# `effective.<name>`.
+SUMMARY_DETAILS = ("memory_by_rank", "breakdown_by_rank", "strategy_metrics", "step_losses", "run_tags", "run_params")
+EFFECTIVE_PREFIX = "effective."

@@ -27,6 +27,7 @@ from suite.records.owner import Owner
 from suite.records.tracking_server import credentials_file, export_credentials
 from suite.vocabulary import (
     DEVICE_MEMORY,
+    EFFECTIVE_PREFIX,
     EPOCH_METRICS,
     MEMORY_SPLIT,
     SUMMARY_DETAILS,
@@ -334,8 +335,9 @@ class Store:
         for detail, keys in PER_RANK.items():
             for rank, values in enumerate(summary.get(detail, [])):
                 metrics += [Metric(f"{key}_rank{rank}", float(values[key]), now, 0) for key in keys if key in values]
-        return self.write_run(experiment, name, params, {**summary.get("run_tags", {}), **tags}, metrics, artifacts,
-                              start_time, end_time)
+        effective = {f"{EFFECTIVE_PREFIX}{k}": v for k, v in summary.get("run_params", {}).items()}
+        return self.write_run(experiment, name, {**params, **effective}, {**summary.get("run_tags", {}), **tags},
+                              metrics, artifacts, start_time, end_time)
 
     def write_run(self, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
                   metrics: list[Metric], artifacts: list[Path], start_time: float, end_time: float) -> str:

@@ -24,6 +24,7 @@ from torch import nn
 from suite.layout import Layout
 from suite.runtime.dist import DistEnv
 from suite.runtime.memory import local_tensor, tensor_mb
+from suite.runtime.optim import optimizer_implementation
 from suite.runtime.precision import Precision
 from suite.runtime.timing import PhaseTimer
 from suite.runtime.torch_api import DTensor
@@ -206,6 +207,13 @@ class Runtime:
         if self.gradients_mb is not None:
             split["mem_grads_mb"] = self.gradients_mb
         return split
+
+    def effective_settings(self) -> dict[str, Any]:
+        """What this rank's libraries run with that moves performance and the knobs do not say (defaults they
+        resolved, kernels they chose), recorded as params `effective.<name>`: a subclass adds its library's."""
+        return {"optimizer.implementation": optimizer_implementation(self.optimizer),
+                "precision.implementation": "fp32" if self.rank.precision.name == "fp32" else "torch autocast"
+                + (" + GradScaler" if self.rank.precision.scaler else "")}
 
     def summary_metrics(self, memory_by_rank: list[dict[str, float]]) -> dict[str, float]:
         """Strategy-specific summary metrics, computed on every rank (may communicate), logged from rank 0."""

@@ -38,6 +38,7 @@ from suite.runtime.flops import StepFlops, step_flops
 from suite.runtime.memory import largest_over_ranks, peak_memory, reset_peak
 from suite.runtime.precision import make_precision
 from suite.runtime.profile import StepTrace
+from suite.runtime.settings import process_settings
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
 from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
 from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
@@ -324,6 +325,7 @@ class Trainer:
             **breakdown_metrics,
             **utilisation,
             "run_tags": run_tags,
+            "run_params": {**process_settings(), **self.parallel.effective_settings()},
             **to_target,
             "memory_by_rank": memory,
             "strategy_metrics": self.parallel.summary_metrics(memory),

@@ -1,0 +1,33 @@
+"""The settings a run's libraries resolved, beyond its knobs, are recorded with it as params `effective.<name>`:
+the optimizer's kernels, the precision's implementation, TF32 and cuDNN flags, and the communication environment
+(issue 41, item 4)."""
+
+import pytest
+import torch
+from conftest import DIGITS, run_suite
+
+from suite.records.store import Store
+from suite.runtime.optim import optimizer_implementation
+
+def test_the_optimizer_implementation_is_the_kernel_torch_runs():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert optimizer_implementation(torch.optim.SGD(params, lr=0.1, foreach=False)) == "for-loop"
+    assert optimizer_implementation(torch.optim.SGD(params, lr=0.1, foreach=True)) == "foreach"
+    assert optimizer_implementation(torch.optim.Adam(params, fused=True)) == "fused"
+    assert optimizer_implementation(torch.optim.Adam(params)) == "for-loop"  # torch's choice for CPU tensors
+
+@pytest.mark.slow  # two ranks train
+def test_a_run_records_what_its_ranks_ran_with(results, monkeypatch):
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # as a site's job setup may export it
+    result = run_suite(*DIGITS, "strategy=ddp", "workers=2", "epochs=1", "steps_per_epoch=2",
+                       "record_prediction=false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run,) = Store().runs("adhoc")
+    effective = {k.removeprefix("effective."): v for k, v in run.data.params.items() if k.startswith("effective.")}
+    assert effective["optimizer.implementation"] == "for-loop"
+    assert effective["precision.implementation"] == "fp32"
+    assert effective["tf32.matmul"] == "False" and effective["cudnn.benchmark"] == "False"
+    assert effective["env.NCCL_DEBUG"] == "WARN"
+    assert not any(k.startswith("env.") and not k.startswith(("env.NCCL_", "env.TORCH_NCCL_", "env.HOROVOD_",
+                                                              "env.GLOO_", "env.UCX_", "env.FI_"))
+                   for k in effective)
