@@ -4,10 +4,11 @@ the optimizer's kernels, the precision's implementation, TF32 and cuDNN flags, a
 
 import pytest
 import torch
-from conftest import DIGITS, run_suite
 
+from conftest import DIGITS, run_suite
 from suite.records.store import Store
 from suite.runtime.optim import optimizer_implementation
+
 
 def test_the_optimizer_implementation_is_the_kernel_torch_runs():
     params = [torch.nn.Parameter(torch.zeros(2))]
@@ -15,6 +16,7 @@ def test_the_optimizer_implementation_is_the_kernel_torch_runs():
     assert optimizer_implementation(torch.optim.SGD(params, lr=0.1, foreach=True)) == "foreach"
     assert optimizer_implementation(torch.optim.Adam(params, fused=True)) == "fused"
     assert optimizer_implementation(torch.optim.Adam(params)) == "for-loop"  # torch's choice for CPU tensors
+
 
 @pytest.mark.slow  # two ranks train
 def test_a_run_records_what_its_ranks_ran_with(results, monkeypatch):
