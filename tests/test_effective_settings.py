@@ -8,6 +8,8 @@ import torch
 from conftest import DIGITS, run_suite
 from suite.records.store import Store
 from suite.runtime.optim import optimizer_implementation
+from suite.strategies.pipeline import layer_count
+from suite.sweep.plan import plan
 
 
 def test_the_optimizer_implementation_is_the_kernel_torch_runs():
@@ -33,3 +35,16 @@ def test_a_run_records_what_its_ranks_ran_with(results, monkeypatch):
     assert not any(k.startswith("env.") and not k.startswith(("env.NCCL_", "env.TORCH_NCCL_", "env.HOROVOD_",
                                                               "env.GLOO_", "env.UCX_", "env.FI_"))
                    for k in effective)
+
+
+@pytest.mark.slow  # two ranks train
+def test_a_pipeline_run_records_the_cut_its_balance_made(results):
+    overrides = [*DIGITS, "strategy=gpipe_dist", "workers=2", "epochs=1", "steps_per_epoch=2",
+                 "record_prediction=false"]
+    (point,) = plan([overrides])
+    result = run_suite(*overrides)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run,) = Store().runs("adhoc")
+    assert run.data.params["strategy.balance"] == "by_time"  # the default, as torchgpipe's authors recommend
+    stage_layers = [int(n) for n in run.data.params["effective.pipeline.stage_layers"].split(",")]
+    assert len(stage_layers) == 2 and min(stage_layers) >= 1 and sum(stage_layers) == layer_count(point.cfg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from suite.pipeline.partition import StageModule, cut, sum_grads, untie
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import AutocastForward
 from suite.strategies.base import RankContext, Runtime
-from suite.strategies.pipeline import Pipeline, pipeline_metrics
+from suite.strategies.pipeline import Pipeline, partition_settings, pipeline_metrics
 from suite.vocabulary import Family
 
 
@@ -31,10 +31,11 @@ class TorchGPipeRuntime(Runtime):
     """torchgpipe's GPipe over the stage devices of this one process; copies of a tied weight on different
     stages (untied to live on their own device) sum their gradients before the step."""
 
-    def __init__(self, rank: RankContext, pipe: TorchGPipe, layers: list[Layer],
+    def __init__(self, rank: RankContext, pipe: TorchGPipe, groups: list[list[Layer]],
                  tied: list[list[nn.Parameter]]) -> None:
         super().__init__(rank, pipe, build_optimizer(pipe.parameters(), rank.cfg.optimizer))
-        self.layers, self.tied = layers, tied
+        self.layers, self.tied = [layer for group in groups for layer in group], tied
+        self.stage_layers = [len(group) for group in groups]
         rank.timer.devices = self.devices
         for index, partition in enumerate(pipe.partitions):
             if pipe.devices[index].type == "cpu":
@@ -43,6 +44,9 @@ class TorchGPipeRuntime(Runtime):
     @property
     def devices(self) -> list[torch.device]:
         return list(dict.fromkeys(self.model.devices))  # partitions may share a device (cluster.share_gpus, CPU)
+
+    def effective_settings(self) -> dict[str, Any]:
+        return {**super().effective_settings(), **partition_settings(self.stage_layers)}
 
     def _time_partition(self, partition: nn.Module, index: int) -> None:
         """Host-clock timers around each partition's forward and backward, from module hooks (torchgpipe runs
@@ -150,4 +154,4 @@ class GPipe(Pipeline):
         stages = nn.Sequential(*(AutocastForward(StageModule(group), rank.precision) for group in groups))
         pipe = TorchGPipe(stages, balance=[1] * len(stages), devices=devices, chunks=rank.layout.micro_batches,
                           checkpoint=self.checkpoint)
-        return TorchGPipeRuntime(rank, pipe, [layer for group in groups for layer in group], tied)
+        return TorchGPipeRuntime(rank, pipe, groups, tied)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
@@ -99,6 +99,11 @@ class Pipeline(Strategy):
             answer = [stage_sizes(self.balance, layers, layout.pp * layout.virtual_stages, sample, env.device)]
         dist.broadcast_object_list(answer, src=0)
         return answer[0]
+
+
+def partition_settings(stage_layers: list[int]) -> dict[str, str]:
+    """The cut a `balance` made, recorded with the run (`effective.pipeline.stage_layers`: layers per stage)."""
+    return {"pipeline.stage_layers": ",".join(map(str, stage_layers))}
 
 
 def pipeline_metrics(timer: PhaseTimer, micro_batches: int, flushes: bool, stage_device: Callable[[int], int],
@@ -190,7 +195,8 @@ class DistributedStages(Runtime):
         layout, env = rank.layout, rank.env
         pp, total = layout.pp, layout.pp * layout.virtual_stages
         layers = flatten_layers(model)
-        groups = cut(layers, spec.stage_sizes(layers, rank))
+        self.stage_layers = spec.stage_sizes(layers, rank)
+        groups = cut(layers, self.stage_layers)
         layer_stage = [stage for stage, group in enumerate(groups) for _ in group]
         ties = tied_parameters(layers) if sum_tied else []
         tie_ranks = {layer_stage[index] % pp for places in ties for index, _ in places}
@@ -205,6 +211,9 @@ class DistributedStages(Runtime):
     @property
     def holds_output(self) -> bool:
         return self.topology.is_last
+
+    def effective_settings(self) -> dict[str, Any]:
+        return {**super().effective_settings(), **partition_settings(self.stage_layers)}
 
     def sync_grads(self) -> None:
         """Sum the gradients of tied copies across stages, then average over the data-parallel replicas."""
