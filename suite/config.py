@@ -29,18 +29,27 @@ class DatasetConfig:
     image_size: int = 0  # images: side of the square input fed to the network
     vocab_size: int = 0  # tokens
     seq_len: int = 0  # tokens: context length of one sample
-    loader_workers: int = 0  # DataLoader worker processes per rank
+    # DataLoader worker processes per rank; null: as the data needs them (suite.placement.loader_workers), decided
+    # when the point is planned: 4 on GPUs, none on CPU
+    loader_workers: int | None = None
 
 
 @dataclass
 class NetworkConfig:
-    name: str = MISSING  # the config's name, e.g. resnet18 or gpt2_tiny
-    arch: str = MISSING  # resnet18 | resnet50 | resnet152 | vgg11 | vgg16 | mobilenet_v2 | gpt2
+    """A family and one of its named sizes (declared in suite.models: GPT2_SIZES, RESNET_SIZES, ...), which
+    conf/network/<name>.yaml selects. The rest is filled in as the point composes (suite.models.resolve_network):
+    the architecture, GPT-2's dimensions not overridden, and the name it is recorded by, that of what is built."""
+
+    family: str = MISSING  # gpt2 | resnet | vgg | mobilenet
+    size: str | None = MISSING  # gpt2: nano, tiny, mini, mini_wide, small, medium; resnet: 18, 50, 152; vgg: 11, 16;
+    # mobilenet: v2. After composition: the size of what is built, null for a GPT-2 of dimensions no size has.
+    name: str | None = None  # set from what is built: gpt2_tiny, resnet18, or gpt2_L4_H4_E96 (not a size)
+    arch: str | None = None  # set from family and size: gpt2 | resnet18 | resnet50 | resnet152 | vgg11 | vgg16 | ...
     width: float = 1.0  # channel multiplier (vgg, mobilenet_v2) for small test variants
     dropout: float = 0.0
-    n_layer: int = 0  # gpt2
-    n_head: int = 0  # gpt2
-    n_embd: int = 0  # gpt2
+    n_layer: int | None = None  # gpt2; null = the size's (0 for the other families)
+    n_head: int | None = None  # gpt2
+    n_embd: int | None = None  # gpt2
 
 
 @dataclass
@@ -76,6 +85,16 @@ class FaultConfig:
     kind: FaultKind | None = None
     step: int = 1  # global training step (warm-up included) at which it fires
     rank: int = 0
+
+
+@dataclass
+class MathConfig:
+    """How float32 work runs on GPUs: what `precision=fp32` means there."""
+
+    # Float32 matrix products and cuDNN convolutions in TF32 on Ampere and later: true both (PyTorch 1.7-1.11's
+    # default, which Study N's PyTorch 1.8 ran on A100), false neither, null torch's default (matmul no, conv yes).
+    tf32: bool | None = None
+    cudnn_benchmark: bool = False  # cuDNN tries the algorithms of each convolution shape first (DDLBench sets it)
 
 
 @dataclass
@@ -196,6 +215,7 @@ class PointConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     grad_compression: GradCompressionConfig = field(default_factory=GradCompressionConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    math: MathConfig = field(default_factory=MathConfig)
 
     workers: int = 1  # ranks (one per GPU, or CPU processes)
     nodes: int | None = None  # None = ceil(workers / cluster.workers_per_node)

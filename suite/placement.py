@@ -8,6 +8,8 @@ import os
 import torch
 from omegaconf import DictConfig
 
+from suite.errors import ConfigError
+
 
 def will_use_cuda(cluster) -> bool:
     """Whether a point's ranks will run on GPUs (`auto` on a remote cluster assumes they will)."""
@@ -33,3 +35,26 @@ def node_threads(rank_threads: int, local_workers: int) -> int:
     """The intra-op threads a CPU node's ranks run at once: theirs together, at most its cores (more threads than
     cores only take turns)."""
     return min(rank_threads * local_workers, os.cpu_count() or 1)
+
+
+# Study N: "4 worker processes by default" for every framework (and PyTorch's ImageNet example's default).
+GPU_LOADER_WORKERS = 4
+
+
+def loader_workers(cfg: DictConfig) -> int:
+    """`dataset.loader_workers`, or where it is null as the data needs them: on GPUs 4 worker processes per rank,
+    at most the rank's cores less the one that drives its GPU; on CPU none, the ranks' threads using every core."""
+    if cfg.dataset.loader_workers is not None:
+        return cfg.dataset.loader_workers
+    if not will_use_cuda(cfg.cluster):
+        return 0
+    from launchers.batch import cores_per_rank
+
+    if cfg.cluster.scheduler == "local":
+        cores = (os.cpu_count() or 1) // min(cfg.workers, cfg.cluster.workers_per_node)
+    else:
+        try:
+            cores = cores_per_rank(cfg.cluster)
+        except ConfigError:  # said when its job script is written; the loader takes Study N's count meanwhile
+            cores = GPU_LOADER_WORKERS + 1
+    return max(min(GPU_LOADER_WORKERS, cores - 1), 0)

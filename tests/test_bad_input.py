@@ -105,6 +105,34 @@ def test_a_sweep_files_repeats_must_be_a_positive_count(conf_copy, repeats, expe
     assert str(info.value) == f"sweep repeated: repeats={expected} is not a positive integer"
 
 
+def test_a_sweep_files_points_reuse_its_workloads(conf_copy):
+    """`workloads` names override lines that points (and other workloads) interpolate."""
+    (conf_copy / "sweep" / "reused.yaml").write_text(
+        "common: [epochs=1]\n"
+        "workloads:\n  gpt2: dataset=tokens network=gpt2_mini\n  held: ${workloads.gpt2} workers=2\n"
+        "points:\n  - ${workloads.gpt2} strategy=ddp workers=1,2\n  - ${workloads.held} strategy=zero\n"
+        "  - strategy=single seed=\\${workers}\n")  # escaped: Hydra's own interpolation, left to the point
+    assert sweep_files.sweep_lines("reused") == [
+        ["epochs=1", "dataset=tokens", "network=gpt2_mini", "strategy=ddp", "workers=1,2"],
+        ["epochs=1", "dataset=tokens", "network=gpt2_mini", "workers=2", "strategy=zero"],
+        ["epochs=1", "strategy=single", "seed=${workers}"]]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("workloads:\n  gpt2: dataset=tokens\npoints:\n  - ${workloads.gpt3} strategy=ddp\n",
+     "sweep interpolated: points[0]: Interpolation key 'workloads.gpt3' not found (workloads: gpt2)"),
+    ("common: [epochs=1]\npoints:\n  - workers=1\n  - ${workloads.gpt2} workers=2\n",
+     "sweep interpolated: points[1]: Interpolation key 'workloads.gpt2' not found (workloads: none)"),
+    ("workloads:\n  gpt2: [dataset=tokens]\npoints:\n  - ${workloads.gpt2}\n",
+     "sweep interpolated: workloads is not a mapping of names to override lines"),
+])
+def test_a_sweep_files_interpolation_to_nothing_is_one_line(conf_copy, text, expected):
+    (conf_copy / "sweep" / "interpolated.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=None) as info:
+        sweep_file("interpolated")
+    assert str(info.value) == expected
+
+
 HARDWARE = {
     "nodes": ("0", "must be positive, got 0"),
     "cores_per_node": ("-4", "must be positive, got -4"),

@@ -71,7 +71,7 @@ def test_a_damaged_profile_is_said_discarded_and_taken_again(results, capsys, da
 def test_a_sweep_over_truncated_profiles_profiles_again_and_records_its_point(results, store):
     calibration_record(results / "calibration", name="local")
     assert recorded_prediction(tiny_point("strategy=single", "workers=1"))  # the point's profiles, cached
-    (path,) = (results / "profiles").glob("net-gpt2_tiny-*.json")
+    (path,) = (results / "profiles").glob("net-gpt2_nano-*.json")
     cut_to_half(path)
     result = run_suite(*TINY_RUN)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -164,7 +164,7 @@ def test_the_model_failing_never_stops_a_sweep_and_is_said_once(results, capsys)
     for position in ("1/2", "2/2"):
         assert prediction_for(recorded_prediction, tiny_point("strategy=single", "workers=1"), position, said) == {}
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("warning: [1/2 tokens/gpt2_tiny/single/w1] recorded without a prediction: the performance "
+    assert line.startswith("warning: [1/2 tokens/gpt2_nano/single/w1] recorded without a prediction: the performance "
                            "model failed: IsADirectoryError: "), line
 
 

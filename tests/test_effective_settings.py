@@ -24,13 +24,14 @@ def test_the_optimizer_implementation_is_the_kernel_torch_runs():
 def test_a_run_records_what_its_ranks_ran_with(results, monkeypatch):
     monkeypatch.setenv("NCCL_DEBUG", "WARN")  # as a site's job setup may export it
     result = run_suite(*DIGITS, "strategy=ddp", "workers=2", "epochs=1", "steps_per_epoch=2",
-                       "record_prediction=false")
+                       "record_prediction=false", "math.tf32=true", "math.cudnn_benchmark=true")
     assert result.returncode == 0, result.stderr[-2000:]
     (run,) = Store().runs("adhoc")
     effective = {k.removeprefix("effective."): v for k, v in run.data.params.items() if k.startswith("effective.")}
     assert effective["optimizer.implementation"] == "for-loop"
     assert effective["precision.implementation"] == "fp32"
-    assert effective["tf32.matmul"] == "False" and effective["cudnn.benchmark"] == "False"
+    assert run.data.params["math.tf32"] == "True"  # the knob (issue 41, item 2) and what the ranks then ran with
+    assert (effective["tf32.matmul"], effective["tf32.conv"], effective["cudnn.benchmark"]) == ("True",) * 3
     assert effective["env.NCCL_DEBUG"] == "WARN"
     assert not any(k.startswith("env.") and not k.startswith(("env.NCCL_", "env.TORCH_NCCL_", "env.HOROVOD_",
                                                               "env.GLOO_", "env.UCX_", "env.FI_"))

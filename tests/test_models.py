@@ -1,6 +1,7 @@
 """Networks: shapes for every dataset, published parameter counts, GPT-2's structure and causality, checks."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from torchvision.models import VGG
 from suite.config import DatasetConfig, NetworkConfig
 from suite.data import build_datasets
 from suite.errors import ConfigError
-from suite.models import ARCHS, build_model, check_network
+from suite.models import ARCHS, FAMILIES, build_model, check_network, network_names, resolve_network, size_name
+from suite.models.gpt2 import GPT2_SIZES
 from suite.paths import CONF_DIR
 
 CNNS = [arch for arch in ARCHS if arch != "gpt2"]
@@ -32,7 +34,8 @@ def dataset_conf(file: str, /, **overrides) -> DictConfig:
 
 
 def network_conf(file: str, /, **overrides) -> DictConfig:
-    return load_conf("network", file, NetworkConfig, overrides)
+    """conf/network/<file>.yaml completed from its family and size, as a point composes it."""
+    return resolve_network(load_conf("network", file, NetworkConfig, overrides))
 
 
 def cnn_conf(arch: str) -> DictConfig:
@@ -210,14 +213,22 @@ def test_the_shipped_cnn_configs_pass_the_check_on_image_data(network):
         check_network(network_conf(network), dataset_conf(dataset))
 
 
-@pytest.mark.parametrize("network", ["gpt2_tiny", "gpt2_small", "gpt2_medium"])
+@pytest.mark.parametrize("network", [name for name in network_names() if name.startswith("gpt2_")])
 def test_the_shipped_gpt2_configs_pass_the_check_on_token_data(network):
     check_network(network_conf(network), dataset_conf("tokens"))
     check_network(network_conf(network), dataset_conf("wikitext103"))
 
 
 @pytest.mark.parametrize("network, overrides, dataset, message", [
-    ("resnet18", {"arch": "alexnet"}, "cifar10", "network.arch=alexnet is not one of"),
+    ("resnet18", {"family": "alexnet"}, "cifar10", "network.family=alexnet is not one of gpt2, resnet, vgg, mobilenet"),
+    ("resnet18", {"size": "34"}, "cifar10", "network.size=34 is not a size of resnet: one of 18, 50, 152"),
+    ("gpt2_tiny", {"size": "huge"}, "tokens", "network.size=huge is not a size of gpt2: one of nano, tiny, mini, "
+                                              "mini_wide, small, medium"),
+    ("vgg11", {"size": None}, "cifar10", "network.size=null: a vgg network is one of its sizes (11, 16)"),
+    ("gpt2_tiny", {"size": None, "n_layer": 3}, "tokens", "network.n_head is not given and network.size is null"),
+    ("resnet18", {"arch": "alexnet"}, "cifar10", "network.arch=alexnet is set by network.family and network.size"),
+    ("gpt2_tiny", {"name": "gpt2_tiny", "n_layer": 4}, "tokens",
+     "network.name=gpt2_tiny is the name of what is built (here gpt2_L4_H2_E64)"),
     ("gpt2_tiny", {}, "cifar10", "needs tokens data, dataset cifar10 is image"),
     ("resnet18", {}, "tokens", "needs image data, dataset tokens is tokens"),
     ("vgg16", {"width": 0}, "cifar10", "network.width=0"),
@@ -236,7 +247,93 @@ def test_check_network_rejects_bad_configs_in_one_line(network, overrides, datas
 
 def test_check_network_reads_plain_dataclasses_too():
     data = DatasetConfig(name="tokens", kind="tokens", vocab_size=97, seq_len=16)
+    odd = resolve_network(NetworkConfig(family="gpt2", size=None, n_layer=1, n_head=3, n_embd=64))
+    assert odd.name == "gpt2_L1_H3_E64"
     with pytest.raises(ConfigError, match="not divisible"):
-        check_network(NetworkConfig(name="odd", arch="gpt2", n_layer=1, n_head=3, n_embd=64), data)
-    model = build_model(NetworkConfig(name="tiny", arch="gpt2", n_layer=1, n_head=2, n_embd=32), data)
+        check_network(odd, data)
+    model = build_model(resolve_network(NetworkConfig(family="gpt2", size="tiny", n_layer=1, n_embd=32)), data)
     assert model(torch.zeros(1, 16, dtype=torch.int64)).shape == (1, 16, 97)
+
+
+# --- named sizes -----------------------------------------------------------------------------------------------
+
+
+def test_every_size_has_its_config_and_every_config_is_a_size():
+    """conf/network/<name>.yaml selects a family and size, under the name the size is recorded by."""
+    files = sorted(path.stem for path in (CONF_DIR / "network").glob("*.yaml"))
+    assert files == sorted(network_names())
+    for name in files:
+        raw = OmegaConf.load(CONF_DIR / "network" / f"{name}.yaml")
+        assert set(raw) == {"defaults", "family", "size"}, name  # dimensions live in the size tables only
+        assert size_name(raw.family, str(raw.size)) == name == network_conf(name).name
+
+
+def test_no_two_sizes_are_one_network_and_no_size_looks_derived():
+    dims = list(GPT2_SIZES.values())
+    assert len(set(dims)) == len(dims)
+    assert len(set(network_names())) == len(network_names())
+    assert not any(re.fullmatch(r"gpt2_L\d+_H\d+_E\d+", name) for name in network_names())
+
+
+def gpt2_parameters(vocab: int, seq: int, n_layer: int, n_embd: int) -> int:
+    """Embeddings, blocks (attention 4E^2 + 4E, MLP 8E^2 + 5E, two LayerNorms 4E), the final LayerNorm; the head
+    is the token embedding."""
+    return vocab * n_embd + seq * n_embd + n_layer * (12 * n_embd**2 + 13 * n_embd) + 2 * n_embd
+
+
+@pytest.mark.parametrize("size, parameters", [
+    ("nano", 4096 * 8 + 64 * 8 + 12 * 64 + 13 * 8 + 2 * 8),
+    ("tiny", 366_336),
+    ("mini", 1_325_824),
+    ("mini_wide", 14_740_480),  # model_bench's "15 M parameters"
+])
+def test_the_gpt2_size_table_builds_networks_of_the_expected_parameter_counts(size, parameters):
+    """Selected by network.size on another size's config, as an override would; vocabulary 4096, 64 tokens."""
+    net = network_conf("gpt2_tiny", size=size)
+    assert net.name == f"gpt2_{size}" and net.size == size
+    data = dataset_conf("tokens", vocab_size=4096, seq_len=64)
+    dims = GPT2_SIZES[size]
+    assert parameters == gpt2_parameters(4096, 64, dims.n_layer, dims.n_embd)
+    assert parameter_count(on_meta(net, data)) == parameters
+
+
+@pytest.mark.parametrize("family, size, network", [("resnet", "50", "resnet50"), ("vgg", "11", "vgg11"),
+                                                   ("mobilenet", "v2", "mobilenet_v2")])
+def test_a_cnn_size_builds_its_torchvision_network(family, size, network):
+    net = network_conf("resnet18", family=family, size=size, n_layer=4)  # GPT-2's dimension: not a CNN's
+    assert (net.name, net.arch, net.n_layer) == (network, network, 0)
+    data = dataset_conf("imagenet")
+    assert parameter_count(on_meta(net, data)) == parameter_count(on_meta(network_conf(network), data))
+
+
+@pytest.mark.parametrize("overrides, name, size", [
+    ({}, "gpt2_tiny", "tiny"),
+    ({"n_layer": 4}, "gpt2_L4_H2_E64", None),  # not gpt2_tiny: it has 2 layers
+    ({"n_layer": 4, "n_head": 4, "n_embd": 128}, "gpt2_mini", "mini"),  # the dimensions of a size: its name
+    ({"size": "mini", "n_embd": 96}, "gpt2_L4_H4_E96", None),
+    ({"size": None, "n_layer": 1, "n_head": 1, "n_embd": 8}, "gpt2_nano", "nano"),
+    ({"dropout": 0.1}, "gpt2_tiny", "tiny"),  # a knob of the size, recorded beside its name
+])
+def test_a_gpt2_is_recorded_under_the_name_of_what_is_built(overrides, name, size):
+    net = network_conf("gpt2_tiny", **overrides)
+    assert (net.name, net.size) == (name, size)
+    assert resolve_network(net).name == name  # resolving again changes nothing
+
+
+def test_two_different_networks_never_share_a_recorded_name():
+    """Every size and a few overrides of each GPT-2 dimension: one name, one set of dimensions."""
+    nets = [network_conf(name) for name in network_names()]
+    nets += [network_conf("gpt2_tiny", **{dim: value}) for dim in ("n_layer", "n_head", "n_embd")
+             for value in (1, 4, 8)]
+    nets += [network_conf("gpt2_mini", n_layer=2, n_head=2, n_embd=64), network_conf("vgg16", width=0.25)]
+    built: dict[str, set] = {}
+    for net in nets:
+        built.setdefault(net.name, set()).add((net.arch, net.n_layer, net.n_head, net.n_embd))
+    assert all(len(shapes) == 1 for shapes in built.values()), built
+    assert network_conf("gpt2_mini", n_layer=2, n_head=2, n_embd=64).name == "gpt2_tiny"
+
+
+def test_each_family_names_its_sizes():
+    assert {family: list(f.sizes) for family, f in FAMILIES.items()} == {
+        "gpt2": ["nano", "tiny", "mini", "mini_wide", "small", "medium"], "resnet": ["18", "50", "152"],
+        "vgg": ["11", "16"], "mobilenet": ["v2"]}

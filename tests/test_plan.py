@@ -4,6 +4,7 @@ import pytest
 
 from conftest import run_suite
 from suite.errors import ConfigError
+from suite.paths import CONF_DIR
 from suite.strategies import build_strategy
 from suite.sweep.plan import plan
 from suite.sweep.sweep_files import expand, sweep_lines
@@ -70,8 +71,14 @@ MALFORMED = {
     "megatron tp not dividing workers": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=3"],
                                          "tp=2 does not divide workers=3"),
     "megatron tp not dividing heads": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=4",
-                                        "strategy.tp=4", "network.n_head=2", "network.n_embd=64"],
+                                        "strategy.tp=4"],
                                        "tp=4 does not divide n_head=2"),
+    "unknown network family": (["network.family=alexnet"],
+                               "network.family=alexnet is not one of gpt2, resnet, vgg, mobilenet"),
+    "unknown network size": (["network=resnet18", "network.size=34"],
+                             "network.size=34 is not a size of resnet: one of 18, 50, 152"),
+    "network size of the wrong type": (["dataset=tokens", "network=gpt2_tiny", "network.size=[1,2]"],
+                                       "network.size=[1, 2]: Cannot convert 'list' to string"),
     # Seen on an H100: gloo's send of a CUDA tensor fails ("writev ... Bad address").
     "pipeline stages on shared GPUs": (["cluster=slurm", "cluster.share_gpus=true", "dataset=tokens",
                                         "network=gpt2_tiny", "strategy=1f1b", "workers=2"],
@@ -86,6 +93,40 @@ def test_malformed_point_is_rejected(case):
         plan([overrides])
     assert expected in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_bad_network_size_rejects_a_sweep_that_records_invalid_points():
+    invalid = []
+    with pytest.raises(ConfigError, match=None) as info:
+        plan([["network=resnet18"], ["network=resnet18", "network.size=34"]], invalid=invalid)
+    assert str(info.value) == "network=resnet18 network.size=34: network.size=34 is not a size of resnet: one of 18, " \
+                              "50, 152"
+    assert invalid == []
+
+
+def test_a_point_is_recorded_under_the_name_of_the_network_it_builds():
+    """A dimension overridden on a size is another network, with a name of its own; the dimensions of a size are
+    that size, however they are given (one point, one identity)."""
+    tokens = ["dataset=tokens", "strategy=single"]
+    tiny, deeper, mini = plan([[*tokens, "network=gpt2_tiny"], [*tokens, "network=gpt2_tiny", "network.n_layer=4"],
+                               [*tokens, "network=gpt2_tiny", "network.n_layer=4", "network.n_head=4",
+                                "network.n_embd=128"], [*tokens, "network=gpt2_mini"]])
+    assert [p.label for p in (tiny, deeper, mini)] == ["tokens/gpt2_tiny/single/w1", "tokens/gpt2_L4_H2_E64/single/w1",
+                                                       "tokens/gpt2_mini/single/w1"]
+    assert (deeper.cfg.network.n_layer, deeper.cfg.network.n_embd, deeper.cfg.network.size) == (4, 64, None)
+    (by_size,) = plan([[*tokens, "network=gpt2_tiny", "network.size=mini"]])
+    assert by_size.config_hash == mini.config_hash
+    # GPT-2's dimensions given to a whole grid (bench-model's ARGS) leave its CNNs as they are
+    (resnet,) = plan([["network=resnet18"], ["network=resnet18", "network.n_layer=1"]])  # one point, one identity
+    assert (resnet.cfg.network.name, resnet.cfg.network.n_layer) == ("resnet18", 0)
+
+
+@pytest.mark.parametrize("sweep", sorted(path.stem for path in (CONF_DIR / "sweep").glob("*.yaml")))
+def test_every_sweep_file_expands_and_picks_its_networks_by_name(sweep):
+    """Its interpolations resolve, its lines parse, and a network is a named size, not a size's dimensions
+    overridden."""
+    jobs = [job for line in sweep_lines(sweep) for job in expand(line, multirun=True)]
+    assert jobs and not [o for job in jobs for o in job if o.startswith("network.n_")]
 
 
 def test_sweep_without_multirun_is_rejected():
@@ -109,18 +150,20 @@ def test_multirun_expands_the_cartesian_product():
 
 
 def test_zero_point_carries_its_deepspeed_config():
-    """The generated ds_config follows the point (batches, precision, Study N's Adam) and takes extra keys."""
+    """The generated ds_config follows the point (batches, precision, Study N's Adam) and takes extra keys, which win
+    over the generated ones (overlap_comm is generated true: tests/test_zero_tuning.py)."""
     (point,) = plan([["strategy=zero", "optimizer.name=adam", "optimizer.lr=0.001", "optimizer.weight_decay=0.01",
                       "workers=2", "batch_size=4", "strategy.zero_stage=3", "strategy.offload=params",
-                      "precision=bf16", "+strategy.ds_config.zero_optimization.overlap_comm=true"]])
+                      "precision=bf16", "+strategy.ds_config.zero_optimization.overlap_comm=false"]])
     ds = point.config_files["ds_config.json"]
     batches = (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
     assert batches == (8, 4, 1)
     assert ds["optimizer"]["type"] == "Adam"
     assert {k: ds["optimizer"]["params"][k] for k in ("lr", "weight_decay")} == {"lr": 0.001, "weight_decay": 0.01}
     assert ds["torch_autocast"]["dtype"] == "bfloat16" and "bf16" not in ds and "fp16" not in ds
-    assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
-                                       "offload_param": {"device": "cpu"}, "overlap_comm": True}
+    zero = ds["zero_optimization"]
+    assert {k: zero[k] for k in ("stage", "offload_optimizer", "offload_param", "overlap_comm")} == {
+        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}, "overlap_comm": False}
 
 
 def test_a_problem_of_several_points_is_one_line_with_their_count():

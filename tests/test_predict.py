@@ -148,7 +148,7 @@ def layer(params: float, forward: float = 0.0, backward: float = 0.0, out: int =
 def test_zero_volumes_per_stage():
     """Bytes one rank sends per step: ZeRO-1/2 all-reduce the gradients and all-gather the parameters, ZeRO-3
     gathers parameters in forward and again in backward and reduce-scatters the gradients: 2 (p - 1) / p +
-    (p - 1) / p = 3 (p - 1) / p of the parameters either way (DeepSpeed's, measured in the README); FSDP2 keeps
+    (p - 1) / p = 3 (p - 1) / p of the parameters either way (DeepSpeed's, docs/measurements.md); FSDP2 keeps
     its root unit gathered through backward, and with `reshard_after_forward=false` every unit."""
     params = 256e6
     for p in (2, 4):
@@ -246,8 +246,8 @@ def test_torchgpipe_on_cpu_runs_its_stages_in_turn():
         assert step.compute == pytest.approx(4 * (1.5 * 3.0 + 6.0 + recomputed))
 
 
-TINY_GPT = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "network.n_head=1", "network.n_embd=8",
-            "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=64", "batch_size=2", "optimizer.name=adam"]
+TINY_GPT = ["dataset=tokens", "network=gpt2_nano", "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=64",
+            "batch_size=2", "optimizer.name=adam"]
 
 
 @pytest.fixture
@@ -278,8 +278,8 @@ def test_memory_of_a_known_network(calibrated):
     # Tensor parallel: the peak is where backward starts, its workspace the head's (the logits' softmax and
     # gradients), whole on each rank unless the vocabulary is split.
     megatron = ["strategy=megatron", "workers=2", "network.n_head=2"]
-    tp, _, _ = workload(tiny_point(*megatron))
-    vocab, _, _ = workload(tiny_point(*megatron, "strategy.vocab_parallel=true"))
+    tp, _, _ = workload(tiny_point(*megatron, "strategy.vocab_parallel=false"))
+    vocab, _, _ = workload(tiny_point(*megatron))  # split by vocabulary: the default
     assert tp.profile.layers[-1].name == "GPT2Head"
     workspace = memory_workspace(tp)
     assert workspace > 0
@@ -297,7 +297,7 @@ def test_profile_is_cached(results):
     assert [layer.block for layer in first.layers] == [False, True, False]
     again, hit = network_profile(point.cfg, 2, torch.device("cpu"), 1)
     assert hit and again == first
-    assert len(list((results / "profiles").glob("net-gpt2_tiny-b2-fp32-t1-*.json"))) == 1
+    assert len(list((results / "profiles").glob("net-gpt2_nano-b2-fp32-t1-*.json"))) == 1
 
 
 @pytest.mark.slow  # profiles in a child interpreter
@@ -305,7 +305,7 @@ def test_gpipe_on_cpu_prices_its_forwards_on_a_worker_thread(results):
     """A CPU gpipe point's workload takes the forward's slowdown on a worker thread from a profile of its own,
     taken at the micro-batch; other strategies' do not."""
     w, _, profiled_on = workload(tiny_point("strategy=gpipe", "workers=2", "strategy.micro_batches=2"))
-    (path,) = (results / "profiles").glob("thread-gpt2_tiny-b1-*.json")
+    (path,) = (results / "profiles").glob("thread-gpt2_nano-b1-*.json")
     taken = json.loads(path.read_text())
     assert taken["forward_s"] > 0 and taken["worker_forward_s"] > 0
     assert w.worker_forward_slowdown == pytest.approx(taken["worker_forward_s"] / taken["forward_s"])

@@ -34,7 +34,7 @@ def calibrated(profiled):
 def test_predict_prints_each_points_prediction(calibrated):
     result = run_make("predict", f"ARGS={' '.join(TINY_GPT)} strategy=ddp,1f1b workers=2 batch_size=8")
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = re.findall(r"^\| tokens/gpt2_tiny/(ddp|1f1b)/w2 \|.*\| (\d+\.\d+) \|.*\| (\d+) \| (yes|no.*) \|$",
+    rows = re.findall(r"^\| tokens/gpt2_nano/(ddp|1f1b)/w2 \|.*\| (\d+\.\d+) \|.*\| (\d+) \| (yes|no.*) \|$",
                       result.stdout, re.M)
     assert [row[0] for row in rows] == ["ddp", "1f1b"], result.stdout
     assert all(float(epoch) > 0 and int(peak) > 0 for _, epoch, peak, _ in rows)
@@ -78,20 +78,21 @@ def test_a_sweeps_runs_carry_their_prediction(calibrated, store):
 
 
 def test_bench_model_prints_its_scores(calibrated, results):
-    # a 1-block GPT-2, which the grid's 4-stage pipelines could not take: --strategies leaves them out before planning
+    # a 1-block GPT-2, which the grid's 4-stage pipelines could not take: --strategies leaves them out before planning;
+    # recorded under names that state their dimensions (no size of GPT-2 has one block of width 128 or 512)
     result = run_make("bench-model", "ARGS=--strategies single,ddp steps_per_epoch=1 epochs=1 warmup_steps=1 "
                                      "dataset.samples=64 network.n_layer=1 dataset.image_size=8")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert re.search(r"^\| tokens/gpt2_tiny local w2 \| ddp \| finished \| \d+\.\d+ \| \d+\.\d+ \|", result.stdout,
-                     re.M), result.stdout
+    assert re.search(r"^\| tokens/gpt2_L1_H4_E128 local w2 \| ddp \| finished \| \d+\.\d+ \| \d+\.\d+ \|",
+                     result.stdout, re.M), result.stdout
     assert re.search(r"^\| ddp \| 7 \| \d+\.\d%", result.stdout, re.M), result.stdout  # one held to 0.8 GB a rank
-    assert re.search(r"^\| tokens/gpt2_tiny local 0.8 GB w2 \| ddp \| (finished|oom) \|", result.stdout, re.M)
+    assert re.search(r"^\| tokens/gpt2_L1_H8_E512 local 0.8 GB w2 \| ddp \| (finished|oom) \|", result.stdout, re.M)
     # ddp on 4 workers, beyond the 2 ranks the links were measured among, scored apart (2 networks)
     beyond = result.stdout.split("points of more than 2 workers, held out by worker count: priced from calibrations "
                                  "of fewer ranks")[1]
     assert re.search(r"^\| ddp \| 2 \| \d+\.\d%", beyond, re.M), result.stdout
     assert re.search(r"^Top-1 right in \d of 2 cells", result.stdout, re.M), result.stdout  # w4: ddp alone
-    # The correction fitted on both networks, scored on each with the other's fit, kept for --variant fitted.
+    # The correction fitted on the networks, scored on each with the others' fit, kept for --variant fitted.
     assert re.search(r"^### .*, corrected by factor, leave-one-network-out$", result.stdout, re.M), result.stdout
     corrected = (r"^### .*, corrected by factor, fitted on the points of at most 2 workers, scored on those of more "
                  r"\(priced from calibrations of fewer ranks\)$\n(.*\n){3}\| ddp \| 2 \|")

@@ -70,7 +70,7 @@ def check_dataset(cfg) -> None:
         value = getattr(cfg, field)
         if value is not None and value <= 0:
             raise BadValue(f"dataset.{field}={value} must be positive")
-    if cfg.loader_workers < 0:
+    if cfg.loader_workers is not None and cfg.loader_workers < 0:
         raise BadValue(f"dataset.loader_workers={cfg.loader_workers} must be >= 0")
     sizes = ("num_classes", "channels", "image_size") if cfg.kind == "image" else ("vocab_size", "seq_len")
     for field in sizes:

@@ -1,16 +1,95 @@
-"""Networks of the two studies, built from config with no weight downloads."""
+"""Networks of the two studies, built from config with no weight downloads.
+
+A network is a family (gpt2, resnet, vgg, mobilenet) and one of its named sizes, each family's sizes declared once
+beside its model (`GPT2_SIZES`, `RESNET_SIZES`, ...) and selected by conf/network/<name>.yaml. A point is recorded
+under the name of what it builds (`resolve_network`): the size's name (`gpt2_tiny`, `resnet18`), or, where GPT-2's
+dimensions are overridden, the size whose dimensions they are, else a name that states them (`gpt2_L4_H4_E96`), so
+that no name means two networks. `network.width` (vgg, mobilenet) and `network.dropout` are knobs of a size,
+recorded beside its name.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
 from suite.errors import BadValue, ConfigError
-from suite.models.gpt2 import GPT2
-from suite.models.vision import VGG_LAYOUTS, mobilenet_v2, resnet, vgg
+from suite.models.gpt2 import GPT2, GPT2_SIZES, GPT2Dims
+from suite.models.vision import MOBILENET_SIZES, RESNET_SIZES, VGG_LAYOUTS, VGG_SIZES, mobilenet_v2, resnet, vgg
 
-RESNETS = ("resnet18", "resnet50", "resnet152")
-CNNS = (*RESNETS, *VGG_LAYOUTS, "mobilenet_v2")
+
+@dataclass(frozen=True)
+class NetworkFamily:
+    sizes: Mapping[str, Any]  # size -> what builds it (GPT-2's dimensions, torchvision's builder or layout)
+    separator: str  # between family and size in a size's name: gpt2_tiny, resnet18
+
+
+FAMILIES = {
+    "gpt2": NetworkFamily(GPT2_SIZES, "_"),
+    "resnet": NetworkFamily(RESNET_SIZES, ""),
+    "vgg": NetworkFamily(VGG_SIZES, ""),
+    "mobilenet": NetworkFamily(MOBILENET_SIZES, "_"),
+}
+DIMENSIONS = ("n_layer", "n_head", "n_embd")  # GPT-2's, free to override; a CNN's are fixed by its size
+
+
+def size_name(family: str, size: str) -> str:
+    """The name a family's size is configured and recorded by: conf/network/<name>.yaml."""
+    return f"{family}{FAMILIES[family].separator}{size}"
+
+
+def network_names() -> list[str]:
+    """The name of every named size of every family."""
+    return [size_name(family, size) for family, f in FAMILIES.items() for size in f.sizes]
+
+
+RESNETS = tuple(RESNET_SIZES.values())
+CNNS = (*RESNETS, *VGG_LAYOUTS, *(size_name("mobilenet", size) for size in MOBILENET_SIZES))
 ARCHS = (*CNNS, "gpt2")
+
+
+def resolve_network(net):
+    """Complete a composed network config in place (and return it) from its family and size: the architecture
+    built, GPT-2's dimensions that no override gave (a CNN's are 0, whatever was given: its size fixes its layers),
+    and the name it is recorded by, which is what is built: the name of the family's size of these dimensions
+    (network.size is then that size), else `GPT2Dims.name` (network.size null). Idempotent. BadValue (one line,
+    naming the choices) for an unknown family or size, or a name or architecture set by hand that is not what is
+    built."""
+    family = FAMILIES.get(net.family)
+    if family is None:
+        raise BadValue(f"network.family={net.family} is not one of {', '.join(FAMILIES)}")
+    size = None if net.size is None else str(net.size)
+    sizes = ", ".join(family.sizes)
+    if size is not None and size not in family.sizes:
+        raise BadValue(f"network.size={size} is not a size of {net.family}: one of {sizes}")
+    if net.family == "gpt2":
+        for dim in DIMENSIONS:
+            if getattr(net, dim) is None:
+                if size is None:
+                    raise BadValue(f"network.{dim} is not given and network.size is null: give a size ({sizes}) "
+                                   "or every dimension (n_layer, n_head, n_embd)")
+                setattr(net, dim, getattr(family.sizes[size], dim))
+        dims = GPT2Dims(net.n_layer, net.n_head, net.n_embd)
+        size = next((s for s, d in family.sizes.items() if d == dims), None)
+        arch = "gpt2"
+        name = size_name("gpt2", size) if size is not None else dims.name()
+    else:
+        if size is None:
+            raise BadValue(f"network.size=null: a {net.family} network is one of its sizes ({sizes})")
+        for dim in DIMENSIONS:  # GPT-2's: a grid-wide override (bench-model's ARGS=network.n_layer=1) leaves a CNN be
+            setattr(net, dim, 0)
+        arch = name = size_name(net.family, size)
+    if net.arch not in (None, arch):
+        raise BadValue(f"network.arch={net.arch} is set by network.family and network.size (here {arch}): "
+                       "choose the network with network=<name> or network.size")
+    if net.name not in (None, name):
+        raise BadValue(f"network.name={net.name} is the name of what is built (here {name}): choose the network "
+                       "with network=<name>, network.size or its dimensions")
+    net.size, net.arch, net.name = size, arch, name
+    return net
 
 
 def check_network(net, data) -> None:

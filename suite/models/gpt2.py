@@ -8,10 +8,34 @@ and attn.proj / mlp.proj by rows.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+@dataclass(frozen=True)
+class GPT2Dims:
+    n_layer: int
+    n_head: int
+    n_embd: int
+
+    def name(self) -> str:
+        """The name of a GPT-2 of these dimensions that is none of the named sizes."""
+        return f"gpt2_L{self.n_layer}_H{self.n_head}_E{self.n_embd}"
+
+
+# The named sizes, each declared once (as torchtitan keeps its `llama3_configs` beside the model): size `tiny` is
+# `network=gpt2_tiny` (conf/network/gpt2_tiny.yaml). Vocabulary and context come from the dataset.
+GPT2_SIZES = {
+    "nano": GPT2Dims(n_layer=1, n_head=1, n_embd=8),  # negligible: what a rank holds is the framework's
+    "tiny": GPT2Dims(n_layer=2, n_head=2, n_embd=64),  # the smoke sweeps and most tests
+    "mini": GPT2Dims(n_layer=4, n_head=4, n_embd=128),  # make bench-model's GPT-2
+    "mini_wide": GPT2Dims(n_layer=4, n_head=8, n_embd=512),  # 12.6 M parameters in its blocks
+    "small": GPT2Dims(n_layer=12, n_head=12, n_embd=768),  # GPT-2 small, 124 M parameters with its vocabulary
+    "medium": GPT2Dims(n_layer=24, n_head=16, n_embd=1024),  # GPT-2 medium, 355 M (Study N)
+}
 
 
 class CausalSelfAttention(nn.Module):

@@ -18,7 +18,11 @@ from torch import nn
 
 SMALL_INPUT = 64  # images up to this side are "small" (CIFAR-style adaptations)
 RESNET_STEM_CHANNELS = 64
-VGG_LAYOUTS = {"vgg11": "A", "vgg16": "D"}  # torchvision's names for the layer lists of the VGG paper
+# The named sizes of each family, declared once: size 18 of resnet is `network=resnet18`.
+RESNET_SIZES = {"18": "resnet18", "50": "resnet50", "152": "resnet152"}  # torchvision's builder of each
+VGG_SIZES = {"11": "A", "16": "D"}  # torchvision's names for the layer lists of the VGG paper
+MOBILENET_SIZES = {"v2": "mobilenet_v2"}
+VGG_LAYOUTS = {f"vgg{size}": layout for size, layout in VGG_SIZES.items()}
 
 
 def _conv(in_channels: int, out_channels: int, kernel: int, stride: int) -> nn.Conv2d:

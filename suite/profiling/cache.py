@@ -29,10 +29,9 @@ from suite.runtime.gpu_query import first_gpu
 from suite.strategies import missing_library
 
 # A point whose network is negligible: what its rank holds is the framework's (see `rank_base_mb`).
-NEGLIGIBLE = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=1", "network.n_head=1", "network.n_embd=8",
-              "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=8", "dataset.val_samples=2",
-              "batch_size=2", "epochs=1", "steps_per_epoch=1", "warmup_steps=1", "eval_batches=1",
-              "optimizer.name=adam", "workers=1", "cluster=local"]
+NEGLIGIBLE = ["dataset=tokens", "network=gpt2_nano", "dataset.vocab_size=16", "dataset.seq_len=4", "dataset.samples=8",
+              "dataset.val_samples=2", "batch_size=2", "epochs=1", "steps_per_epoch=1", "warmup_steps=1",
+              "eval_batches=1", "optimizer.name=adam", "workers=1", "cluster=local"]
 
 T = TypeVar("T")  # what a cached profile is read as
 
@@ -52,6 +51,8 @@ def _key(cfg, batch: int, device: torch.device, threads: int, parts: tuple[str, 
     key = {part: OmegaConf.to_container(cfg[part], resolve=True) for part in parts}
     # How many samples there are, and where they are read from, changes neither shape nor cost of a batch.
     key["dataset"] = {k: v for k, v in key["dataset"].items() if k not in ("path", "samples", "val_samples")}
+    if "network" in key:  # what it was chosen by: its name, architecture and dimensions say what is built
+        key["network"] = {k: v for k, v in key["network"].items() if k not in ("family", "size")}
     return {**key, "batch": batch, "precision": cfg.precision, "device": f"{device.type}:{device_name(device)}",
             "threads": threads, "torch": torch.__version__, "version": VERSION}
 

@@ -26,6 +26,7 @@ from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, WIN
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import make_precision
 from suite.runtime.timing import synchronize
+from suite.runtime.torch_api import set_math
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn
 
@@ -85,6 +86,7 @@ class _SavedBytes:
 def _training_forward(cfg, batch: int, device: torch.device):
     """The point's model, precision and one batch, and its forward with the loss."""
     torch.manual_seed(cfg.seed)
+    set_math(cfg.math.tf32, cfg.math.cudnn_benchmark)
     model = build_model(cfg.network, cfg.dataset).to(device).train()
     precision = make_precision(cfg.precision, device)
     inputs, targets = profile_sample(cfg, batch).to(device), _targets(cfg, batch).to(device)

@@ -46,6 +46,21 @@ def convolution_tf32() -> bool:
     return torch.backends.cudnn.allow_tf32
 
 
+def set_math(tf32: bool | None, cudnn_benchmark: bool) -> None:
+    """For the rest of the process: float32 products and convolutions in TF32 or not (None: torch's defaults), and
+    cuDNN's autotuner (`math` of a point's config)."""
+    if tf32 is not None:
+        if MATMUL_FP32_PRECISION:
+            torch.backends.cuda.matmul.fp32_precision = "tf32" if tf32 else "ieee"
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        if CONV_FP32_PRECISION:
+            torch.backends.cudnn.conv.fp32_precision = "tf32" if tf32 else "ieee"
+        else:
+            torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+
+
 @contextlib.contextmanager
 def matmuls_in_tf32(enabled: bool) -> Iterator[None]:
     """Float32 matrix products on GPUs in TF32 (`enabled`) or in full float32 while the block runs; as before

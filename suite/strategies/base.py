@@ -153,6 +153,12 @@ class Runtime:
         except in pipelines, where the last stage does."""
         return True
 
+    @property
+    def takes_inputs(self) -> bool:
+        """Whether this rank's training step reads the batch's inputs (a pipeline's first stage; the targets go to
+        the rank that holds the output): a rank that reads neither loads no batch."""
+        return True
+
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimisation step on this rank's part of the global batch; returns the local loss."""
         raise NotImplementedError

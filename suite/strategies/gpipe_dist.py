@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from suite.strategies.base import LossFn
-from suite.strategies.pipeline import ScheduledPipeline
+from suite.strategies.scheduled_pipeline import ScheduledPipeline
 
 
 @dataclass(frozen=True)

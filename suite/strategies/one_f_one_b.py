@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from suite.errors import BadValue, ConfigError
 from suite.strategies.base import LossFn
-from suite.strategies.pipeline import ScheduledPipeline
+from suite.strategies.scheduled_pipeline import ScheduledPipeline
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,7 @@ from suite.pipeline.topology import Topology
 from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.runtime.timing import PhaseTimer
-from suite.strategies.base import LossFn, RankContext, Runtime, Strategy, Supports
-from suite.vocabulary import Family
+from suite.strategies.base import RankContext, Runtime, Strategy, Supports
 
 
 def layer_count(cfg) -> int:
@@ -161,25 +160,6 @@ class DistributedPipeline(Pipeline):
         super().check(cfg)
 
 
-@dataclass(frozen=True)
-class ScheduledPipeline(DistributedPipeline):
-    """A flushed pipeline that a torch.distributed.pipelining schedule runs (suite.strategies.scheduled, imported
-    in `setup`: it needs torch 2.6, which these declare)."""
-
-    name: str = "scheduled_pipeline"
-    family: ClassVar[Family] = Family.flushed_pipeline
-    needs_torch: ClassVar[str] = "2.6"
-
-    def schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
-        """The schedule of this rank's stages (its one stage, or its `virtual_stages` chunks)."""
-        raise NotImplementedError
-
-    def setup(self, model: nn.Module, rank: RankContext) -> Runtime:
-        from suite.strategies.scheduled import Scheduled
-
-        return Scheduled(self, model, rank, self.schedule)
-
-
 class DistributedStages(Runtime):
     """The stages of a pipeline across ranks that this rank holds, trained by a schedule of the subclass.
 
@@ -211,6 +191,10 @@ class DistributedStages(Runtime):
     @property
     def holds_output(self) -> bool:
         return self.topology.is_last
+
+    @property
+    def takes_inputs(self) -> bool:
+        return self.topology.is_first
 
     def effective_settings(self) -> dict[str, Any]:
         return {**super().effective_settings(), **partition_settings(self.stage_layers)}

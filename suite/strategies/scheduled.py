@@ -1,7 +1,7 @@
 """Synchronous pipelines across ranks on torch.distributed.pipelining: one schedule step per mini-batch
 (all its micro-batches), gradients averaged over micro-batches, a flush, then one optimizer step.
 `gpipe_dist` and `1f1b` differ only in the schedule class they hand to `Scheduled` (their `schedule`), and
-suite.strategies.pipeline.ScheduledPipeline imports this module in their `setup`: torch.distributed.pipelining
+suite.strategies.scheduled_pipeline.ScheduledPipeline imports this module in their `setup`: torch.distributed.pipelining
 came with torch 2.4, but a PipelineStage built without example inputs (shapes found on the first micro-batch,
 pytorch#136912), as here, only with torch 2.6, which they declare."""
 
@@ -17,7 +17,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from suite.runtime.precision import AutocastForward, Precision
 from suite.strategies.base import LossFn, RankContext
-from suite.strategies.pipeline import DistributedStages, ScheduledPipeline
+from suite.strategies.pipeline import DistributedPipeline, DistributedStages
 
 log = logging.getLogger("suite")
 
@@ -52,7 +52,7 @@ def p2p_per_direction() -> bool:
 
 
 class Scheduled(DistributedStages):
-    def __init__(self, spec: ScheduledPipeline, model: nn.Module, rank: RankContext,
+    def __init__(self, spec: DistributedPipeline, model: nn.Module, rank: RankContext,
                  make_schedule: ScheduleFactory) -> None:
         super().__init__(spec, model, rank, sum_tied=True)
         if rank.env.backend == "nccl" and not p2p_per_direction():

@@ -25,18 +25,22 @@ from omegaconf import DictConfig, OmegaConf
 from suite.config import register_schema
 from suite.errors import BadValue, ConfigError, composition_error_line
 from suite.layout import Layout
+from suite.models import resolve_network
 from suite.paths import CONF_DIR
+from suite.placement import loader_workers
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
+# network.family and .size: what the network was chosen by; its name, architecture and dimensions say what is built.
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "record_prediction", "cluster.job",
-                "cluster.hardware", "cluster.tracking_uri")
+                "cluster.hardware", "cluster.tracking_uri", "network.family", "network.size")
 # Under those, what does change the measurement, where set: the memory a CPU rank is held to (suite.runtime.memory).
 MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
-IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False, "cluster.gpu_order": None}
+IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False, "cluster.gpu_order": None,
+                     "math.tf32": None, "math.cudnn_benchmark": False}
 
 
 class Named:
@@ -138,10 +142,12 @@ def _compose(overrides: list[str]) -> DictConfig:
 
 def make_point(overrides: list[str], experiment: str | None, torch_version: str) -> Point:
     cfg = _compose(overrides)
+    resolve_network(cfg.network)  # the name it is recorded by is what is built, before its identity is taken
     if experiment and not any(o.startswith("tracking.experiment=") for o in overrides):
         cfg.tracking.experiment = experiment
     if cfg.nodes is None:
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
+    cfg.dataset.loader_workers = loader_workers(cfg)
     try:
         strategy, layout = validate(cfg, torch_version)
     except (BadValue, OlderTorch):

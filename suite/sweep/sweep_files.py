@@ -9,6 +9,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from suite.errors import ConfigError, yaml_error_line
 from suite.paths import CONF_DIR
@@ -37,13 +38,16 @@ def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-SWEEP_KEYS = ("common", "points", "repeats", "invalid_points", "report")
+SWEEP_KEYS = ("workloads", "common", "points", "repeats", "invalid_points", "report")
 
 
 def sweep_file(name: str) -> DictConfig:
-    """conf/sweep/<name>.yaml: `common` overrides, `points` (one override line each), optional `repeats` (each
-    point measured that many times, `repeat=0..N-1`), `invalid_points` (reject | record) and `report` (the
-    tables and figures of its report, see analysis.views)."""
+    """conf/sweep/<name>.yaml: `common` overrides, `points` (one override line each), optional `workloads` (named
+    override lines that points and `common` reuse through OmegaConf interpolation, `- ${workloads.gpt2}
+    strategy=ddp workers=1,2`), `repeats` (each point measured that many times, `repeat=0..N-1`), `invalid_points`
+    (reject | record) and `report` (the tables and figures of its report, see analysis.views). Its interpolations
+    are checked here and resolved as it is read; an override that interpolates the point's own config escapes
+    it: `\\${dataset.name}`."""
     path = CONF_DIR / "sweep" / f"{name}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
@@ -55,12 +59,27 @@ def sweep_file(name: str) -> DictConfig:
     unknown = sorted(set(sweep.keys()) - set(SWEEP_KEYS))
     if unknown:
         raise ConfigError(f"sweep {name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(SWEEP_KEYS)})")
+    workloads = OmegaConf.to_container(sweep, resolve=False).get("workloads", {})
+    if not isinstance(workloads, dict) or not all(isinstance(line, str) for line in workloads.values()):
+        raise ConfigError(f"sweep {name}: workloads is not a mapping of names to override lines")
+    _check_interpolations(name, sweep, workloads)
     if sweep.get("invalid_points", "reject") not in ("reject", "record"):
         raise ConfigError(f"sweep {name}: invalid_points={sweep.invalid_points} is not reject or record")
     repeats = sweep.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"sweep {name}: repeats={repeats} is not a positive integer")
     return sweep
+
+
+def _check_interpolations(name: str, sweep: DictConfig, workloads: dict) -> None:
+    """ConfigError naming the sweep, the entry and the key, for an interpolation (`${workloads.gpt2}`) that names
+    nothing, before any of it is read."""
+    try:
+        OmegaConf.to_container(sweep, resolve=True)
+    except OmegaConfBaseException as e:
+        problem = str(e).splitlines()[0] if str(e) else type(e).__name__
+        where = f" {e.full_key}:" if getattr(e, "full_key", None) else ""
+        raise ConfigError(f"sweep {name}:{where} {problem} (workloads: {', '.join(workloads) or 'none'})") from e
 
 
 def repeat_overrides(repeats: int) -> list[str]:

@@ -40,6 +40,7 @@ from suite.runtime.precision import make_precision
 from suite.runtime.profile import StepTrace
 from suite.runtime.settings import process_settings
 from suite.runtime.timing import PHASES, PhaseTimer, synchronize
+from suite.runtime.torch_api import set_math
 from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
 from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
 from suite.strategies.base import RankContext, Strategy
@@ -87,6 +88,7 @@ class Trainer:
         self.cfg, self.env, self.out = cfg, env, out
         self.label = label
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        set_math(cfg.math.tf32, cfg.math.cudnn_benchmark)
         self.data = build_datasets(cfg.dataset, cfg.seed)
         self.strategy = strategy
         self.layout = strategy.layout(cfg)
@@ -113,15 +115,19 @@ class Trainer:
         self.flops: StepFlops | str | None = None  # rank 0's count, or why there is none
 
     def _batches(self, epoch: int, steps: int, trace: StepTrace | None = None):
+        """The epoch's training batches on this rank's device: what its step reads of them, an empty tensor in place
+        of the rest (a pipeline's middle stages load no batch at all, its first stage copies no targets)."""
         self.loaders.sampler.set_epoch(epoch)
-        loader = iter(self.loaders.train)
+        wants = (self.parallel.takes_inputs, self.parallel.holds_output)
+        loader = iter(self.loaders.train) if any(wants) else None
+        nothing = torch.empty(0, device=self.env.device)
         for _ in range(steps):
             if trace:
                 trace.step()
             with self.timer.phase("data"):
-                inputs, targets = next(loader)
-                inputs = inputs.to(self.env.device, non_blocking=True)
-                targets = targets.to(self.env.device, non_blocking=True)
+                batch = next(loader) if loader else (nothing, nothing)
+                inputs, targets = (t.to(self.env.device, non_blocking=True) if wanted else nothing
+                                   for t, wanted in zip(batch, wants))
             yield inputs, targets
 
     def _step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -168,7 +174,7 @@ class Trainer:
         for step, (inputs, targets) in enumerate(self._batches(epoch, self.steps_per_epoch, trace), 1):
             losses.append(self._step(inputs, targets))
             self.timer.steps += 1
-            samples += inputs.shape[0]
+            samples += self.layout.mini_batch
             if step % self.cfg.log_every == 0 or step == self.steps_per_epoch:
                 # Every rank reduces: under pipelines only the last stage holds the loss.
                 (loss,) = self._reduce_losses(losses[-1:])

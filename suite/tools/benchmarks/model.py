@@ -128,7 +128,9 @@ def scored_points(points: list[Point], store: Store, variant: str,
 
 
 def network(prediction: Prediction) -> str:
-    return prediction.point.cfg.network.name
+    """What a fit leaves out to score a point on networks it was not fitted on: the point's network family (two
+    sizes of GPT-2 are not two networks the fit has never seen)."""
+    return prediction.point.cfg.network.family
 
 
 def observed(scored: list[tuple[Scored, Prediction]]) -> list[Observed]:
