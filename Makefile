@@ -64,7 +64,7 @@ test-fast: setup
 # and numpy it was built with): an environment of its own, $(COMPAT_VENV) (4 to 9 minutes to make on 2 cores: pip's
 # torch wheel and its CUDA libraries), then tests/test_compat.py and the equivalence tests of the strategies that
 # declare that torch (Horovod left out: its build takes 10 minutes); under 2 minutes once the environment exists.
-# Not part of `make test` (README: Clusters, "The site's environment").
+# Not part of `make test` (docs/clusters.md, "The site's environment").
 COMPAT_VENV ?= .venv-compat
 COMPAT_PINS := torch==2.1.2 torchvision==0.16.2 numpy==1.26.4
 COMPAT_TESTS := test_ddp_equivalence or test_gpipe_equivalence or test_ddp_powersgd_trains

@@ -79,7 +79,7 @@ def test_every_strategy_plans_on_this_torch_or_is_refused(capsys):
 def test_setup_stops_on_a_machine_without_a_torch_wheel():
     assert no_wheel("ppc64le") == (
         "PyTorch publishes no wheel of the pinned torch for ppc64le, so `make setup` cannot install it: use the "
-        "site's torch with `make setup-offline` (README: Clusters, the site's environment; on Lassen, Open-CE's "
+        "site's torch with `make setup-offline` (docs/clusters.md, the site's environment; on Lassen, Open-CE's "
         "conda build)")
     assert no_wheel("x86_64") is None and no_wheel("aarch64") is None
 

@@ -49,7 +49,7 @@ def test_pipelines_send_megabytes_between_gpus_over_nccl(multi_runs, pipeline):
     run = multi_runs[(*pipeline, "fp32")]
     assert run.data.tags["suite.status"] == "finished", run.data.tags.get("suite.error")
     assert run.data.params["cluster.device"] == "cuda" and run.data.params["processes"] == "2"
-    sent = run.data.metrics.get("comm_mb_per_step")  # recorded from torch 2.14 on (README, "A GPU machine ...")
+    sent = run.data.metrics.get("comm_mb_per_step")  # recorded from torch 2.14 on (docs/clusters.md)
     assert sent is None or sent >= MESSAGE_MB
 
 

@@ -21,7 +21,7 @@ def no_wheel(machine: str) -> str | None:
     if machine in WHEEL_MACHINES:
         return None
     return (f"PyTorch publishes no wheel of the pinned torch for {machine}, so `make setup` cannot install it: use "
-            "the site's torch with `make setup-offline` (README: Clusters, the site's environment; on Lassen, "
+            "the site's torch with `make setup-offline` (docs/clusters.md, the site's environment; on Lassen, "
             "Open-CE's conda build)")
 
 

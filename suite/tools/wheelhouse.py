@@ -5,7 +5,7 @@ own stack (torch, torchvision, triton, the CUDA libraries), what only this machi
 against the torch it runs on; ruff), and every package named in `--have` (the GPU machine's
 `python3 -m pip freeze`: what it has is used as it is). Binary wheels are fetched for the target's Python and
 platform; a package published as source only (deepspeed, antlr4) is built here into a pure-Python wheel.
-On the GPU machine, `make setup-offline WHEELS=<dir>` installs them (see the README).
+On the GPU machine, `make setup-offline WHEELS=<dir>` installs them (docs/clusters.md, "A GPU machine without network").
 
     python -m suite.tools.wheelhouse --dest wheelhouse [--python-version 3.12] [--machine ppc64le] [--have have.txt]
 """
