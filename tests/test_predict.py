@@ -279,7 +279,7 @@ def test_memory_of_a_known_network(calibrated):
     # gradients), whole on each rank unless the vocabulary is split.
     megatron = ["strategy=megatron", "workers=2", "network.n_head=2"]
     tp, _, _ = workload(tiny_point(*megatron, "strategy.vocab_parallel=false"))
-    vocab, _, _ = workload(tiny_point(*megatron))  # split by vocabulary: the default
+    vocab, _, _ = workload(tiny_point(*megatron, "strategy.vocab_parallel=true"))  # split by vocabulary
     assert tp.profile.layers[-1].name == "GPT2Head"
     workspace = memory_workspace(tp)
     assert workspace > 0
