@@ -141,7 +141,10 @@ def main(argv: list[str]) -> int:
         return 2
     env = dict(os.environ, MLFLOW_AUTH_CONFIG_PATH=str(auth_config(credentials)),
                MLFLOW_AUTH_ADMIN_PASSWORD=credentials.password,  # used when the account is created, then ignored
-               MLFLOW_FLASK_SERVER_SECRET_KEY=os.environ.get("MLFLOW_FLASK_SERVER_SECRET_KEY") or secrets.token_hex(32))
+               MLFLOW_FLASK_SERVER_SECRET_KEY=os.environ.get("MLFLOW_FLASK_SERVER_SECRET_KEY") or secrets.token_hex(32),
+               # MLflow 3's job runner (7 huey consumers, for its GenAI jobs) is not used by the suite: on a login
+               # node they are processes and CPU for nothing, and they slow the server's start several times over
+               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     mlflow = str(Path(sys.executable).with_name("mlflow"))
     command = [mlflow, "server", "--app-name", "basic-auth", "--host", args.host, "--port", args.port,
                "--workers", args.workers, "--backend-store-uri", args.backend_store_uri, "--serve-artifacts",
