@@ -111,7 +111,8 @@ def tracking_server(port: int):
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     os.killpg(server.pid, signal.SIGTERM)
-                    raise AssertionError(f"the tracking server did not start:\n{server.communicate(timeout=30)[0][-3000:]}")
+                    output = server.communicate(timeout=30)[0][-3000:]
+                    raise AssertionError(f"the tracking server did not start:\n{output}") from None
                 time.sleep(1)
         yield
     finally:
