@@ -25,7 +25,8 @@ TP, VOCAB, SEQ = 2, 64, 8
 
 
 def train_step(runtime, precision, inputs, targets) -> None:
-    precision.backward(F.cross_entropy(runtime.model(inputs).flatten(0, -2), targets.flatten()))
+    with runtime.loss_context():  # the logits split by vocabulary: the loss on them (loss_parallel)
+        precision.backward(F.cross_entropy(runtime.model(inputs).flatten(0, -2), targets.flatten()))
     precision.step(runtime.optimizer)
     runtime.optimizer.zero_grad()
 

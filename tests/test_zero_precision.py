@@ -81,10 +81,10 @@ def train(tmp_path, stage: int, precision: str) -> list[dict]:
 def test_mixed_precision_is_torch_autocast_not_half_parameters():
     cfg = OmegaConf.create({"workers": 2, "batch_size": 4, "precision": "bf16",
                             "optimizer": {"name": "adam", "lr": 0.1, "eps": 1e-8, "weight_decay": 0.0}})
-    generated = Zero().generated_config(cfg)
+    generated = Zero().generated_config(cfg, cnn())
     assert generated["torch_autocast"] == {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
     assert "bf16" not in generated and "fp16" not in generated
-    assert "torch_autocast" not in Zero().generated_config(OmegaConf.merge(cfg, {"precision": "fp32"}))
+    assert "torch_autocast" not in Zero().generated_config(OmegaConf.merge(cfg, {"precision": "fp32"}), cnn())
 
 
 @pytest.mark.parametrize("stage", [1, 3])

@@ -2,16 +2,28 @@
 
 Each layer of the network (a GPT-2 block, a ResNet block, a VGG convolution; `suite.models.layers`)
 is its own unit, gathered just before it runs; the root unit holds what is left (GPT-2's embeddings,
-final LayerNorm and the tied head). `reshard_after_forward` true frees a unit's gathered parameters
-after its forward and gathers them again for backward (ZeRO-3-like); false keeps them until the
-step (ZeRO-2-like: optimizer states and gradients sharded, parameters whole during a step).
+final LayerNorm and the tied head, which must share a unit). `reshard_after_forward` true frees a block's
+gathered parameters after its forward and gathers them again for backward (ZeRO-3-like); false keeps them
+until the step (ZeRO-2-like: optimizer states and gradients sharded, parameters whole during a step).
+
+Wrapped as torchtitan wraps a transformer (torchtitan/models/llama3/infra/parallelize.py `apply_fsdp`):
+- the root is left at `fully_shard`'s default, `reshard_after_forward=None`, which FSDP2 resolves to False for the
+  root (its docstring: "For best performance, we usually set False for the root module, because the root module is
+  typically required immediately when the backward pass begins"); torchtitan keeps [norm, output] resident the same
+  way, which here is the root (the head is tied to the embedding). The knob sets the blocks only;
+- in bf16 and fp16, `MixedPrecisionPolicy(param_dtype=<bf16|fp16>, reduce_dtype=fp32)` on every unit, torchtitan's
+  (`mixed_precision_param` bfloat16, `mixed_precision_reduce` float32): parameters are all-gathered in half
+  precision (half the bytes) and gradients reduce-scattered in fp32 into the fp32 shards the optimizer steps. The
+  step's torch autocast stays on, as for every strategy, so the ops autocast keeps in fp32 (LayerNorm, softmax, the
+  loss) still run in fp32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from suite.layout import Layout
@@ -44,7 +56,60 @@ class FSDP(Strategy):
 
         model = model.to(rank.env.device)
         mesh = rank.layout.mesh(rank.env.device.type)["dp"]
+        policy = mixed_precision_policy(rank.cfg.precision)
         for layer in block_layers(model):
-            fully_shard(layer.module, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-        model = fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-        return DataParallel(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), sync_buffers=True)
+            fully_shard(layer.module, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+        model = fully_shard(model, mesh=mesh, mp_policy=policy)  # the root: not resharded (torch's default)
+        return FSDPRuntime(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), sync_buffers=True)
+
+
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def mixed_precision_policy(precision: str):
+    """torchtitan's policy for a point in bf16 or fp16: unsharded parameters (all-gather, forward and backward) in
+    half precision, gradients reduced in fp32; FSDP2's default (everything in the parameters' fp32) in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision not in HALF:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=HALF[precision], reduce_dtype=torch.float32)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class FSDPRuntime(DataParallel):
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Evaluation's forward, after which every unit is resharded: FSDP2 reshards the units it keeps gathered
+        after forward (the root; every block with reshard_after_forward false) after their backward, and evaluation
+        runs none, which would leave them gathered, held whole beside their shards, until the next step's backward."""
+        from torch.distributed.fsdp import FSDPModule
+
+        output = self.model(inputs)
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        return output
+
+    def effective_settings(self) -> dict[str, Any]:
+        """What FSDP2 resolved for the root unit (whether it reshards after forward: the root's
+        `reshard_after_forward=None` becomes False once FSDP2 finds it is the root, at the first forward) and the
+        mixed-precision policy every unit runs with: the dtype parameters are gathered and computed in (a policy's
+        None: the parameters' own) and the dtype gradients are reduced in (None: that compute dtype)."""
+        root = self.model._get_fsdp_state()
+        policy = root._mp_policy
+        param_dtype = policy.param_dtype or next(self.plain.parameters()).dtype
+        reduce_dtype = policy.reduce_dtype or param_dtype
+        base = super().effective_settings()
+        precision = base["precision.implementation"]
+        if policy.param_dtype is not None:
+            precision = (f"FSDP2 MixedPrecisionPolicy(param_dtype={dtype_name(param_dtype)}, "
+                         f"reduce_dtype={dtype_name(reduce_dtype)}) + {precision}")
+        return {**base,
+                "precision.implementation": precision,
+                "fsdp.root.reshard_after_forward": any(group.post_forward_mesh_info is not None
+                                                       for group in root._fsdp_param_groups),
+                "fsdp.mp_policy.param_dtype": dtype_name(param_dtype),
+                "fsdp.mp_policy.reduce_dtype": dtype_name(reduce_dtype)}

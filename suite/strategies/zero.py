@@ -4,6 +4,10 @@ DeepSpeed builds the optimizer from its JSON config; the engine it returns is bo
 through `engine.optimizer`, the optimizer the training loop sees. Adam and AdamW are torch's own
 implementations (`torch_adam`), so a ZeRO point does the same arithmetic as `single` with the same
 optimizer; DeepSpeed's fused or CPU Adam can be chosen with `ds_config: {optimizer: {params: {torch_adam: false}}}`.
+
+ZeRO's communication runs as DeepSpeed recommends (`zero_optimization`, below): gradients reduced in buckets while
+backward runs (`overlap_comm`, DeepSpeed's ZeRO-2 tutorial config) and buckets sized to the network as Hugging Face's
+DeepSpeed integration sizes them ("auto"), not DeepSpeed's 5e8-element defaults, which no network here fills.
 """
 
 from __future__ import annotations
@@ -18,13 +22,30 @@ from torch import nn
 
 from suite.errors import BadValue, ConfigError
 from suite.layout import Layout
+from suite.models import build_model
 from suite.runtime.activation_checkpointing import checkpoint_interval, recomputed_under_forward_autocast
 from suite.runtime.memory import tensor_mb
+from suite.runtime.optim import optimizer_implementation
 from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports, optimizer_state
 from suite.vocabulary import Family
 
 DS_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
 CONFIG_FILE = "ds_config.json"
+# What the engine resolved for these `zero_optimization` keys of the ds_config (DeepSpeed's defaults where the config
+# is silent), recorded with the run as params `effective.deepspeed.zero_optimization.<key>`: ds_config key -> the
+# field of DeepSpeed's DeepSpeedZeroConfig that holds it.
+RESOLVED_ZERO_KEYS = {
+    "overlap_comm": "overlap_comm",
+    "contiguous_gradients": "contiguous_gradients",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_bucket_size": "reduce_bucket_size",
+    "use_multi_rank_bucket_allreduce": "use_multi_rank_bucket_allreduce",  # stages 1 and 2
+    "allgather_bucket_size": "allgather_bucket_size",  # stages 1 and 2 (and unused there, see `tuned_buckets`)
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+}
 
 
 def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -45,6 +66,64 @@ def autocast_section(precision: str) -> dict[str, Any]:
         return {}
     dtype = "bfloat16" if precision == "bf16" else "float16"
     return {"torch_autocast": {"enabled": True, "dtype": dtype, "lower_precision_safe_modules": []}}
+
+
+def hidden_size(model: nn.Module) -> int | None:
+    """The width the network's output layer reads, which is what Hugging Face's DeepSpeed integration calls the
+    hidden size: GPT-2's n_embd (HF's `config.hidden_size`); a CNN's pooled features (HF's ResNets: the last and
+    largest of `config.hidden_sizes`, whose maximum it takes: 512 for ResNet-18, 2048 for ResNet-50 and -152; 1280 for
+    MobileNetV2; 4096 for VGG-16's classifier). None for a network without a linear layer."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return linears[-1].in_features if linears else None
+
+
+def tuned_buckets(model: nn.Module, stage: int) -> dict[str, int]:
+    """ZeRO's bucket sizes (in elements) for `model`, as Hugging Face's DeepSpeed integration fills its "auto" values
+    (transformers, integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_finalize): with h the hidden
+    size, reduce_bucket_size = h^2 and, at stage 3, stage3_prefetch_bucket_size = 0.9 h^2 and
+    stage3_param_persistence_threshold = 10 h.
+
+    Why not DeepSpeed's defaults: a gradient bucket is reduced when the next gradient would overflow it
+    (stage_1_and_2.py `reduce_independent_p_g_buckets_and_remove_grads`, stage3.py likewise), so with the default
+    5e8 elements, more than GPT-2 medium's 355 M parameters, no bucket ever fills and the whole reduction waits for
+    the end of backward, exposed even with overlap_comm; each rank also allocates that bucket (two with overlap_comm),
+    1.9 GiB each in fp32. h^2 is about a twelfth of a transformer block (12 h^2 parameters), so a block's gradients
+    go out in about 12 reductions while backward runs on through the blocks below; a gradient larger than the bucket
+    (GPT-2's tied embedding) is reduced on its own. The size is HF's, not DDP's 25 MiB: 1 M elements (4 MiB in fp32)
+    for GPT-2 medium, 0.6 M for GPT-2 small, 4.2 M for ResNet-50, 16.8 M for VGG-16 (its ImageNet classifier).
+
+    allgather_bucket_size is left at DeepSpeed's 5e8 (its ZeRO-2 tutorial's value): DeepSpeed 0.19.8 reads it only
+    where torch.distributed lacks all_gather_into_tensor (runtime/utils.py `all_gather_dp_groups`); with every torch
+    the suite runs on, stages 1 and 2 gather each parameter group's updated partitions in one all_gather_into_tensor,
+    whatever its value, and stage 3 never reads it (its gathers follow stage3_prefetch_bucket_size)."""
+    h = hidden_size(model)
+    if h is None:
+        return {}
+    sizes = {"reduce_bucket_size": h * h}
+    if stage == 3:
+        sizes |= {"stage3_prefetch_bucket_size": int(0.9 * h * h), "stage3_param_persistence_threshold": 10 * h}
+    return sizes
+
+
+def meta_model(cfg) -> nn.Module:
+    """The point's network on the meta device: its shapes, no memory and no numbers (nor random draws)."""
+    with torch.device("meta"):
+        return build_model(cfg.network, cfg.dataset)
+
+
+def precision_implementation(engine, zero) -> str:
+    """How the engine runs the point's precision: torch autocast inside the engine (`torch_autocast`, the suite's
+    choice, with DeepSpeed's own torch GradScaler for fp16), or DeepSpeed's half-precision parameters (`fp16`/`bf16`
+    sections, which a user's ds_config may enable)."""
+    if engine.fp16_enabled():
+        return "DeepSpeed fp16 (half parameters, DeepSpeed loss scaler)"
+    if engine.bfloat16_enabled():
+        return "DeepSpeed bf16 (half parameters)"
+    if engine.torch_autocast_enabled():
+        dtype = str(engine.torch_autocast_dtype()).removeprefix("torch.")
+        scaler = " + DeepSpeed's GradScaler" if getattr(zero, "torch_autocast_gradscaler", None) else ""
+        return f"DeepSpeed torch_autocast ({dtype}){scaler}"
+    return "fp32"
 
 
 class ZeroEngine(DataParallel):
@@ -68,6 +147,23 @@ class ZeroEngine(DataParallel):
 
     def skipped_steps(self) -> int:
         return self.model.skipped_steps
+
+    def effective_settings(self) -> dict[str, Any]:
+        """DeepSpeed's resolved `zero_optimization` (its defaults included), how it runs the precision, and the
+        optimizer it steps: ZeRO's wrapper around a torch (or DeepSpeed) optimizer over its flat fp32 partitions,
+        whose kernel is `optimizer.implementation`, and the dtypes its gradient buckets are reduced in."""
+        engine, zero = self.model, self.optimizer
+        inner = zero.optimizer
+        resolved = engine._config.zero_config
+        reduced_in = sorted(str(dtype).removeprefix("torch.") for dtype in getattr(zero, "ipg_buckets", {}))
+        return {**super().effective_settings(),
+                "optimizer.implementation": optimizer_implementation(inner),
+                "deepspeed.optimizer": f"{type(zero).__name__} over {type(inner).__module__}.{type(inner).__name__}",
+                "precision.implementation": precision_implementation(engine, zero),
+                "deepspeed.gradient_reduction_dtype": ",".join(reduced_in) or str(
+                    engine.communication_data_type).removeprefix("torch."),
+                **{f"deepspeed.zero_optimization.{key}": getattr(resolved, field)
+                   for key, field in RESOLVED_ZERO_KEYS.items()}}
 
     def held_parameters(self) -> list[torch.Tensor]:
         """Stage 3 keeps each parameter's partition in `ds_tensor` (the parameter itself is an empty placeholder).
@@ -130,10 +226,18 @@ class Zero(Strategy):
             raise ConfigError(f"strategy zero: offload=params needs zero_stage=3 (got {self.zero_stage}); "
                               "stages 1 and 2 keep parameters on every rank")
 
-    def generated_config(self, cfg) -> dict[str, Any]:
-        """DeepSpeed's JSON config for this point (before launch, and again in each rank)."""
+    def generated_config(self, cfg, model: nn.Module | None = None) -> dict[str, Any]:
+        """DeepSpeed's JSON config for this point (before launch, and again in each rank), its buckets sized to
+        `model`, the point's network (built on the meta device where not given)."""
         opt = cfg.optimizer
-        zero: dict[str, Any] = {"stage": self.zero_stage}
+        # DeepSpeed's ZeRO-2 tutorial config (docs/_tutorials/zero.md) turns overlap_comm on, which DeepSpeed 0.19.8
+        # leaves off for stages 1 and 2 (zero/config.py `overlap_comm_valid`): without it stage 1 reduces every
+        # gradient after backward, stage 2 reduces its buckets on the compute stream; with it they are reduced on a
+        # stream of their own while backward goes on. contiguous_gradients and reduce_scatter as the tutorial has
+        # them (DeepSpeed's defaults); bucket sizes as Hugging Face's "auto" (`tuned_buckets`).
+        zero: dict[str, Any] = {"stage": self.zero_stage, "overlap_comm": True, "contiguous_gradients": True,
+                                "reduce_scatter": True,
+                                **tuned_buckets(meta_model(cfg) if model is None else model, self.zero_stage)}
         if self.offload != "none":
             zero["offload_optimizer"] = {"device": "cpu"}
         if self.offload == "params":
@@ -174,7 +278,7 @@ class Zero(Strategy):
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (over a minute, once per machine)
             # that only its inference all-reduce uses; training communicates through the gloo process group.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        config = self.generated_config(rank.cfg)
+        config = self.generated_config(rank.cfg, model)
         engine, _, _, _ = deepspeed.initialize(model=model.to(env.device), model_parameters=model.parameters(),
                                                config=config, dist_init_required=False)
         if checkpoint_interval(rank.cfg.activation_checkpointing):
