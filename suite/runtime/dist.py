@@ -101,3 +101,18 @@ def all_reduce_flat(tensors: list[torch.Tensor], group=None, average_over: int =
         flat /= average_over
     for tensor, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
         tensor.copy_(chunk.view_as(tensor))
+
+
+def broadcast_batch(inputs: torch.Tensor, targets: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of token ids (int64 [batch, sequence] inputs and targets) that the group's first rank loaded, on
+    every rank of the group, as Megatron-LM's `broadcast_data` sends it: its shape, then inputs and targets in one
+    buffer. The other ranks pass empty tensors on their device."""
+    source = dist.get_global_rank(group, 0)
+    sending = dist.get_rank() == source
+    shape = torch.tensor(inputs.shape if sending else (0, 0), dtype=torch.int64, device=inputs.device)
+    dist.broadcast(shape, source, group=group)
+    batch = (torch.stack((inputs, targets)) if sending else
+             torch.empty((2, *shape.tolist()), dtype=torch.int64, device=inputs.device))
+    dist.broadcast(batch, source, group=group)
+    inputs, targets = batch.unbind()
+    return inputs, targets

@@ -155,9 +155,15 @@ class Runtime:
 
     @property
     def takes_inputs(self) -> bool:
-        """Whether this rank's training step reads the batch's inputs (a pipeline's first stage; the targets go to
-        the rank that holds the output): a rank that reads neither loads no batch."""
+        """Whether this rank's training step takes the batch's inputs from the loader (a pipeline's first stage): a
+        rank that takes neither inputs nor targets loads no batch."""
         return True
+
+    @property
+    def takes_targets(self) -> bool:
+        """Whether this rank's training step takes the batch's targets from the loader: the rank that holds the
+        output, unless another rank loads them for it."""
+        return self.holds_output
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimisation step on this rank's part of the global batch; returns the local loss."""

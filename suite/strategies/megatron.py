@@ -2,28 +2,38 @@
 
 `tp` consecutive ranks split every block: attention qkv and the MLP up-projection by columns, the attention
 output and MLP down-projection by rows, so each block does one all-reduce in forward and one in backward per
-sub-layer. With `vocab_parallel` the token embedding and the LM head tied to it are split by vocabulary rows
-too, unevenly where tp does not divide the vocabulary (GPT-2's 50257), and the logits are gathered for the
-loss; otherwise they stay whole on every rank. With `sequence_parallel` the LayerNorms and residual stream
-between the split layers are split along the sequence (Megatron-LM's sequence parallelism): each all-reduce
-becomes a reduce-scatter plus an all-gather, and activations there take 1/tp of the memory. `dp = workers /
-tp` such groups are data-parallel replicas on the `dp` axis of the point's device mesh; each reads its own
-data shard and they average gradients after backward. Study N's Megatron-intra is dp=1, Megatron-data is tp=1.
+sub-layer. With `vocab_parallel` (the default, as Megatron-LM's GPT) the token embedding and the LM head tied to it
+are split by vocabulary rows too, unevenly where tp does not divide the vocabulary (GPT-2's 50257): the logits stay
+split by vocabulary and the cross-entropy is computed on the split logits (torch's `loss_parallel`, Megatron-LM's
+vocab-parallel cross-entropy), which communicates b x s values instead of gathering the b x s x v logits (only
+evaluation, outside the timed steps, gathers them: the training loop's metrics read whole logits); without it, and
+at tp=1, the embedding and head are whole on every rank, and each rank computes the whole logits. With
+`sequence_parallel` the LayerNorms and residual stream between the split layers are split along the sequence
+(Megatron-LM's sequence parallelism): each all-reduce becomes a reduce-scatter plus an all-gather, and activations
+there take 1/tp of the memory. `dp = workers / tp` such groups are data-parallel replicas on the `dp` axis of the
+point's device mesh; each reads its own data shard and they average gradients: after backward in one flat
+all-reduce (Megatron-LM's default), or in buckets overlapped with backward (`overlap_grad_reduce`). As in Megatron-LM
+(`get_batch`, `broadcast_data`), only the first rank of a tensor-parallel group loads its batch, and broadcasts it to
+the group's other ranks in the step. Study N's
+Megatron-intra is dp=1, Megatron-data is tp=1.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
 from suite.layout import Layout, divisors
-from suite.runtime.dist import all_reduce_flat
+from suite.runtime.dist import all_reduce_flat, broadcast_batch
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
+from suite.runtime.torch_api import DTensor
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
@@ -52,7 +62,9 @@ def block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
 
 
 def ends_plan(vocab_parallel: bool, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """The embedding before the blocks and the final LayerNorm and head after them."""
+    """The embedding before the blocks and the final LayerNorm and head after them. Split by vocabulary, the
+    embedding's partial outputs are all-reduced (Megatron's g), the head's input gradient too (its f), and the
+    head's output, the logits, stays a DTensor split by vocabulary (Shard(-1)) for `loss_parallel`."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
@@ -60,7 +72,7 @@ def ends_plan(vocab_parallel: bool, sequence_parallel: bool) -> dict[str, Parall
     plan: dict[str, ParallelStyle] = {}
     if vocab_parallel:
         plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
-        plan["head"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+        plan["head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
     elif sequence_parallel:
         plan["head"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
                                           use_local_output=True)
@@ -81,20 +93,153 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bo
         model.head.weight = model.tok_emb.weight
 
 
+def param_groups(model: nn.Module) -> list[dict[str, list[nn.Parameter]]]:
+    """The split parameters (DTensors) and the whole ones (plain tensors) in separate param groups: torch's
+    multi-tensor (foreach) kernels take one group's tensors at once, and refuse DTensors beside plain tensors."""
+    params = list(model.parameters())
+    split = [p for p in params if isinstance(p, DTensor)]
+    whole = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": group} for group in (split, whole) if group]
+
+
+def megatron_bucket_size(dp: int) -> int:
+    """Megatron-LM's default bucket of gradient elements (DistributedDataParallelConfig.bucket_size unset):
+    max(40 M, 1 M x dp), larger for more replicas so that each collective stays bandwidth-bound."""
+    return max(40_000_000, 1_000_000 * dp)
+
+
+class OverlappedReduction:
+    """Megatron-LM's `--overlap-grad-reduce` (and torch DDP's buckets): the gradients in buckets of up to
+    `bucket_size` elements, filled in the reverse order of the parameters (the order backward produces them); a
+    bucket is all-reduced over `group`, asynchronously, as soon as the last of its gradients is accumulated,
+    while backward goes on; `finish` waits for them after backward and averages."""
+
+    def __init__(self, params: list[nn.Parameter], group, dp: int, bucket_size: int) -> None:
+        self.group, self.dp = group, dp
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        filled = 0
+        for param in reversed([p for p in params if p.requires_grad]):
+            if filled and filled + local_tensor(param).numel() > bucket_size:
+                self.buckets.append([])
+                filled = 0
+            self.buckets[-1].append(param)
+            filled += local_tensor(param).numel()
+        self.bucket_of = {param: i for i, bucket in enumerate(self.buckets) for param in bucket}
+        self.in_flight: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []
+        self._reset()
+        for param in self.bucket_of:
+            param.register_post_accumulate_grad_hook(self._accumulated)
+
+    def _reset(self) -> None:
+        self.waiting = [len(bucket) for bucket in self.buckets]  # gradients not yet accumulated, per bucket
+        self.launched = [False] * len(self.buckets)
+
+    def _accumulated(self, param: nn.Parameter) -> None:
+        i = self.bucket_of[param]
+        self.waiting[i] -= 1
+        if self.waiting[i] == 0:
+            self._launch(i)
+
+    def _launch(self, i: int) -> None:
+        self.launched[i] = True
+        grads = [local_tensor(p.grad) for p in self.buckets[i] if p.grad is not None]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.in_flight.append((dist.all_reduce(flat, group=self.group, async_op=True), flat, grads))
+
+    def finish(self) -> None:
+        for i, launched in enumerate(self.launched):  # a bucket holding a parameter that took no gradient
+            if not launched:
+                self._launch(i)
+        for work, flat, grads in self.in_flight:
+            work.wait()
+            flat /= self.dp
+            for grad, chunk in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(chunk.view_as(grad))
+        self.in_flight.clear()
+        self._reset()
+
+
 class TensorParallel(DataParallel):
     """Each rank holds its tensor-parallel shards; replicas holding the same shards average their gradients
-    after backward (one all-reduce over the data-parallel group)."""
+    over the data-parallel group: after backward in one flat all-reduce, or overlapped with it (`overlapped`). The
+    group's first rank loads the batch and broadcasts it over `tp_group`."""
 
-    def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer, dp_group) -> None:
+    def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer, dp_group, tp_group,
+                 vocab_parallel: bool, overlapped: OverlappedReduction | None = None) -> None:
         super().__init__(rank, model, optimizer)
-        self.dp_group = dp_group
+        self.dp_group, self.tp_group = dp_group, tp_group
+        self.vocab_parallel, self.overlapped = vocab_parallel, overlapped
+        self.loads_batch = rank.layout.place(rank.env.rank).tp_rank == 0
+
+    @property
+    def takes_inputs(self) -> bool:
+        return self.loads_batch
+
+    @property
+    def takes_targets(self) -> bool:
+        return self.loads_batch
+
+    def loss_context(self) -> contextlib.AbstractContextManager:
+        """Where the loss and its backward run: with the logits split by vocabulary, under `loss_parallel`, where
+        cross-entropy reads the split logits (they are never gathered)."""
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.rank.layout.tp > 1:
+            with self.rank.timer.phase("data"):
+                inputs, targets = broadcast_batch(inputs, targets, self.tp_group)
+        with self.loss_context():
+            return local_tensor(super().train_step(inputs, targets))  # the loss, a DTensor when split
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Evaluation: the whole logits, as the training loop's metrics read them. Split ones are gathered a sequence
+        at a time into one tensor, so that a rank holds them whole once, not also in the collective's buffers."""
+        logits = self.model(inputs)
+        if not isinstance(logits, DTensor):
+            return logits
+        whole = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        for i in range(logits.shape[0]):
+            whole[i] = logits[i].full_tensor()
+        return whole
 
     def backward(self, loss: torch.Tensor) -> None:
         super().backward(loss)
+        self.reduce_gradients()
+
+    def reduce_gradients(self) -> None:
+        """Average the gradients over the replicas: wait for the buckets overlapped with backward, or all-reduce
+        them all now, flattened into one buffer (Megatron-LM 2.x's local DDP: one all-reduce per gradient dtype of
+        its contiguous buffer, after backward)."""
         dp = self.rank.layout.dp
-        if dp > 1:
+        if self.overlapped:
+            self.overlapped.finish()
+        elif dp > 1:
             all_reduce_flat([local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None],
                             self.dp_group, dp)
+
+    def effective_settings(self) -> dict[str, Any]:
+        layout = self.rank.layout
+        grads = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        if layout.dp == 1:
+            reduction = "none (dp=1)"
+        elif self.overlapped:
+            reduction = (f"overlapped with backward: {len(self.overlapped.buckets)} bucket(s) of {grads} gradients "
+                         "all-reduced as they are ready")
+        else:
+            reduction = f"after backward: one flat all-reduce of the {grads} gradients"
+        if self.vocab_parallel:
+            vocabulary = "split: logits stay split by vocabulary, loss_parallel cross-entropy"
+        elif layout.tp == 1:
+            vocabulary = "whole (tp=1)"
+        else:
+            vocabulary = "whole: embedding, head and logits on every tensor-parallel rank"
+        batch = ("tp rank 0 loads it, broadcast to the tensor-parallel group" if layout.tp > 1
+                 else "each rank loads its own (tp=1)")
+        return {**super().effective_settings(), "megatron.dp_reduction": reduction,
+                "megatron.vocab_parallel": vocabulary, "megatron.batch_source": batch}
 
 
 @dataclass(frozen=True)
@@ -109,8 +254,10 @@ class Megatron(Strategy):
     needs_torch: ClassVar[str] = "2.5"  # torch.distributed.tensor, DTensor's public API
     tp: int = 2
     batch_grows_with_tp: bool = True
-    vocab_parallel: bool = False
+    vocab_parallel: bool = True
     sequence_parallel: bool = False
+    overlap_grad_reduce: bool = False
+    bucket_size: int | None = None  # gradient elements per bucket when overlapped; None: Megatron-LM's default
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
@@ -128,6 +275,9 @@ class Megatron(Strategy):
         if self.sequence_parallel and cfg.dataset.seq_len % self.tp:
             raise ConfigError(f"strategy megatron: sequence_parallel needs tp={self.tp} to divide "
                               f"dataset.seq_len={cfg.dataset.seq_len}")
+        if self.bucket_size is not None and self.bucket_size < 1:
+            raise ConfigError(f"strategy megatron: bucket_size={self.bucket_size} must be a positive number of "
+                              "gradient elements")
 
     def layout(self, cfg) -> Layout:
         """With `batch_grows_with_tp` (Study N's Megatron-intra) the batch per worker is fixed, so each
@@ -138,10 +288,16 @@ class Megatron(Strategy):
     def setup(self, model: nn.Module, rank: RankContext) -> TensorParallel:
         mesh = rank.layout.mesh(rank.env.device.type)
         model = model.to(rank.env.device)
-        apply_tensor_parallel(model, mesh["tp"], self.vocab_parallel, self.sequence_parallel)
+        # One tensor-parallel rank has no vocabulary to split: the embedding, head and loss stay torch's own.
+        vocab_parallel = self.vocab_parallel and rank.layout.tp > 1
+        apply_tensor_parallel(model, mesh["tp"], vocab_parallel, self.sequence_parallel)
         rank.precision.shard_over(mesh["tp"].get_group())
-        # The split layers' parameters are DTensors, the others plain tensors: torch's multi-tensor optimizer
-        # kernels, its default on a GPU, refuse the mix (seen on an H100), so they are off.
-        optimizer = build_optimizer(model.parameters(), rank.cfg.optimizer, foreach=False)
-        return TensorParallel(rank, model, optimizer,
-                              mesh["dp"].get_group())
+        # Megatron-LM steps with a multi-tensor Adam (apex's or Transformer Engine's FusedAdam); torch's multi-tensor
+        # kernels (foreach) are its counterpart, on every device, with split and whole parameters in separate groups.
+        optimizer = build_optimizer(param_groups(model), rank.cfg.optimizer, foreach=True)
+        dp, dp_group = rank.layout.dp, mesh["dp"].get_group()
+        overlapped = None
+        if self.overlap_grad_reduce and dp > 1:
+            overlapped = OverlappedReduction(list(model.parameters()), dp_group, dp,
+                                             self.bucket_size or megatron_bucket_size(dp))
+        return TensorParallel(rank, model, optimizer, dp_group, mesh["tp"].get_group(), vocab_parallel, overlapped)

@@ -115,10 +115,11 @@ class Trainer:
         self.flops: StepFlops | str | None = None  # rank 0's count, or why there is none
 
     def _batches(self, epoch: int, steps: int, trace: StepTrace | None = None):
-        """The epoch's training batches on this rank's device: what its step reads of them, an empty tensor in place
-        of the rest (a pipeline's middle stages load no batch at all, its first stage copies no targets)."""
+        """The epoch's training batches on this rank's device: what its step takes of them, an empty tensor in place
+        of the rest (a pipeline's middle stages load no batch at all, its first stage copies no targets; a
+        tensor-parallel rank other than its group's first loads none and receives the batch in its step)."""
         self.loaders.sampler.set_epoch(epoch)
-        wants = (self.parallel.takes_inputs, self.parallel.holds_output)
+        wants = (self.parallel.takes_inputs, self.parallel.takes_targets)
         loader = iter(self.loaders.train) if any(wants) else None
         nothing = torch.empty(0, device=self.env.device)
         for _ in range(steps):
@@ -322,6 +323,7 @@ class Trainer:
             "epoch_time_s_mean": total_time / len(epochs),
             "throughput_samples_s_mean": sum(e["samples"] for e in epochs) / total_time,
             "samples_per_epoch": epochs[-1]["samples"],
+            "train_set_samples": len(self.data.train),
             "steps_per_epoch": self.steps_per_epoch,
             "peak_memory_mb": max(m["peak_memory_mb"] for m in memory),
             **largest_over_ranks(memory, (*MEMORY_SPLIT, *DEVICE_MEMORY)),
