@@ -1,5 +1,6 @@
 """The performance model's analytic pieces against hand-computed cases, its profile and its cache."""
 
+import functools
 import json
 import os
 from dataclasses import replace
@@ -19,7 +20,7 @@ from suite.predict.costs import (
     prefetched_compute,
     trailing_comm,
 )
-from suite.predict.links import LinkModel, Measured, calibrated_links, link_model
+from suite.predict.links import LinkModel, Measured, calibrated_links, link_model, sent_bytes
 from suite.predict.memory import _input_bytes as input_bytes
 from suite.predict.memory import _workspace as memory_workspace
 from suite.predict.memory import rank_memory
@@ -31,6 +32,7 @@ from suite.strategies.ddp import DDP
 from suite.strategies.fsdp import FSDP
 from suite.strategies.gpipe import GPipe
 from suite.strategies.horovod import Horovod
+from suite.strategies.megatron import Megatron
 from suite.strategies.one_f_one_b import OneFOneB
 from suite.strategies.pipedream import PipeDream
 from suite.strategies.zero import Zero
@@ -131,10 +133,17 @@ def test_overlap_of_communication_with_compute():
     assert buckets([0.5 * mib, 0.6 * mib, mib, mib, 3 * mib], cap=2 * mib, first_cap=mib) == [[0, 1], [2, 3], [4]]
 
 
-def synthetic(strategy, layout: Layout, layers: list[LayerProfile], optimizer_s: float = 0.0) -> Workload:
+@functools.cache
+def planned_cfg():
+    """A planned point's config (GPT-2 of width 8, Adam), which a ZeRO point's DeepSpeed config is generated from."""
+    (point,) = plan([[*TINY_GPT, "dataset.seq_len=1", "dataset.vocab_size=1"]])
+    return point.cfg
+
+
+def synthetic(strategy, layout: Layout, layers: list[LayerProfile], optimizer_s: float = 0.0,
+              precision: str = "fp32") -> Workload:
     """A workload from a hand-made profile (no measurement), on LINK."""
-    cfg = OmegaConf.create({"activation_checkpointing": "none", "grad_compression": {"name": "none"},
-                            "dataset": {"seq_len": 1, "vocab_size": 1}})
+    cfg = OmegaConf.merge(planned_cfg(), {"precision": precision})
     profile = Profile(key={"batch": layout.micro_batch_size, "device": "test"}, layers=tuple(layers), input_bytes=0,
                       forward_s=0.0, backward_s=0.0, optimizer_s=optimizer_s, optimizer_state_bytes=0, train_bytes=0,
                       buffer_bytes=0)
@@ -146,10 +155,11 @@ def layer(params: float, forward: float = 0.0, backward: float = 0.0, out: int =
 
 
 def test_zero_volumes_per_stage():
-    """Bytes one rank sends per step: ZeRO-1/2 all-reduce the gradients and all-gather the parameters, ZeRO-3
-    gathers parameters in forward and again in backward and reduce-scatters the gradients: 2 (p - 1) / p +
-    (p - 1) / p = 3 (p - 1) / p of the parameters either way (DeepSpeed's, docs/measurements.md); FSDP2 keeps
-    its root unit gathered through backward, and with `reshard_after_forward=false` every unit."""
+    """Bytes one rank sends per step: ZeRO-1/2 reduce-scatter the gradients (DeepSpeed's `reduce_scatter`) and
+    all-gather the parameters, (p - 1) / p of the parameters each; ZeRO-3 gathers parameters in forward (and again
+    in backward beyond its reuse distance) and reduce-scatters the gradients; FSDP2 gathers its blocks again for
+    backward with `reshard_after_forward`, never its root unit (the layers that are not blocks, half of them here),
+    and with `reshard_after_forward=false` none."""
     params = 256e6
     for p in (2, 4):
         layout = Layout(dp=p, mini_batch=8, shard=p)
@@ -158,19 +168,115 @@ def test_zero_volumes_per_stage():
         share = (p - 1) / p
         for stage in (1, 2):
             step = step_time(synthetic(Zero(zero_stage=stage), layout, layers))
-            assert step.sent == pytest.approx(3 * share * params)
-            assert step.comm == pytest.approx(3 * share * params / GB + 3 * (p - 1) * 10e-6)  # nothing hides it
+            assert step.sent == pytest.approx(2 * share * params)
+            # On CPU nothing hides them: a bucket per layer (the planned GPT-2's hold 8² elements), one all-gather.
+            on_cpu = step_time(replace(synthetic(Zero(zero_stage=stage), layout, layers), comm_hides=False))
+            assert on_cpu.comm == pytest.approx(2 * share * params / GB + 5 * (p - 1) * 10e-6)
         near = {"zero_optimization": {"stage3_max_reuse_distance": params / 4 / 2}}  # in parameters, not bytes
         assert step_time(synthetic(Zero(zero_stage=3, ds_config=near), layout, layers)).sent == pytest.approx(
             3 * share * params)
         assert step_time(synthetic(Zero(zero_stage=3), layout, layers)).sent == pytest.approx(2 * share * params)
         fsdp = step_time(synthetic(FSDP(reshard_after_forward=True), layout, layers))
-        assert fsdp.sent == pytest.approx(3 * share * params)
-        # On CPU nothing hides them: 3 gathers in forward (the root's with the first unit), 3 again, 3 scatters.
+        assert fsdp.sent == pytest.approx(2.5 * share * params)
+        # On CPU: 3 gathers in forward (the root's with the first unit), the 2 blocks' again, 3 scatters.
         on_cpu = step_time(replace(synthetic(FSDP(reshard_after_forward=True), layout, layers), comm_hides=False))
-        assert on_cpu.comm == pytest.approx(3 * share * params / GB + 9 * (p - 1) * 10e-6)
+        assert on_cpu.comm == pytest.approx(2.5 * share * params / GB + 8 * (p - 1) * 10e-6)
         kept = step_time(synthetic(FSDP(reshard_after_forward=False), layout, layers))
         assert kept.sent == pytest.approx(2 * share * params)
+
+
+def test_zero_1_2_reduce_gradient_buckets_behind_backward():
+    """Four layers of 8 MiB gradients, 1 s of backward each, buckets of 2 Mi elements (8 MiB in fp32): with
+    `overlap_comm` each layer's bucket is reduce-scattered while backward goes on, and only the last one (the first
+    layer's, at the end of backward) is exposed; without it all four are. Either way the parameters' all-gather
+    follows the step. `reduce_scatter: false` all-reduces the buckets instead."""
+    mib = 2**20
+    layers = [layer(8 * mib, backward=1.0) for _ in range(4)]
+    layout = Layout(dp=2, mini_batch=8, shard=2)
+    gather = LINK.collective("all_gather", 32 * mib, 2)
+    scatter = LINK.collective("reduce_scatter", 8 * mib, 2)
+
+    def zero(stage: int, **knobs) -> Workload:
+        config = {"zero_optimization": {"reduce_bucket_size": 2 * mib, **knobs}}
+        return synthetic(Zero(zero_stage=stage, ds_config=config), layout, layers)
+
+    for stage in (1, 2):
+        overlapped, after = step_time(zero(stage)), step_time(zero(stage, overlap_comm=False))
+        assert overlapped.comm == pytest.approx(scatter + gather)
+        assert after.comm == pytest.approx(4 * scatter + gather)
+        assert overlapped.sent == after.sent
+        reduced = step_time(zero(stage, reduce_scatter=False))
+        assert reduced.comm == pytest.approx(LINK.collective("all_reduce", 8 * mib, 2) + gather)
+        # The buckets as DeepSpeed allocates them: two with overlap_comm, one without.
+        assert rank_memory(zero(stage), 0.0).transient == 2 * 8 * mib
+        assert rank_memory(zero(stage, overlap_comm=False), 0.0).transient == 8 * mib
+
+
+def test_zero_3_never_gathers_layers_under_the_persistence_threshold():
+    """ZeRO-3 holds a layer smaller than `stage3_param_persistence_threshold` whole: it is gathered once, after the
+    step, where the others are gathered in forward and (beyond the reuse distance) again in backward."""
+    params = 256e6
+    layout = Layout(dp=2, mini_batch=8, shard=2)
+    ends = [layer(params / 8, block=False) for _ in range(2)]
+    layers = [ends[0], layer(params / 4), layer(params / 4), ends[1]]
+    near = {"stage3_max_reuse_distance": params / 4 / 2}
+    gathered = step_time(synthetic(Zero(zero_stage=3, ds_config={"zero_optimization": near}), layout, layers))
+    persistent = {**near, "stage3_param_persistence_threshold": params / 8 / 4 + 1}  # the ends, in parameters
+    kept = step_time(synthetic(Zero(zero_stage=3, ds_config={"zero_optimization": persistent}), layout, layers))
+    assert gathered.sent - kept.sent == pytest.approx(sent_bytes("all_gather", params / 4, 2))
+
+
+def test_fsdp_gathers_half_precision_parameters_and_reduces_fp32_gradients():
+    """A bf16 or fp16 point's FSDP2 (MixedPrecisionPolicy param_dtype) gathers half the bytes of an fp32 one's,
+    holds its gathered units in half the memory, and reduce-scatters the same fp32 gradients."""
+    params = 256e6
+    layout = Layout(dp=2, mini_batch=8, shard=2)
+    layers = [layer(params / 4, block=False), layer(params / 4), layer(params / 4), layer(params / 4, block=False)]
+    scattered = sent_bytes("reduce_scatter", params, 2)
+    for reshard in (True, False):
+        fp32 = synthetic(FSDP(reshard_after_forward=reshard), layout, layers)
+        for precision in ("bf16", "fp16"):
+            half = synthetic(FSDP(reshard_after_forward=reshard), layout, layers, precision=precision)
+            assert step_time(half).sent - scattered == pytest.approx((step_time(fp32).sent - scattered) / 2)
+            assert rank_memory(half, 0.0).transient == pytest.approx(rank_memory(fp32, 0.0).transient / 2)
+
+
+def test_megatron_split_loss_sends_nothing_the_size_of_the_logits():
+    """tp=2, two blocks of 1 MB activations, batch 8 of 16 tokens: split by vocabulary, the embedding's output and
+    the head's input gradient are all-reduced, and the loss three values per token (512 B each): what a rank sends
+    does not grow with the vocabulary (nothing b x s x v is gathered). Under sequence parallelism the head's input
+    is all-gathered in forward and its gradient reduce-scattered."""
+    activation, tokens = 10**6, 8 * 16
+    layers = [layer(4e6, block=False, out=activation), layer(4e6, out=activation), layer(4e6, out=activation),
+              layer(0, block=False)]
+    layout = Layout(dp=1, tp=2, mini_batch=8)
+
+    def sent(vocab_size: int, **knobs) -> float:
+        w = synthetic(Megatron(tp=2, **knobs), layout, layers)
+        return step_time(replace(w, cfg=OmegaConf.merge(w.cfg, {"dataset": {"seq_len": 16,
+                                                                            "vocab_size": vocab_size}}))).sent
+    whole = sent(50257, vocab_parallel=False)
+    batch = 16 + 2 * tokens * 8  # broadcast by the group's first rank: its shape, int64 inputs and targets
+    assert whole == pytest.approx(sent_bytes("all_reduce", activation, 2) * 8 + batch)  # the blocks' four each way
+    split = whole + sent_bytes("all_reduce", 2 * activation + 3 * 4 * tokens, 2)
+    assert sent(50257) == sent(50) == pytest.approx(split)
+    sequence = sent(50257, sequence_parallel=True) - sent(50257, vocab_parallel=False, sequence_parallel=True)
+    head_input = sent_bytes("all_gather", activation, 2) + sent_bytes("reduce_scatter", activation, 2)
+    assert sequence == pytest.approx(sent_bytes("all_reduce", activation + 3 * 4 * tokens, 2) + head_input)
+
+
+def test_megatron_overlapped_gradient_reduction_exposes_only_what_ends_after_backward():
+    """tp=1 over dp=2 replicas, four layers of 8 MiB gradients and 1 s of backward each: one all-reduce of all 32 MiB
+    after backward (Megatron-LM's default), or with `overlap_grad_reduce` buckets of 2 Mi elements (8 MiB) all-reduced
+    while backward goes on, of which only the last is exposed; the same bytes either way."""
+    mib = 2**20
+    layers = [layer(8 * mib, backward=1.0) for _ in range(4)]
+    layout = Layout(dp=2, tp=1, mini_batch=8)
+    flat = step_time(synthetic(Megatron(tp=1), layout, layers))
+    overlapped = step_time(synthetic(Megatron(tp=1, overlap_grad_reduce=True, bucket_size=2 * mib), layout, layers))
+    assert flat.comm == pytest.approx(LINK.collective("all_reduce", 32 * mib, 2))
+    assert overlapped.comm == pytest.approx(LINK.collective("all_reduce", 8 * mib, 2))
+    assert overlapped.sent == flat.sent
 
 
 def test_ddp_hides_buckets_behind_backward_and_exposes_the_tail():

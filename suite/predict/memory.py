@@ -5,8 +5,8 @@ still there): what its process holds before the model (on CPU the framework itse
 interpreter that imported what a rank imports, measured), its parameters, gradients and optimizer states
 (sharded where the strategy shards them; ZeRO also keeps its partition of fp32 master parameters), the
 activations autograd keeps for backward (those of the micro-batches in flight in a pipeline; only the inputs of
-checkpointed blocks), and transient buffers: DDP's gradient buckets, the parameters of a gathered unit under
-FSDP and ZeRO-3, one batch of input. The numbers are bytes per rank; the point's peak is its largest rank's.
+checkpointed blocks), and transient buffers: DDP's and ZeRO-1/2's gradient buckets, the parameters of a gathered
+unit under FSDP and ZeRO-3, one batch of input. The numbers are bytes per rank; the point's peak is its largest rank's.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import os
 from dataclasses import dataclass, replace
 
 from suite.predict.costs import checkpointed
-from suite.predict.step import Chunk, Workload, chunks, regathers
+from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers
 from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies.ddp import DDP
+from suite.strategies.fsdp import HALF
 from suite.strategies.gpipe import GPipe
 from suite.strategies.zero import Zero
 from suite.vocabulary import Family
@@ -81,6 +82,8 @@ def replicated(w: Workload, base: float) -> Memory:
 
 
 def sharded(w: Workload, base: float) -> Memory:
+    """ZeRO and FSDP: what each stage shards; gathered units (FSDP's in half precision in a bf16 or fp16 point, its
+    `param_dtype`); ZeRO-1/2's gradient buckets of `reduce_bucket_size` elements (two with `overlap_comm`)."""
     p, shard = w.profile, w.layout.shard
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     zero = isinstance(w.strategy, Zero)
@@ -97,8 +100,14 @@ def sharded(w: Workload, base: float) -> Memory:
         gathered = root + 2 * unit  # the root unit, the unit running and the one prefetched
     elif zero_stage == 3:
         gathered = p.param_bytes  # what forward gathered stays for backward
+    if not zero and w.cfg.precision in HALF:
+        gathered *= 0.5
+    buckets = 0.0
+    if zero and zero_stage < 3:
+        config = w.zero_config
+        buckets = config["reduce_bucket_size"] * PARAM_BYTES * (2 if config["overlap_comm"] else 1)
     return Memory(base, params, grads, optimizer, kept_for_backward(p.layers, interval),
-                  gathered + _input_bytes(w) + _workspace(w))
+                  gathered + buckets + _input_bytes(w) + _workspace(w))
 
 
 def tensor_parallel(w: Workload, base: float) -> Memory:

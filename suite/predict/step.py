@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -36,9 +38,10 @@ from suite.profiling.profiles import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.strategies.base import Strategy
 from suite.strategies.ddp import DDP
-from suite.strategies.fsdp import FSDP
+from suite.strategies.fsdp import FSDP, HALF
 from suite.strategies.gpipe import GPipe
 from suite.strategies.horovod import Horovod
+from suite.strategies.megatron import megatron_bucket_size
 from suite.strategies.zero import Zero
 from suite.vocabulary import Family
 
@@ -46,7 +49,9 @@ MIB = 2**20
 DDP_FIRST_BUCKET = 1 * MIB  # torch DDP closes its first gradient bucket early (dist._DEFAULT_FIRST_BUCKET_BYTES)
 PARAM_BYTES = 4  # every network's parameters are fp32 (autocast computes in lower precision, it keeps them)
 VARIANTS = ("suite", "study_j")
-ZERO3_REUSE_DISTANCE = 1e9  # DeepSpeed's stage3_max_reuse_distance default, in parameters
+# DeepSpeed's defaults (in elements) where the generated ds_config has no value (a network without a linear layer)
+DEEPSPEED_ZERO_DEFAULTS = {"reduce_bucket_size": 5e8, "reduce_scatter": True, "stage3_param_persistence_threshold": 1e5,
+                           "stage3_max_reuse_distance": 1e9}
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,13 @@ class Workload:
     def layers(self) -> tuple[LayerProfile, ...]:
         return self.profile.layers
 
+    @cached_property
+    def zero_config(self) -> dict[str, Any]:
+        """A ZeRO point's `zero_optimization`, as DeepSpeed runs it: the generated ds_config's (buckets sized to the
+        network, the user's `ds_config` over them) over DeepSpeed's defaults (overlap_comm: on at stage 3 only)."""
+        zero = self.strategy.generated_config(self.cfg)["zero_optimization"]
+        return {**DEEPSPEED_ZERO_DEFAULTS, "overlap_comm": zero["stage"] == 3, **zero}
+
 
 def data_parallel(w: Workload, variant: str) -> StepTime:
     """single, ddp, horovod: every rank runs the whole network on its batch, gradients are all-reduced."""
@@ -96,17 +108,38 @@ def data_parallel(w: Workload, variant: str) -> StepTime:
     return StepTime(compute=fwd + bwd, comm=comm, optimizer=w.profile.optimizer_s, data=w.data_s, sent=sent)
 
 
-def _grads_in_backward_order(w: Workload) -> tuple[list[float], list[float]]:
-    """Each layer's gradient bytes and when backward has produced them, last layer first."""
+def _grads_in_backward_order(w: Workload, ways: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
+    """Each layer's gradient bytes and when backward has produced them, last layer first; a layer split `ways[i]`
+    ways (tensor parallelism) holds and computes 1/ways[i] of it."""
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     layers = list(w.layers)
     wrapped = checkpointed(layers, interval)
+    ways = ways or [1] * len(layers)
     ready, sizes, clock = [], [], 0.0
-    for layer, again in zip(reversed(layers), reversed(wrapped)):
-        clock += layer.backward_s + (layer.forward_s if again else 0.0)
+    for layer, again, split in zip(reversed(layers), reversed(wrapped), reversed(ways)):
+        clock += (layer.backward_s + (layer.forward_s if again else 0.0)) / split
         ready.append(clock)
-        sizes.append(float(layer.param_bytes))
+        sizes.append(layer.param_bytes / split)
     return sizes, ready
+
+
+def _filled_buckets(sizes: list[float], ready: list[float], cap: float,
+                    first_cap: float | None = None) -> tuple[list[float], list[float]]:
+    """Gradients in backward order (`_grads_in_backward_order`) in buckets closed once they hold `cap` bytes (see
+    `buckets`): each bucket's bytes and when its last gradient is ready."""
+    groups = buckets(sizes, cap, first_cap)
+    return [sum(sizes[i] for i in g) for g in groups], [ready[g[-1]] for g in groups]
+
+
+def _exposed_reduction(w: Workload, kind: str, ranks: int, sizes: list[float], starts: list[float],
+                       backward: float) -> float:
+    """Buckets of gradients reduced by `kind` collectives among `ranks` on a stream of their own, each one issued
+    once it is ready (`starts`) and the previous one has ended, while backward runs on: what ends after backward is
+    exposed (all of it where compute does not hide it)."""
+    comm = [w.links.collective(kind, n, ranks) for n in sizes]
+    if not w.comm_hides:
+        return sum(comm)
+    return max(trailing_comm(starts, comm) - backward, 0.0)
 
 
 def _overlapped_all_reduce(w: Workload, backward: float, shrink: float) -> float:
@@ -122,15 +155,11 @@ def _overlapped_all_reduce(w: Workload, backward: float, shrink: float) -> float
         for tick in sorted(set(ticks)):
             same = [i for i, t in enumerate(ticks) if t == tick]
             groups += [[same[i] for i in group] for group in buckets([sizes[i] for i in same], cap)]
-        starts = [ticks[g[0]] for g in groups]
+        fused, starts = [sum(sizes[i] for i in g) for g in groups], [ticks[g[0]] for g in groups]
     else:
-        sizes = [s * shrink for s in sizes]
-        groups = buckets(sizes, w.strategy.bucket_cap_mb * MIB, DDP_FIRST_BUCKET)
-        starts = [ready[g[-1]] for g in groups]
-    comm = [w.links.collective("all_reduce", sum(sizes[i] for i in g), w.layout.dp) for g in groups]
-    if not w.comm_hides:
-        return sum(comm)
-    return max(trailing_comm(starts, comm) - backward, 0.0)
+        fused, starts = _filled_buckets([s * shrink for s in sizes], ready, w.strategy.bucket_cap_mb * MIB,
+                                        DDP_FIRST_BUCKET)
+    return _exposed_reduction(w, "all_reduce", w.layout.dp, fused, starts, backward)
 
 
 def _buffer_broadcast(w: Workload) -> float:
@@ -141,75 +170,120 @@ def _buffer_broadcast(w: Workload) -> float:
 
 
 def sharded(w: Workload, variant: str) -> StepTime:
-    """zero 1/2: gradients all-reduced after backward, updated parameters all-gathered after the step, the
-    optimizer steps 1/shard of them. zero 3 and fsdp: each unit's parameters gathered just before it runs
-    (one unit prefetched ahead; FSDP's root unit, the layers that are not blocks, first), gradients
-    reduce-scattered per unit as backward produces them, on a stream of their own. Parameters are gathered again
-    for backward by FSDP with `reshard_after_forward`, and by ZeRO-3 only for a network larger than its reuse
-    distance (`stage3_max_reuse_distance`, DeepSpeed's default 1e9 parameters): below it DeepSpeed keeps what
-    it gathered in forward for backward."""
+    """zero 1/2: gradients reduced in buckets of `reduce_bucket_size` elements as backward fills them (reduce-
+    scattered with `reduce_scatter`, else all-reduced), behind backward with `overlap_comm`, else after it; updated
+    parameters all-gathered after the step, the optimizer steps 1/shard of them. zero 3 and fsdp: each unit's
+    parameters gathered just before it runs (one unit prefetched ahead; FSDP's root unit, the layers that are not
+    blocks, first), gradients reduce-scattered per unit as backward produces them, on a stream of their own.
+    Parameters are gathered again for backward by FSDP with `reshard_after_forward` (its blocks; the root stays
+    gathered), and by ZeRO-3 only for a network larger than its reuse distance (`stage3_max_reuse_distance`): below
+    it DeepSpeed keeps what it gathered in forward for backward. ZeRO-3 never gathers a layer smaller than
+    `stage3_param_persistence_threshold` (it holds it whole, all-gathered after the step). FSDP in bf16 or fp16
+    gathers half-precision parameters (its `param_dtype`: half the bytes) and reduce-scatters fp32 gradients."""
     layers, shard = w.layers, w.layout.shard
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
     params = w.profile.param_bytes
     optimizer = w.profile.optimizer_s / shard
     if isinstance(w.strategy, Zero) and w.strategy.zero_stage < 3:
-        comm = w.links.collective("all_reduce", params, shard) + w.links.collective("all_gather", params, shard)
-        sent = sent_bytes("all_reduce", params, shard) + sent_bytes("all_gather", params, shard)
+        comm, sent = _zero_reduction(w, bwd)
+        comm += w.links.collective("all_gather", params, shard)
+        sent += sent_bytes("all_gather", params, shard)
         return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
     regather = regathers(w)
-    root = sum(layer.param_bytes for layer in layers if not layer.block)
-    units = [layer.param_bytes if layer.block else 0 for layer in layers]
+    fsdp = isinstance(w.strategy, FSDP)
+    threshold = 0 if fsdp else w.zero_config["stage3_param_persistence_threshold"] * PARAM_BYTES
+    persistent = [layer.param_bytes < threshold for layer in layers]
+    gathered_share = 0.5 if fsdp and w.cfg.precision in HALF else 1.0
+    gathers = [0.0 if kept else layer.param_bytes * gathered_share for layer, kept in zip(layers, persistent)]
+    root = sum(n for layer, n in zip(layers, gathers) if not layer.block)
+    units = [n if layer.block else 0.0 for layer, n in zip(layers, gathers)]
     gathered = [w.links.collective("all_gather", n, shard) for n in units]
     gathered[0] += w.links.collective("all_gather", root, shard)
     fwd_end = prefetched_compute([layer.forward_s for layer in layers], gathered)[-1]
     back = list(reversed(layers))
     wrapped = list(reversed(checkpointed(list(layers), interval)))
     back_compute = [layer.backward_s + (layer.forward_s if again else 0.0) for layer, again in zip(back, wrapped)]
-    regathered = list(reversed(units)) if regather else [0] * len(units)
-    regathered[-1] += root if regather else 0
+    regathered = list(reversed(units)) if regather else [0.0] * len(units)
+    regathered[-1] += root if regather and not fsdp else 0.0
     regathered_s = [w.links.collective("all_gather", n, shard) for n in regathered]
     ends = prefetched_compute(back_compute, regathered_s)
-    scattered = list(reversed(units))
-    scattered[-1] += root
+    scattered = [layer.param_bytes if layer.block else 0 for layer in back]
+    scattered[-1] += sum(layer.param_bytes for layer in layers if not layer.block)  # the root's, with the first unit
     scattered_s = [w.links.collective("reduce_scatter", n, shard) for n in scattered]
     tail = max(trailing_comm(ends, scattered_s) - ends[-1], 0)
-    sent = sum(sent_bytes("all_gather", n, shard) for n in (*units, root, *regathered))
+    kept_whole = sum(layer.param_bytes for layer, kept in zip(layers, persistent) if kept)
+    after_step = w.links.collective("all_gather", kept_whole, shard)
+    sent = sum(sent_bytes("all_gather", n, shard) for n in (*units, root, *regathered, kept_whole))
     sent += sum(sent_bytes("reduce_scatter", n, shard) for n in scattered)
-    comm = (fwd_end - fwd) + (ends[-1] - bwd) + tail if w.comm_hides else sum(gathered + regathered_s + scattered_s)
+    if w.comm_hides:
+        comm = (fwd_end - fwd) + (ends[-1] - bwd) + tail + after_step
+    else:
+        comm = sum(gathered + regathered_s + scattered_s) + after_step
     return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
+
+
+def _zero_reduction(w: Workload, backward: float) -> tuple[float, float]:
+    """(exposed seconds, bytes sent) of ZeRO-1/2's gradient reduction: DeepSpeed fills its buckets parameter by
+    parameter (a layer's `param_tensors` taken as equal here), reducing each bucket once it holds
+    `reduce_bucket_size` elements; with `overlap_comm` on a stream of its own while backward runs on, without it
+    all of it adds to the step."""
+    zero = w.zero_config
+    kind = "reduce_scatter" if zero["reduce_scatter"] else "all_reduce"
+    sizes, ready = _grads_in_backward_order(w)
+    tensors = [max(layer.param_tensors, 1) for layer in reversed(w.layers)]
+    pieces = [size / n for size, n in zip(sizes, tensors) for _ in range(n)]
+    pieces_ready = [at for at, n in zip(ready, tensors) for _ in range(n)]
+    bucketed, starts = _filled_buckets(pieces, pieces_ready, zero["reduce_bucket_size"] * PARAM_BYTES)
+    if not zero["overlap_comm"]:
+        starts = [backward] * len(starts)
+    comm = _exposed_reduction(w, kind, w.layout.shard, bucketed, starts, backward)
+    return comm, sum(sent_bytes(kind, n, w.layout.shard) for n in bucketed)
 
 
 def regathers(w: Workload) -> bool:
     """Whether ZeRO-3 or FSDP gathers the parameters again for backward (see `sharded`)."""
     if isinstance(w.strategy, FSDP):
         return w.strategy.reshard_after_forward
-    zero = w.strategy.ds_config.get("zero_optimization", {})
-    return w.profile.param_bytes // PARAM_BYTES > zero.get("stage3_max_reuse_distance", ZERO3_REUSE_DISTANCE)
+    return w.profile.param_bytes // PARAM_BYTES > w.zero_config["stage3_max_reuse_distance"]
 
 
 def tensor_parallel(w: Workload, variant: str) -> StepTime:
     """megatron: each block's matrices split over `tp` ranks (its compute / tp), two all-reduces of the block's
     activations in forward and two in backward (a reduce-scatter and an all-gather each under sequence
-    parallelism); the embedding and head split too with `vocab_parallel`, the logits then all-gathered;
-    replicas all-reduce their shard's gradients after backward."""
+    parallelism). With `vocab_parallel` the embedding and head split too: the embedding's output all-reduced in
+    forward, the head's input gradient in backward (under sequence parallelism the head's input all-gathered in
+    forward and its gradient reduce-scattered), and the loss on the split logits, which are never gathered: three
+    all-reduces of one fp32 value per token (the max, the sum of exponentials, the target's logit). Replicas
+    all-reduce their shard's gradients after backward, or with `overlap_grad_reduce` in buckets of `bucket_size`
+    elements while backward runs on. The batch reaches the group's ranks as a broadcast from its first rank."""
     tp, dp, layers = w.layout.tp, w.layout.dp, w.layers
     vocab = w.strategy.vocab_parallel
     split = [layer.block or vocab for layer in layers]
-    fwd = sum(layer.forward_s / (tp if s else 1) for layer, s in zip(layers, split))
-    bwd = sum(layer.backward_s / (tp if s else 1) for layer, s in zip(layers, split))
+    ways = [tp if s else 1 for s in split]
+    fwd = sum(layer.forward_s / n for layer, n in zip(layers, ways))
+    bwd = sum(layer.backward_s / n for layer, n in zip(layers, ways))
     blocks = [layer for layer in layers if layer.block]
     activation = blocks[0].output_bytes
-    kinds = ("reduce_scatter", "all_gather") if w.strategy.sequence_parallel else ("all_reduce",)
+    sequence_parallel = w.strategy.sequence_parallel
+    kinds = ("reduce_scatter", "all_gather") if sequence_parallel else ("all_reduce",)
     collectives = [(kind, activation, tp) for kind in kinds] * (4 * len(blocks))
+    if tp > 1:  # the group's first rank broadcasts the batch: its shape, then int64 inputs and targets
+        collectives += [("broadcast", 16, tp), ("broadcast", 2 * w.profile.batch * w.cfg.dataset.seq_len * 8, tp)]
     if vocab:
-        data = w.cfg.dataset
-        logits = w.profile.batch * data.seq_len * data.vocab_size * 4
-        collectives += [("all_reduce", activation, tp), ("all_gather", logits, tp)]
-    held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(layers, split))
-    collectives.append(("all_reduce", held, dp))
+        per_token = w.profile.batch * w.cfg.dataset.seq_len * 4
+        head_input = ["all_gather", "reduce_scatter"] if sequence_parallel else ["all_reduce"]
+        collectives += [("all_reduce", activation, tp), *[(kind, activation, tp) for kind in head_input],
+                        *[("all_reduce", per_token, tp)] * 3]
+    held = sum(layer.param_bytes / n for layer, n in zip(layers, ways))
     comm = sum(w.links.collective(*c) for c in collectives)
-    sent = sum(sent_bytes(*c) for c in collectives)
+    sent = sum(sent_bytes(*c) for c in collectives) + sent_bytes("all_reduce", held, dp)  # bucketed or not
+    if w.strategy.overlap_grad_reduce and dp > 1:
+        sizes, ready = _grads_in_backward_order(w, ways)
+        cap = (w.strategy.bucket_size or megatron_bucket_size(dp)) * PARAM_BYTES
+        comm += _exposed_reduction(w, "all_reduce", dp, *_filled_buckets(sizes, ready, cap), bwd)
+    else:
+        comm += w.links.collective("all_reduce", held, dp)
     optimizer = w.profile.optimizer_s * held / max(w.profile.param_bytes, 1)
     return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
 
