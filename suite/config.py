@@ -8,6 +8,7 @@ per strategy; they are checked by instantiating the strategy class (see `suite.s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -159,9 +160,21 @@ class JobConfig:
     successor: str | None = None  # a retired machine: nothing is submitted; its points are priced and reported
 
 
+class IntraNodeFabric(StrEnum):
+    """How the GPUs of a node reach each other (`hardware.intra_node_fabric`)."""
+
+    pcie = "pcie"  # no NVLink: through PCIe (and the CPUs' interconnect)
+    nvlink_pairs = "nvlink_pairs"  # NVLink bridges two GPUs; the pairs reach each other through PCIe
+    nvlink_mesh = "nvlink_mesh"  # every GPU linked directly to every other (Polaris's 4 A100s)
+    nvlink_hybrid_cube_mesh = "nvlink_hybrid_cube_mesh"  # DGX-1: 8 GPUs, each linked to 4 of the others
+    nvswitch = "nvswitch"  # every GPU's links go to NVSwitches: any pair at a GPU's full NVLink bandwidth
+
+
 @dataclass
 class HardwareConfig:
-    """What the performance model needs to know about a machine (values for Lassen and ThetaGPU: REFERENCES.md)."""
+    """What the performance model needs to know about a machine: the node's numbers from its cluster file, the GPU's
+    from the GPU type it lists in `defaults` (conf/cluster/gpu/, docs/clusters.md "Hardware catalog"). None: unknown.
+    Bandwidths are GB/s (1e9 bytes/s) in one direction."""
 
     nodes: int | None = None  # nodes in the machine: a point needing more is rejected
     cores_per_node: int | None = None
@@ -169,10 +182,21 @@ class HardwareConfig:
     cpu_memory_gb: float | None = None  # per node
     gpu: str | None = None
     device_memory_gb: float | None = None  # per GPU; on CPU, if set, per rank (held to it: suite.runtime.memory)
-    fp64_tflops: float | None = None  # peak per GPU
+    fp64_tflops: float | None = None  # peak per GPU, FP64 on the vector units (not FP64 tensor cores)
     # Dense matmul peak per device, TFLOP/s, by math dtype (fp32, tf32, bf16, fp16): the vendor's datasheet. MFU
     # divides by a measured peak (`make calibrate`) where there is one, else by this.
     peak_tflops: dict[str, float] | None = None
+    fp8_tflops: float | None = None  # dense FP8 tensor-core peak per GPU (Hopper on), outside the suite's dtypes
+    device_memory_bandwidth_gbs: float | None = None  # HBM (or GDDR) bandwidth of one GPU
+    sm_count: int | None = None  # streaming multiprocessors per GPU
+    boost_clock_mhz: float | None = None  # the GPU's boost clock
+    nvlink_generation: int | None = None  # None: no NVLink, or not documented
+    nvlink_bandwidth_gbs: float | None = None  # one direction, all of one GPU's NVLinks together
+    pcie_generation: int | None = None  # of the GPU's host link
+    intra_node_fabric: IntraNodeFabric | None = None
+    nic: str | None = None  # the inter-node network and its adapter, e.g. "InfiniBand HDR (ConnectX-6)"
+    nics_per_node: int | None = None  # inter-node network adapters (ports) that the node's GPUs use
+    nic_bandwidth_gbs: float | None = None  # one direction, one adapter
     intra_node_bandwidth_gbs: float | None = None  # GB/s, one direction, between two GPUs of a node
     intra_node_latency_us: float | None = None
     inter_node_bandwidth_gbs: float | None = None  # GB/s, one direction, injection bandwidth of a node

@@ -144,6 +144,15 @@ HARDWARE = {
     "intra_node_latency_us": ("-1", "must be >= 0, got -1.0"),
     "inter_node_latency_us": ("-0.5", "must be >= 0, got -0.5"),
     "peak_tflops.fp16": ("0", "must be positive, got 0.0"),
+    "fp8_tflops": ("-1", "must be positive, got -1.0"),
+    "device_memory_bandwidth_gbs": ("0", "must be positive, got 0.0"),
+    "sm_count": ("0", "must be positive, got 0"),
+    "boost_clock_mhz": ("-1530", "must be positive, got -1530.0"),
+    "nvlink_generation": ("0", "must be positive, got 0"),
+    "nvlink_bandwidth_gbs": ("-150", "must be positive, got -150.0"),
+    "pcie_generation": ("0", "must be positive, got 0"),
+    "nics_per_node": ("0", "must be positive, got 0"),
+    "nic_bandwidth_gbs": ("-12.5", "must be positive, got -12.5"),
 }
 
 

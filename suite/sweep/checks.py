@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from launchers import SCHEDULERS
 from suite.config import OptimizerConfig
@@ -18,10 +18,11 @@ from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import Strategy, build_strategy, older_torch
+from suite.sweep import catalog
 from suite.vocabulary import MathDtype
 
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
-NO_BF16_GPUS = ("V100", "P100", "T4")  # before compute capability 8.0 (Lassen's V100)
+NO_BF16_GPUS = ("V100", "P100", "T4", "TITAN RTX")  # before compute capability 8.0 (Lassen's V100, Study J's Titan RTX)
 
 
 class OlderTorch(ConfigError):
@@ -73,17 +74,36 @@ def _check_choices(cfg: DictConfig) -> None:
         raise ConfigError(f"fault.rank={cfg.fault.rank} is not a rank of {cfg.workers} workers")
 
 
-def _check_hardware(hardware: DictConfig) -> None:
-    """A cluster's datasheet: counts, capacities, bandwidths and peaks positive where given, latencies >= 0."""
-    positive = {key: hardware[key] for key in ("nodes", "cores_per_node", "cpu_memory_gb", "device_memory_gb",
-                                               "fp64_tflops", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs")}
+POSITIVE_HARDWARE = ("nodes", "cores_per_node", "cpu_memory_gb", "device_memory_gb", "fp64_tflops", "fp8_tflops",
+                     "device_memory_bandwidth_gbs", "sm_count", "boost_clock_mhz", "nvlink_generation",
+                     "nvlink_bandwidth_gbs", "pcie_generation", "nics_per_node", "nic_bandwidth_gbs",
+                     "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs")
+
+
+def _hardware_problem(cluster: DictConfig, key: str, problem: str) -> BadValue:
+    """`<file>: <key> <problem>` where a catalog or cluster file holds the value, else `cluster.hardware.<key> ...`
+    (a command-line override)."""
+    path = catalog.source(cluster.name, key, OmegaConf.select(cluster.hardware, key))
+    return BadValue(f"{catalog.shown(path)}: {key} {problem}" if path else f"cluster.hardware.{key} {problem}")
+
+
+def _check_hardware(cluster: DictConfig) -> None:
+    """A cluster's datasheet: counts, capacities, bandwidths, clocks and peaks positive where given, latencies >= 0,
+    and each catalog entry it lists (a GPU type, a NIC) giving what such an entry must."""
+    hardware = cluster.hardware
+    positive = {key: hardware[key] for key in POSITIVE_HARDWARE}
     positive.update({f"peak_tflops.{dtype}": peak for dtype, peak in (hardware.peak_tflops or {}).items()})
     for key, value in positive.items():
         if value is not None and value <= 0:
-            raise BadValue(f"cluster.hardware.{key} must be positive, got {value}")
+            raise _hardware_problem(cluster, key, f"must be positive, got {value}")
     for key in ("intra_node_latency_us", "inter_node_latency_us"):
         if hardware[key] is not None and hardware[key] < 0:
-            raise BadValue(f"cluster.hardware.{key} must be >= 0, got {hardware[key]}")
+            raise _hardware_problem(cluster, key, f"must be >= 0, got {hardware[key]}")
+    for group, path in catalog.entries(cluster.name).items():
+        for key in catalog.REQUIRED[group]:
+            if not hardware[key]:
+                raise BadValue(f"{catalog.shown(path)}: {key} is required of a {group} catalog entry, "
+                               f"got {hardware[key]}")
 
 
 def _gpu_without_bf16(cluster: DictConfig) -> str | None:
@@ -135,7 +155,7 @@ def validate(cfg: DictConfig, torch_version: str) -> tuple[Strategy, Layout]:
     """Raise ConfigError for a point that cannot run on a torch of `torch_version`; return its strategy and layout."""
     _check_ranges(cfg)
     _check_choices(cfg)
-    _check_hardware(cfg.cluster.hardware)
+    _check_hardware(cfg.cluster)
     _check_device(cfg)
     check_dataset(cfg.dataset)
     check_network(cfg.network, cfg.dataset)
