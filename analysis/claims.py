@@ -36,15 +36,30 @@ class Verdict:
     note: str = ""
 
 
-def load_claims(name: str) -> list[dict]:
+def _claims_file(name: str) -> tuple[Path, dict]:
     path = PUBLISHED_DIR / f"{name}.yaml"
-    claims = yaml.safe_load(path.read_text())["claims"]
+    return path, yaml.safe_load(path.read_text())
+
+
+def load_controls(name: str) -> dict[str, str]:
+    """The file's `controls`: points the study did not run that part a claim's ratio (see `separated`), each
+    with what it is."""
+    return _claims_file(name)[1].get("controls", {})
+
+
+def load_claims(name: str) -> list[dict]:
+    path, content = _claims_file(name)
+    claims = content["claims"]
     for claim in claims:
         missing = {"id", "source", "claim", "check"} - claim.keys()
         if missing:
             raise ValueError(f"{path}: claim {claim.get('id', '?')} lacks {', '.join(sorted(missing))}")
         if claim["check"] not in CHECKS:
             raise ValueError(f"{path}: claim {claim['id']}: check {claim['check']} is not one of {', '.join(CHECKS)}")
+        if "control" in claim and (claim["check"] not in RATIOS or claim["control"] not in content.get("controls", {})
+                                   or len(claim.get("effects", ())) != 2):
+            raise ValueError(f"{path}: claim {claim['id']}: a control needs a ratio check ({', '.join(RATIOS)}), "
+                             f"an entry in `controls` and two `effects`")
     return claims
 
 
@@ -173,12 +188,27 @@ def _time_ratios(ctx: Context, claim: dict) -> dict[tuple[str, int], float]:
     return out
 
 
+def _memory_ratios(ctx: Context, claim: dict) -> dict[tuple[str, int], float]:
+    values = {}
+    for network in _networks(ctx, claim["where"]):
+        for workers, value in memory_ratio(ctx, network, claim["framework"], claim["relative_to"]).items():
+            if workers >= claim.get("min_workers", 2):
+                values[network, workers] = value
+    return values
+
+
+RATIOS = {"time_ratio": (_time_ratios, "time ratio"), "memory_ratio": (_memory_ratios, "memory ratio")}
+
+
+def _ratio_text(values: dict[tuple[str, int], float], what: str) -> str:
+    return f"{what} " + ", ".join(f"{v:.3g} ({n} w{w})" for (n, w), v in sorted(values.items()))
+
+
 def _range_verdict(values: dict, claim: dict, what: str) -> Verdict | None:
     if not values:
         return None
     holds = all(_within(v, claim) for v in values.values())
-    text = ", ".join(f"{v:.3g} ({n} w{w})" for (n, w), v in sorted(values.items()))
-    return Verdict(f"{what} {text}", HOLDS if holds else FAILS)
+    return Verdict(_ratio_text(values, what), HOLDS if holds else FAILS)
 
 
 def check_time_ratio(ctx: Context, claim: dict) -> Verdict | None:
@@ -188,12 +218,7 @@ def check_time_ratio(ctx: Context, claim: dict) -> Verdict | None:
 
 def check_memory_ratio(ctx: Context, claim: dict) -> Verdict | None:
     """Peak memory of `framework` over `relative_to`'s at every GPU count above `min_workers` both ran."""
-    values = {}
-    for network in _networks(ctx, claim["where"]):
-        for workers, value in memory_ratio(ctx, network, claim["framework"], claim["relative_to"]).items():
-            if workers >= claim.get("min_workers", 2):
-                values[network, workers] = value
-    return _range_verdict(values, claim, "memory ratio")
+    return _range_verdict(_memory_ratios(ctx, claim), claim, "memory ratio")
 
 
 def check_memory_reduction(ctx: Context, claim: dict) -> Verdict | None:
@@ -270,14 +295,43 @@ def relation(claim: dict) -> str:
     return claim.get("relation", "as stated")
 
 
+def separated(ctx: Context, claims: list[dict]) -> list[list[str]]:
+    """The ratio of each claim that names a `control` parted in two, named by the claim's two `effects`:
+    `framework` over the control, and the control over `relative_to`; their product is the claim's ratio. One
+    row per distinct comparison, so that a part several claims share is shown once."""
+    rows, seen = [], set()
+    for claim in [c for c in claims if "control" in c]:
+        ratios, what = RATIOS[claim["check"]]
+        for effect, part in zip(claim["effects"], ({"relative_to": claim["control"]}, {"framework": claim["control"]})):
+            parted = {**claim, **part}
+            comparison = f"{parted['framework']} / {parted['relative_to']}"
+            if (what, comparison) in seen:
+                continue
+            seen.add((what, comparison))
+            values = ratios(ctx, parted)
+            rows.append([claim["id"], effect, comparison, what, _ratio_text(values, what) if values else NOT_MEASURED])
+    return rows
+
+
 @view("claims")
 def claims_view(ctx: Context) -> Section:
-    """Each published claim: its source, value, relation, this sweep's value and the verdict."""
+    """Each published claim: its source, value, relation, this sweep's value and the verdict; below, the ratios of
+    the claims that name a control, parted into their two effects."""
     if not ctx.claims:
         return Section("Claims", "(this sweep's report names no claims file: report.claims)")
+    claims = load_claims(ctx.claims)
     rows = [[c["id"], c["source"], c["claim"], published(c), relation(c), v.measured, v.verdict, v.note]
-            for c, v in evaluate(ctx, load_claims(ctx.claims))]
+            for c, v in evaluate(ctx, claims)]
     table = Table("claims", f"{ctx.experiment}: published claims ({ctx.claims}) against this sweep",
                   ["id", "source", "claim", "published", "holds if", "this sweep", "verdict",
                    "what would measure it"], rows)
-    return table_section(table, ctx)
+    section = table_section(table, ctx)
+    parts = separated(ctx, claims)
+    if parts:
+        notes = ["Not published: the study did not run the controls. A claim's ratio is the product of its two "
+                 "parts.", *(f"{name}: {what}" for name, what in load_controls(ctx.claims).items())]
+        parted = Table("claims_separated", f"{ctx.experiment}: the claims' ratios parted by a control",
+                       ["claim", "effect", "comparison", "measure", "this sweep"], parts, notes)
+        section.files += parted.write(ctx.directory)
+        section.markdown += "\n\n" + parted.markdown()
+    return section

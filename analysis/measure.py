@@ -3,7 +3,10 @@
 Timing protocols (a report names its protocol in each table header):
 - `suite`: the suite's own: the mean epoch time after an untimed warm-up; a run that had no warm-up
   (warmup_steps=0) has its first epoch dropped, when it has more than one.
-- `study_j`: Study J's: the mean over all epochs, the first included (its runs have no warm-up either).
+- `study_j`: Study J's: the mean over all epochs, the first included (its runs have no warm-up either), each epoch
+  scaled to one pass over the whole training set. DDLBench's loaders kept the last partial batch; the suite's drop
+  it (every data-parallel rank and pipeline micro-batch needs the same count), so a large batch (GPipe's 3072 on
+  MNIST) trains fewer samples per epoch than a small one (2.6% fewer than Horovod's), and its raw epoch is shorter.
 A cell's value is the median over its repeats with a 95% bootstrap interval; with one repeat the interval is
 over that run's epochs.
 """
@@ -19,7 +22,8 @@ from suite.vocabulary import Status
 PROTOCOLS = {
     "suite": "s/epoch, suite protocol: mean over epochs after an untimed warm-up "
              "(first epoch dropped when a run had none)",
-    "study_j": "s/epoch, Study J protocol: mean of all epochs, the first included",
+    "study_j": "s/epoch, Study J protocol: mean of all epochs, the first included, each scaled to one pass over "
+               "the whole training set",
 }
 
 
@@ -37,6 +41,14 @@ class Histories:
         return self._read[run_id, metric]
 
 
+def full_pass(row: Row) -> float:
+    """The training set's size over the samples one epoch of the run trained: what scales its epoch time to one
+    pass over the whole set (above 1 where the last partial batch was dropped, or steps_per_epoch cut the epoch
+    short). 1 for a run recorded without the training set's size."""
+    trained, whole = row.metrics.get("samples_per_epoch"), row.metrics.get("train_set_samples")
+    return whole / trained if trained and whole else 1.0
+
+
 def protocol_epochs(row: Row, histories: Histories, protocol: str, metric: str = "epoch_time_s") -> list[float]:
     """The per-epoch values (epoch times, or throughputs) of one run that the protocol averages."""
     if protocol not in PROTOCOLS:
@@ -44,6 +56,8 @@ def protocol_epochs(row: Row, histories: Histories, protocol: str, metric: str =
     times = [value for _, value in histories.get(row.run_id, metric)]
     if protocol == "suite" and int(row.params.get("warmup_steps", 0)) == 0 and len(times) > 1:
         return times[1:]
+    if protocol == "study_j" and metric == "epoch_time_s":
+        return [t * full_pass(row) for t in times]
     return times
 
 

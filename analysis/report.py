@@ -3,7 +3,8 @@
 Writes results/reports/<experiment>/: report.md (every section, in the order the sweep file's `report.views`
 names them) and each view's tables (md, CSV, LaTeX) and figures (PNG, PDF). The sweep file of the same name,
 when there is one, chooses the views, the timing protocol, the strategies shown as an extension and the
-published claims to check; without one the report has the DEFAULT_VIEWS.
+published claims to check; without one the report has the DEFAULT_VIEWS. Its `study_settings` are the report's
+caption: a table under the title.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import analysis.study_j  # noqa: F401  (registers Study J's views)
 import analysis.study_n  # noqa: F401  (registers Study N's views)
 from analysis.measure import PROTOCOLS, Histories
 from analysis.runs import latest_per_point
+from analysis.tables import Table
 from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun
 from suite.errors import ConfigError, OneLineParser
 from suite.paths import CONF_DIR, results_dir
@@ -36,19 +38,33 @@ class Report:
     summary: str  # the first section's markdown, for the terminal
 
 
+def _sweep_section(sweep: str | None, key: str, empty):
+    """A section of conf/sweep/<sweep>.yaml as plain data; `empty` without the file or the section."""
+    if not sweep or not (CONF_DIR / "sweep" / f"{sweep}.yaml").exists():
+        return empty
+    section = sweep_file(sweep).get(key)
+    return OmegaConf.to_container(section) if section else empty
+
+
 def report_settings(sweep: str | None) -> dict:
     """The `report` section of conf/sweep/<sweep>.yaml ({} without one), checked."""
-    if not sweep or not (CONF_DIR / "sweep" / f"{sweep}.yaml").exists():
-        return {}
-
-    section = sweep_file(sweep).get("report")
-    settings = OmegaConf.to_container(section) if section else {}
+    settings = _sweep_section(sweep, "report", {})
     unknown = [v for v in settings.get("views", []) if v not in VIEWS]
     if unknown:
         raise ConfigError(f"sweep {sweep}: report.views {', '.join(unknown)} unknown (known: {', '.join(VIEWS)})")
     if settings.get("timing", "suite") not in PROTOCOLS:
         raise ConfigError(f"sweep {sweep}: report.timing={settings['timing']} is not one of {', '.join(PROTOCOLS)}")
     return settings
+
+
+def study_settings_table(experiment: str, sweep: str | None) -> Table | None:
+    """The caption of a study's report: the settings its sweep runs unlike the suite's defaults, with their sources
+    (the sweep file's `study_settings`); None for a sweep that lists none."""
+    settings = _sweep_section(sweep, "study_settings", [])
+    if not settings:
+        return None
+    return Table("study_settings", f"{experiment}: settings this sweep runs unlike the suite's defaults",
+                 ["setting", "source"], [[s["setting"], s["source"]] for s in settings])
 
 
 def write_report(store: Store, experiment: str, run_ids: set[str] | None = None, out_dir: Path | None = None,
@@ -65,9 +81,11 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
                       settings.get("timing", "suite"), tuple(settings.get("extension", ())), settings.get("claims"),
                       not_run or [])
         sections = [VIEWS[name](ctx) for name in settings.get("views", DEFAULT_VIEWS)] if ctx.rows else []
+    caption = study_settings_table(experiment, sweep or experiment)
     index = directory / "report.md"
-    index.write_text(f"# {experiment}\n\n" + "\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections) + "\n")
-    files = [index, *(path for s in sections for path in s.files)]
+    index.write_text(f"# {experiment}\n\n" + (caption.markdown() + "\n\n" if caption else "")
+                     + "\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections) + "\n")
+    files = [index, *(caption.write(directory) if caption else []), *(path for s in sections for path in s.files)]
     return Report(directory, files, sections[0].markdown if sections else "(no runs)")
 
 

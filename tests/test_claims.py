@@ -1,7 +1,12 @@
-"""Claims evaluated from rows as the store gives them: Study N's Megatron-intra communication share."""
+"""Claims evaluated from rows as the store gives them: Study N's Megatron-intra communication share, and its
+ZeRO-vs-DDP ratios parted by the DDP+Adam control."""
 
-from analysis.claims import FAILS, HOLDS, check_comm_share, load_claims
+import pytest
+
+import analysis.claims as claims_module
+from analysis.claims import FAILS, HOLDS, NOT_MEASURED, check_comm_share, claims_view, evaluate, load_claims, separated
 from analysis.runs import Row
+from analysis.study_n import frameworks
 from analysis.views import Context
 
 
@@ -23,3 +28,52 @@ def test_megatron_intra_comm_share_at_16_gpus():
     assert verdict([megatron(16, 4, 0.20)]).verdict == FAILS
     assert verdict([megatron(8, 4, 0.50)]) is None  # not measured at 16 GPUs
     assert verdict([megatron(16, 4, None)]) is None  # not profiled
+
+
+class EpochTimes:
+    """Histories whose every run took its Row's epoch_time_s in each of two epochs."""
+
+    def __init__(self, rows: list[Row]) -> None:
+        self.times = {r.run_id: r.epoch_time_s for r in rows}
+
+    def get(self, run_id: str, metric: str):
+        return tuple((epoch, self.times[run_id]) for epoch in (1, 2)) if metric == "epoch_time_s" else ()
+
+
+def gpt2(strategy: str, optimizer: str, seconds: float, memory_mb: float, **params: str) -> Row:
+    return Row(run_id=f"{strategy}-{optimizer}-{params}", dataset="tokens", network="gpt2_medium", strategy=strategy,
+               workers=2, status="finished", epoch_time_s=seconds, throughput=1.0, peak_memory_mb=memory_mb,
+               val_metric=None, val_value=None, start_time=0, params={"optimizer.name": optimizer, **params})
+
+
+def test_zero_vs_ddp_ratios_are_parted_into_sharding_and_optimizer_by_the_ddp_adam_control(tmp_path):
+    rows = [gpt2("ddp", "lamb", 10.0, 1000.0), gpt2("ddp", "adam", 12.0, 1200.0),
+            gpt2("zero", "adam", 11.0, 600.0, **{"strategy.zero_stage": "1"})]
+    ctx = Context("study_n", rows, EpochTimes(rows), None, tmp_path, claims="study_n")
+    assert frameworks(rows[1], ctx) == ["DDP+Adam"] and frameworks(rows[0], ctx) == ["DDP"]
+    claims = load_claims("study_n")
+    verdicts = {c["id"]: v for c, v in evaluate(ctx, claims)}
+    assert verdicts["zero1_memory_vs_ddp"].measured == "memory ratio 0.6 (gpt2_medium w2)"  # as the study states it
+    assert verdicts["zero1_time_vs_ddp"].measured == "time ratio 1.1 (gpt2_medium w2)"
+    parts = {(r[3], r[2]): r for r in separated(ctx, claims)}
+    assert parts["memory ratio", "ZeRO-1 / DDP+Adam"][1] == "sharding"
+    assert parts["memory ratio", "ZeRO-1 / DDP+Adam"][4] == "memory ratio 0.5 (gpt2_medium w2)"
+    assert parts["memory ratio", "DDP+Adam / DDP"][1:] == ["optimizer", "DDP+Adam / DDP", "memory ratio",
+                                                           "memory ratio 1.2 (gpt2_medium w2)"]
+    assert parts["time ratio", "ZeRO-1 / DDP+Adam"][4] == "time ratio 0.917 (gpt2_medium w2)"
+    assert parts["time ratio", "DDP+Adam / DDP"][4] == "time ratio 1.2 (gpt2_medium w2)"
+    assert parts["time ratio", "ZeRO-2 / DDP+Adam"][4] == NOT_MEASURED  # no ZeRO-2 point
+    assert len(parts) == 8  # ZeRO-1..3 over the control and the control over DDP, for time and memory
+    section = claims_view(ctx)
+    assert "the claims' ratios parted by a control" in section.markdown
+    assert "DDP+Adam: DDP with Adam" in section.markdown
+    assert tmp_path / "claims_separated.tex" in section.files
+
+
+def test_a_control_needs_a_ratio_claim_and_a_named_control(tmp_path, monkeypatch):
+    (tmp_path / "broken.yaml").write_text(
+        "controls: {X: a control}\nclaims:\n  - {id: c, source: s, claim: c, check: epoch_time, control: X, "
+        "effects: [a, b]}\n")
+    monkeypatch.setattr(claims_module, "PUBLISHED_DIR", tmp_path)
+    with pytest.raises(ValueError, match="claim c: a control needs a ratio check"):
+        load_claims("broken")

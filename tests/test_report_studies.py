@@ -16,13 +16,13 @@ pytestmark = pytest.mark.xdist_group("report_studies")  # one worker runs the mo
 
 FAST = [*DIGITS, "steps_per_epoch=2", "log_every=1", "tracking.experiment=slice"]
 GPT2 = ["dataset=tokens", "dataset.seq_len=32", "dataset.samples=64", "dataset.val_samples=16", "network=gpt2_tiny",
-        "batch_size=4", "epochs=2", "steps_per_epoch=2", "warmup_steps=1", "optimizer.name=adam",
-        "tracking.experiment=slice"]
-J_FILES = ["status_matrix", "status_problems", "j_epoch_time", "j_speedup_gpus", "j_table6_1_gpipe_configs", "claims",
-           "breakdown"]
+        "batch_size=4", "epochs=2", "steps_per_epoch=2", "warmup_steps=1", "tracking.experiment=slice"]
+J_FILES = ["study_settings", "status_matrix", "status_problems", "j_epoch_time", "j_speedup_gpus",
+           "j_table6_1_gpipe_configs", "claims", "breakdown"]
 J_FIGURES = ["j_fig3_1_speedup", "j_fig3_2_speedup_gpus"]
-N_FILES = ["status_matrix", "n_epoch_time", "n_single_gpu", "n_breakdown", "n_time_to_target", "n_zero_ddp_memory",
-           "n_pipeline_memory_reduction", "n_table2_systems", "n_table3_hyperparameters", "claims", "breakdown"]
+N_FILES = ["study_settings", "status_matrix", "n_epoch_time", "n_single_gpu", "n_breakdown", "n_time_to_target",
+           "n_zero_ddp_memory", "n_pipeline_memory_reduction", "n_table2_systems", "n_table3_hyperparameters", "claims",
+           "claims_separated", "breakdown"]
 N_FIGURES = ["n_fig6_epoch_time", "n_fig4_single_gpu", "n_fig5_breakdown", "n_fig8_convergence", "n_fig9_memory"]
 
 
@@ -62,8 +62,9 @@ def slice_store(tmp_path_factory):
                      ["strategy=pipedream", "workers=2", "fault.kind=error"]):
             result = run_suite("-m", *FAST, *args)
             assert result.returncode == (1 if "fault.kind=error" in args else 0), result.stderr[-3000:]
-        result = run_suite("-m", *GPT2, "strategy=ddp,zero", "workers=2")
-        assert result.returncode == 0, result.stderr[-3000:]
+        for optimizer, strategies in (("lamb", "ddp"), ("adam", "ddp,zero")):  # Study N's DDP, its ZeRO and DDP+Adam
+            result = run_suite("-m", *GPT2, f"optimizer.name={optimizer}", f"strategy={strategies}", "workers=2")
+            assert result.returncode == 0, result.stderr[-3000:]
         repeated = run_suite("--repeats", "2", *FAST, "strategy=single", "workers=1")
         assert repeated.returncode == 0, repeated.stderr[-3000:]
         assert "[1/2 digits/resnet18/single/w1] skipped: finished run" in repeated.stdout  # repeat 0 ran above
@@ -120,6 +121,9 @@ def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     assert (memory[6] == "holds") == (0.42 <= ratio <= 0.66)
     assert claims["megatron_intra_comm_share"][6] == "not measured" and claims["megatron_intra_comm_share"][7]
     assert claims["zero2_memory_vs_ddp"][6] == "not measured"  # no ZeRO-2 point in the slice
+    parts = {r[2]: r for r in table(report.directory, "claims_separated")[1:] if r[3] == "memory ratio"}
+    assert parts["ZeRO-1 / DDP+Adam"][1] == "sharding" and parts["DDP+Adam / DDP"][1] == "optimizer"
+    assert parts["ZeRO-1 / DDP+Adam"][4].startswith("memory ratio") and parts["DDP+Adam / DDP"][4] != "not measured"
     ddp = [r for r in table(report.directory, "n_epoch_time")[1:] if r[1] == "DDP" and r[0] == "gpt2_tiny"]
     assert ddp and "[" in ddp[0][3]  # one repeat: the interval over its epochs
     sections = [line for line in (report.directory / "report.md").read_text().splitlines() if line.startswith("## ")]

@@ -37,6 +37,7 @@ def test_two_point_sweep_records_contract_and_resumes(results, store):
         assert metrics["throughput_samples_s_mean"] == pytest.approx(metrics["samples_per_epoch"]
                                                                      / metrics["epoch_time_s_mean"])
         assert metrics["samples_per_epoch"] == 256  # counted over all ranks, not assumed
+        assert metrics["train_set_samples"] == 256  # dataset.samples: what Study J's epochs are scaled to
         ranks = [metrics[f"peak_memory_mb_rank{r}"] for r in range(int(run.data.params["workers"]))]
         assert metrics["peak_memory_mb"] == max(ranks) > 100
         workers = int(run.data.params["workers"])

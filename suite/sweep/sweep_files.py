@@ -38,16 +38,17 @@ def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-SWEEP_KEYS = ("workloads", "common", "points", "repeats", "invalid_points", "report")
+SWEEP_KEYS = ("workloads", "common", "points", "repeats", "invalid_points", "report", "study_settings")
 
 
 def sweep_file(name: str) -> DictConfig:
     """conf/sweep/<name>.yaml: `common` overrides, `points` (one override line each), optional `workloads` (named
     override lines that points and `common` reuse through OmegaConf interpolation, `- ${workloads.gpt2}
     strategy=ddp workers=1,2`), `repeats` (each point measured that many times, `repeat=0..N-1`), `invalid_points`
-    (reject | record) and `report` (the tables and figures of its report, see analysis.views). Its interpolations
-    are checked here and resolved as it is read; an override that interpolates the point's own config escapes
-    it: `\\${dataset.name}`."""
+    (reject | record), `report` (the tables and figures of its report, see analysis.views) and `study_settings`
+    (what a study's sweep runs unlike the suite's defaults, each a `setting` and its `source`: the report's
+    caption; not part of any point). Its interpolations are checked here and resolved as it is read; an override
+    that interpolates the point's own config escapes it: `\\${dataset.name}`."""
     path = CONF_DIR / "sweep" / f"{name}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
@@ -65,6 +66,10 @@ def sweep_file(name: str) -> DictConfig:
     _check_interpolations(name, sweep, workloads)
     if sweep.get("invalid_points", "reject") not in ("reject", "record"):
         raise ConfigError(f"sweep {name}: invalid_points={sweep.invalid_points} is not reject or record")
+    settings = OmegaConf.to_container(sweep).get("study_settings", [])
+    if not isinstance(settings, list) or not all(isinstance(s, dict) and s.keys() == {"setting", "source"}
+                                                 and all(isinstance(v, str) for v in s.values()) for s in settings):
+        raise ConfigError(f"sweep {name}: study_settings is not a list of `setting: ..., source: ...` entries")
     repeats = sweep.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"sweep {name}: repeats={repeats} is not a positive integer")
