@@ -120,6 +120,20 @@ def tracking_server(port: int):
         server.wait(30)
 
 
+@pytest.fixture
+def conf_copy(tmp_path, monkeypatch):
+    """A copy of conf/ that the planner, the sweep files, the catalog and the reports read instead, for files a test
+    breaks."""
+    from analysis import report
+    from suite.sweep import catalog, plan, sweep_files
+
+    conf = tmp_path / "conf"
+    shutil.copytree(plan.CONF_DIR, conf)
+    for module in (plan, sweep_files, catalog, report):
+        monkeypatch.setattr(module, "CONF_DIR", conf)
+    return conf
+
+
 # Tests that need GPUs: `gpu` one, `gpu_multi` two or more.
 GPU_MARKERS = ("gpu", "gpu_multi")
 

@@ -1,7 +1,6 @@
 """Bad input as a user types it: one line naming the offending value, exit 2, before anything is profiled or
 launched and without creating a store (issue 30, cases 1, 3-6, 8, 17)."""
 
-import shutil
 
 import pytest
 
@@ -12,7 +11,6 @@ from suite.errors import ConfigError
 from suite.predict.costs import StepTime
 from suite.predict.memory import Memory
 from suite.predict.predictor import Prediction
-from suite.sweep import plan as planning
 from suite.sweep import sweep_files
 from suite.sweep.plan import plan
 from suite.sweep.sweep_files import sweep_file
@@ -24,17 +22,6 @@ TOOLS = {"predict": predict_tool, "recommend": recommend_tool}
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if not line.startswith("[")]  # the tools' progress lines aside
-
-
-@pytest.fixture
-def conf_copy(tmp_path, monkeypatch):
-    """A copy of conf/ that the planner reads instead, for files a test breaks."""
-    conf = tmp_path / "conf"
-    shutil.copytree(planning.CONF_DIR, conf)
-    monkeypatch.setattr(planning, "CONF_DIR", conf)
-    monkeypatch.setattr(sweep_files, "CONF_DIR", conf)
-    monkeypatch.setattr(reporting, "CONF_DIR", conf)
-    return conf
 
 
 @pytest.mark.parametrize(("tool", "overrides", "expected"), [

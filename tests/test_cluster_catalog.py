@@ -2,7 +2,6 @@
 it lists, a GPU's numbers live in its catalog entry alone, and a bad or missing number in an entry is one line
 naming the file and key before anything runs."""
 
-import shutil
 
 import pytest
 import yaml
@@ -93,16 +92,6 @@ def test_bf16_on_study_js_titan_rtx_is_refused():
     assert "not NVIDIA TITAN RTX; use fp16" in invalid[0].error
 
 
-@pytest.fixture
-def catalog_copy(tmp_path, monkeypatch):
-    """A copy of conf/ that the planner and the catalog read instead, for entries a test breaks."""
-    conf = tmp_path / "conf"
-    shutil.copytree(planning.CONF_DIR, conf)
-    monkeypatch.setattr(planning, "CONF_DIR", conf)
-    monkeypatch.setattr(catalog, "CONF_DIR", conf)
-    return conf
-
-
 def edit(path, **values):
     text = yaml.safe_load(path.read_text())
     for key, value in values.items():
@@ -128,24 +117,24 @@ def edit(path, **values):
      "nic_bandwidth_gbs is required of a nic catalog entry, got None"),
 ], ids=["memory 0", "negative bandwidth", "peak 0", "negative SMs", "no bandwidth", "no peaks", "negative NIC",
         "negative latency", "NIC without bandwidth"])
-def test_a_bad_catalog_entry_is_one_line_naming_its_file_and_key(catalog_copy, entry, values, problem):
-    path = catalog_copy / "cluster" / f"{entry}.yaml"
+def test_a_bad_catalog_entry_is_one_line_naming_its_file_and_key(conf_copy, entry, values, problem):
+    path = conf_copy / "cluster" / f"{entry}.yaml"
     edit(path, **values)
     with pytest.raises(ConfigError, match=None) as info:  # every cluster listing the entry refuses its points
         plan([["cluster=lassen", "cluster.job.account=x"]], invalid=[])
     assert str(info.value) == f"{path}: {problem}"
 
 
-def test_a_clusters_own_bad_number_names_the_cluster_file(catalog_copy):
-    path = catalog_copy / "cluster" / "dgx_h100.yaml"
+def test_a_clusters_own_bad_number_names_the_cluster_file(conf_copy):
+    path = conf_copy / "cluster" / "dgx_h100.yaml"
     path.write_text(path.read_text().replace("inter_node_bandwidth_gbs: 400", "inter_node_bandwidth_gbs: -400"))
     with pytest.raises(ConfigError, match=None) as info:
         plan([["cluster=dgx_h200"]])  # through the DGX H200, which extends it
     assert str(info.value) == f"{path}: inter_node_bandwidth_gbs must be positive, got -400.0"
 
 
-def test_make_predict_refuses_a_bad_catalog_entry_before_profiling(catalog_copy, results, capsys):
-    path = catalog_copy / "cluster" / "gpu" / "a100_sxm4_40gb.yaml"
+def test_make_predict_refuses_a_bad_catalog_entry_before_profiling(conf_copy, results, capsys):
+    path = conf_copy / "cluster" / "gpu" / "a100_sxm4_40gb.yaml"
     edit(path, device_memory_gb=0)
     assert predict_tool.main([*DIGITS, "cluster=polaris", "cluster.job.account=x"]) == 2
     assert [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[")] == [
