@@ -49,3 +49,16 @@ def test_a_pipeline_run_records_the_cut_its_balance_made(results):
     assert run.data.params["strategy.balance"] == "by_time"  # the default, as torchgpipe's authors recommend
     stage_layers = [int(n) for n in run.data.params["effective.pipeline.stage_layers"].split(",")]
     assert len(stage_layers) == 2 and min(stage_layers) >= 1 and sum(stage_layers) == layer_count(point.cfg)
+
+
+@pytest.mark.slow  # two ranks under horovodrun
+def test_a_horovod_run_records_how_horovod_reduces(results):
+    """Review U1: whether Horovod reduced on NCCL or through the host, its controller, and the HOROVOD_* settings the
+    suite sets from the knobs."""
+    result = run_suite(*DIGITS, "strategy=horovod", "workers=2", "epochs=1", "steps_per_epoch=2",
+                       "record_prediction=false", "strategy.cycle_time_ms=2.5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run,) = Store().runs("adhoc")
+    params = run.data.params
+    assert (params["effective.horovod.operations"], params["effective.horovod.controller"]) == ("gloo", "gloo")
+    assert params["effective.env.HOROVOD_CYCLE_TIME"] == "2.5"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,6 +29,18 @@ class HorovodOptimizer(DataParallel):
     def backward(self, loss: torch.Tensor) -> None:
         super().backward(loss)
         self.optimizer.synchronize()  # wait for the all-reduces (counted in backward, as DDP's are)
+
+    def effective_settings(self) -> dict[str, Any]:
+        """Beside the optimizer and precision: where Horovod reduces this rank's gradients (NCCL on the GPU only
+        if it was built with it, else staged through host memory to gloo or MPI) and which controller negotiates."""
+        import horovod.torch as hvd
+
+        controller = "gloo" if hvd.gloo_enabled() else "mpi"
+        if self.rank.env.device.type != "cuda":
+            operations = controller
+        else:
+            operations = "nccl" if hvd.nccl_built() else f"{controller}, staged through host memory"
+        return {**super().effective_settings(), "horovod.operations": operations, "horovod.controller": controller}
 
     def step(self) -> None:
         with self.optimizer.skip_synchronize():  # already synchronized; also what fp16 loss scaling needs
