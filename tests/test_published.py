@@ -1,0 +1,207 @@
+"""Published GPU measurements as suite points (issue 32, item 6): the repository's records file read into typed
+records, each mapped onto the suite's overrides and planned, or given its reason; a malformed record is one line
+naming the file, the record and the key, exit 2. Nothing is profiled or trained."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from suite.published import mapping
+from suite.published.mapping import Reason, map_record, plan_records
+from suite.published.records import MalformedRecord, Record, load
+from suite.tools import published as tool
+
+RECORDS = Path(__file__).resolve().parents[1] / "analysis" / "published" / "gpu_measurements.yaml"
+SHARED = Path("/work/shared/published/gpu_measurements.yaml")
+
+MEGATRON_TP = ("megatron-readme2020-mp-dgxa100-4b", (
+    "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=36",
+    "network.n_head=24", "network.n_embd=3072", "cluster=dgx_a100_40gb", "workers=4", "strategy=megatron",
+    "strategy.tp=4", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16", "optimizer.name=adam"))
+ZERO = ("narayanan-a100-t2-zero3-175b-384gpu", (
+    "dataset=tokens", "dataset.seq_len=2048", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=96",
+    "network.n_head=96", "network.n_embd=12288", "cluster=dgx_a100_80gb", "workers=384", "strategy=zero",
+    "strategy.zero_stage=3", "batch_size=4", "precision=fp16", "activation_checkpointing=every",
+    "optimizer.name=adam"))
+STUDY_J_GPIPE = ("studyj-torchgpipe-resnet18-imagenet-4gpu-configA", (
+    "dataset=imagenet", "network=resnet18", "cluster=lisa", "workers=4", "strategy=gpipe",
+    "strategy.micro_batch_size=24", "batch_size=288"))
+HYBRID_DP_TP = ("megatron-readme2020-dp-dgxa100-2b", (  # Megatron-LM's dp x tp: the suite's megatron with replicas
+    "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=30",
+    "network.n_head=18", "network.n_embd=2304", "cluster=dgx_a100_40gb", "workers=256", "strategy=megatron",
+    "strategy.tp=2", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16", "optimizer.name=adam"))
+STUDY_J_HOROVOD = ("studyj-horovod-resnet50-imagenet-16gpu-speedup", (
+    "dataset=imagenet", "network=resnet50", "cluster=lisa", "workers=16", "strategy=horovod", "batch_size=32"))
+
+
+@pytest.fixture(scope="module")
+def records() -> dict[str, Record]:
+    return {r.id: r for r in load(RECORDS)}
+
+
+def test_the_repository_holds_the_published_set_unchanged(records):
+    assert len(records) == 223
+    if SHARED.exists():  # copied with every citation: the same records, field for field
+        assert RECORDS.read_bytes() == SHARED.read_bytes()
+    record = records["megatron-readme-a100-1.7b"]
+    assert (record.hardware.gpu, record.model.hidden, record.layout.dp, record.measured.value) == \
+        ("a100_sxm4_80gb", 2304, 32, 137.0)
+    assert record.measured.also["percent_of_theoretical_peak"] == 44
+    assert record.source.url_or_repo == "https://github.com/NVIDIA/Megatron-LM"
+    with pytest.raises(AttributeError):  # frozen
+        record.layout.dp = 4
+
+
+@pytest.mark.parametrize(("ident", "overrides"), [MEGATRON_TP, ZERO, STUDY_J_GPIPE, STUDY_J_HOROVOD, HYBRID_DP_TP])
+def test_a_published_configuration_maps_to_the_suite_point_that_trains_it(records, ident, overrides):
+    mapped = map_record(records[ident])
+    assert mapped.reasons == ()
+    assert mapped.overrides == overrides
+
+
+def test_what_a_record_leaves_unstated_is_said_not_hidden(records):
+    assumptions = map_record(records[STUDY_J_GPIPE[0]]).assumptions
+    assert assumptions == ("precision not stated: fp32, the frameworks' default",
+                           "recomputation not stated: torchgpipe's default checkpoint=except_last",
+                           "optimizer not stated: SGD with momentum, the suite's default")
+
+
+@pytest.mark.parametrize(("ident", "reasons"), [
+    ("megatron-readme-a100-39b", (Reason(mapping.LAYOUT_3D, "dp=32 x tp=8 x pp=2 (the 3D-layouts issue)"),)),
+    ("llmfoundry-a100-80-mpt70b-s2048-64gpu", (Reason(
+        mapping.ACCUMULATION, "4 micro-batches of 8 per step: the suite has no gradient accumulation"),)),
+    ("megatron-readme2020-mp-dgx2-2b", (Reason(
+        mapping.GPU, "v100_sxm3_32gb: no cluster of conf/cluster/ has this GPU type"),)),
+    ("torchtitan-h100-llama3-8b-8gpu-fsdp", (
+        Reason(mapping.NETWORK, "llama3 (Llama 3.1 8B): the suite builds GPT-2 and ResNet, VGG, MobileNetV2"),
+        Reason(mapping.GPU, "h100_sxm5_96gb: no cluster of conf/cluster/ has this GPU type"),
+        Reason(mapping.RECOMPUTE, "attention-only recomputation (Korthikanti et al.); the suite checkpoints whole "
+                                  "blocks"))),
+])
+def test_a_record_the_suite_cannot_express_gets_its_reasons(records, ident, reasons):
+    mapped = map_record(records[ident])
+    assert mapped.reasons == reasons
+    assert mapped.overrides and not mapped.expressible  # what could be mapped still is, for the reader
+
+
+@pytest.fixture(scope="module")
+def planned(records) -> dict[str, mapping.Mapped]:
+    """Every record mapped and planned (Hydra composes the 54 points the mapping expresses: ~15 s)."""
+    return {m.record.id: m for m in plan_records(list(records.values()))}
+
+
+def test_a_node_size_the_catalog_lacks_is_a_reason(records):
+    record = records[STUDY_J_GPIPE[0]]
+    bigger = replace(record, hardware=replace(record.hardware, gpus_per_node=8))
+    assert map_record(bigger).reasons == (Reason(mapping.CLUSTER, "8 x titan_rtx per node (the catalog has lisa: 4)"),)
+
+
+def test_mapped_points_plan_and_a_planner_rejection_is_the_records_reason(planned):
+    megatron, zero, gpipe = (planned[i] for i in (MEGATRON_TP[0], ZERO[0], STUDY_J_GPIPE[0]))
+    assert (megatron.point.layout.tp, megatron.point.layout.dp, megatron.point.global_batch_size) == (4, 1, 16)
+    assert megatron.point.cfg.network.name == "gpt2_L36_H24_E3072"
+    assert (zero.point.layout.shard, zero.point.global_batch_size) == (384, 1536)  # the record's global batch
+    assert zero.point.cfg.cluster.hardware.device_memory_gb == 80
+    assert (gpipe.point.layout.pp, gpipe.point.layout.micro_batches, gpipe.point.global_batch_size) == (4, 12, 288)
+    assert gpipe.point.cfg.cluster.hardware.gpu == "NVIDIA TITAN RTX"
+    rejected = planned["megatron-readme-a100-3.6b"]
+    assert rejected.point is None
+    assert rejected.reasons == (Reason(mapping.PLANNER, "strategy megatron does not apply "
+                                                        "activation_checkpointing=every; leave it none"),)
+
+
+def test_every_record_is_mapped_or_has_a_reason(records):
+    mapped = [map_record(r) for r in records.values()]
+    assert all(bool(m.reasons) != m.expressible for m in mapped)
+    counts = mapping.counts(mapped)
+    assert sum(first for first, _ in counts.values()) == len(records) == 223
+    assert counts[mapping.EXPRESSIBLE][0] >= 50  # before planning
+
+
+def test_every_record_is_planned_or_has_a_reason(records, planned):
+    assert list(planned) == list(records)  # none dropped, in order
+    assert all((m.point is not None) == m.expressible for m in planned.values())
+    counts = mapping.counts(list(planned.values()))
+    assert sum(first for first, _ in counts.values()) == 223
+    assert counts[mapping.EXPRESSIBLE][0] == 51
+
+
+# --- bad input: one line naming the file, the record and the key, exit 2 ----------------------------------------
+
+BASE = yaml.safe_load(RECORDS.read_text())[0] if RECORDS.exists() else {}
+
+
+def _with(change) -> list[dict]:
+    record = copy.deepcopy(BASE)
+    change(record)
+    return [record]
+
+
+@pytest.mark.parametrize(("records_", "expected"), [
+    (_with(lambda r: r["hardware"].update(total_gpus="thirty-two")),
+     "record megatron-readme-a100-1.7b: hardware.total_gpus='thirty-two' is not an integer"),
+    (_with(lambda r: r["layout"].update(strategy="dp_tp")),
+     "record megatron-readme-a100-1.7b: layout.strategy=dp_tp is not one of ddp, horovod, gpipe, 1f1b, "
+     "interleaved_1f1b, pipedream_async, zero1, zero2, zero3, fsdp, megatron_tp, hybrid"),
+    (_with(lambda r: r.pop("id")), "record 1 (no id): id is required"),
+    (_with(lambda r: r["measured"].pop("metric")), "record megatron-readme-a100-1.7b: measured.metric is required"),
+    (_with(lambda r: r["measured"].update(value=None)),
+     "record megatron-readme-a100-1.7b: measured.value is required"),
+    (_with(lambda r: r["measured"].update(metric="teraflops")),
+     "record megatron-readme-a100-1.7b: measured.metric=teraflops is not one of tflops_per_gpu, mfu, samples_per_s, "
+     "tokens_per_s, tokens_per_s_per_gpu, iteration_time_s, epoch_time_s, speedup, scaling_efficiency, "
+     "memory_gb_per_gpu, max_batch_fits"),
+    (_with(lambda r: r["layout"].update(sequence_paralel=True)),
+     "record megatron-readme-a100-1.7b: layout.sequence_paralel is not a key of the schema (one of strategy, dp, tp, "
+     "pp, virtual_stages, schedule, sequence_parallel, zero_stage)"),
+    (_with(lambda r: r["hardware"].update(gpu="a100")),
+     "record megatron-readme-a100-1.7b: hardware.gpu=a100 is not one of v100_sxm2_16gb, v100_sxm2_32gb, "
+     "v100_sxm3_32gb, v100_pcie_32gb, v100, a100_sxm4_40gb, a100_sxm4_80gb, h100_sxm5_80gb, h100_sxm5_96gb, "
+     "h200_sxm_141gb, titan_rtx, p100, p40 or other:<name>"),
+    (_with(lambda r: r["training"].update(global_batch=True)),
+     "record megatron-readme-a100-1.7b: training.global_batch=True is not an integer"),
+    ([BASE, BASE], "record megatron-readme-a100-1.7b: id is given twice (records 1 and 2)"),
+])
+def test_a_malformed_record_is_one_line_naming_file_record_and_key(tmp_path, capsys, records_, expected):
+    path = tmp_path / "records.yaml"
+    path.write_text(yaml.safe_dump(records_, sort_keys=False))
+    with pytest.raises(MalformedRecord) as info:
+        load(path)
+    assert str(info.value) == f"{path}: {expected}"
+    assert tool.main([str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"error: {path}: {expected}"]
+    assert captured.out == ""
+
+
+def test_a_records_file_that_is_not_one_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "none.yaml"
+    assert tool.main([str(missing)]) == 2
+    assert capsys.readouterr().err == f"error: {missing}: cannot be read (No such file or directory)\n"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("- id: a\n  measured: {metric: speedup, value: 2\n")
+    assert tool.main([str(broken)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {broken}:3:1: ")
+
+
+def test_the_command_lists_each_record_and_the_count(tmp_path, capsys, records):
+    path = tmp_path / "records.yaml"
+    entries = yaml.safe_load(RECORDS.read_text())
+    path.write_text(yaml.safe_dump([e for e in entries if e["id"] in (STUDY_J_HOROVOD[0], "megatron-readme-a100-39b")],
+                                   sort_keys=False))
+    assert tool.main([str(path), "--assumptions"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "megatron-readme-a100-39b: cannot: 3D layouts: dp=32 x tp=8 x pp=2 (the 3D-layouts issue)",
+        f"{STUDY_J_HOROVOD[0]}: {' '.join(STUDY_J_HOROVOD[1])}",
+        "    assumed: precision not stated: fp32, the frameworks' default",
+        "    assumed: activation recomputation not stated: none",
+        "    assumed: optimizer not stated: SGD with momentum, the suite's default",
+        "",
+        "2 records: 1 expressible as suite points; the rest by reason (first reason / among its reasons):",
+        "     1 /    1  3D layouts",
+    ]
