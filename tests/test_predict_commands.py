@@ -54,6 +54,16 @@ def test_predict_without_link_costs_says_how_to_get_them(profiled):
     assert "error: cluster local has no link costs: run `make calibrate CLUSTER=local`" in result.stderr
 
 
+def test_bench_model_without_link_costs_says_so_before_it_measures(results):
+    """Its grid starts with `single` (no links needed): the check must not wait for the first point of two ranks,
+    25 minutes into the grid."""
+    result = run_make("bench-model", "ARGS=--strategies single,ddp")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: cluster local has no link costs"), result.stderr
+    assert not (results / "points").exists()  # nothing ran
+
+
 def test_recommend_ranks_the_strategies_of_a_cell(calibrated):
     result = run_make("recommend", f"ARGS={' '.join(TINY_GPT)} optimizer.name=sgd workers=2")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -36,7 +36,7 @@ from analysis.model_score import Scored, cell_name, point_table, recommender_tab
 from analysis.tables import Table
 from suite.errors import ConfigError
 from suite.predict.correction import FORMS, Correction, Observed, correction_path, fit, save
-from suite.predict.links import calibrated_links
+from suite.predict.links import calibrated_links, link_model
 from suite.predict.predictor import Prediction, predict, recorded_prediction
 from suite.records.store import Store, run_status
 from suite.sweep.driver import run_sweep
@@ -244,7 +244,11 @@ def main(argv: list[str]) -> int:
         points = plan(jobs, experiment=args.sweep, invalid=unrunnable)
         # Repeats as passes over the whole grid, minutes apart: their spread then holds the machine's drift.
         points.sort(key=lambda p: p.cfg.repeat)
-        first = predict(points[0])  # fails early without a calibration record
+        for point in points:  # before the grid runs: a point of several ranks is priced from links it must have
+            if point.processes > 1 and (missing := link_model(point.cfg.cluster, point.cfg.nodes,
+                                                               point.processes).missing):
+                raise ConfigError(missing)
+        first = predict(points[0])
     except ConfigError as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
