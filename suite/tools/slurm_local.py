@@ -21,6 +21,7 @@ MARK = "# one-node Slurm written by the suite (suite/tools/slurm_local.py)"
 STATE = Path("/var/spool/slurm-local")
 PACKAGES = ("slurm-wlm", "munge")
 APT_LOCK_WAIT_S = 600
+MUNGE_START_WAIT_S = 30
 COMMANDS = ("sbatch", "squeue", "scancel", "slurmctld", "slurmd", "munged")
 SEARCH_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"  # the daemons live in sbin, off a user's PATH
 
@@ -116,12 +117,27 @@ def _munge_ok() -> bool:
                                                       capture_output=True).returncode == 0
 
 
+def _wait_for_munge(timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not _munge_ok():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def _start_munge() -> None:
     if _munge_ok():
         return
     _run(_as_root(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"]), "creating /run/munge")
-    _run(_as_root(["runuser", "-u", "munge", "--", _which("munged")]), "starting munged")
-    if not _munge_ok():
+    try:
+        _run(_as_root(["runuser", "-u", "munge", "--", _which("munged")]), "starting munged")
+    except SlurmUnavailable:
+        # Installing munge starts its own munged, which holds the socket's lock a while before it answers.
+        if _wait_for_munge(MUNGE_START_WAIT_S):
+            return
+        raise
+    if not _wait_for_munge(MUNGE_START_WAIT_S):
         raise SlurmUnavailable("munged started but `munge -n | unmunge` fails")
 
 
