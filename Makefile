@@ -14,7 +14,8 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
 .PHONY: setup setup-offline wheelhouse horovod test test-fast test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
-	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend bench-model
+	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend bench-model \
+	validate-published
 
 setup: $(STAMP)
 
@@ -134,7 +135,7 @@ report: setup
 # for Study J's equations). `recommend` ranks every strategy and its main knobs for ARGS="dataset=... network=...
 # cluster=... workers=...".
 predict: setup
-	$(PY) -m suite.tools.predict $(ARGS)
+	$(PY) -m suite.tools.predict $(if $(filter json,$(FORMAT)),--json) $(ARGS)
 
 recommend: setup
 	$(PY) -m suite.tools.recommend $(ARGS)
@@ -156,3 +157,9 @@ bench-launch: setup
 # ARGS='--strategies single,ddp steps_per_epoch=2 ...' shrinks it (its smoke test).
 bench-model: setup
 	$(PY) -m suite.tools.benchmarks.model $(ARGS)
+
+# The performance model against published GPU measurements, nothing calibrated: ARGS="[FILE] [--json]" (default
+# analysis/published/gpu_measurements.yaml); per record published, predicted, error; per metric, strategy family,
+# GPU type and source; the GPU pricing issue's targets beside what is reached.
+validate-published: setup
+	$(PY) -m suite.tools.validate_published $(ARGS)

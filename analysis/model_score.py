@@ -59,7 +59,7 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
     return float(sum(sign) / len(pairs))
 
 
-def _summary(errors: list[float]) -> dict[str, float]:
+def error_summary(errors: list[float]) -> dict[str, float]:
     absolute = [abs(e) for e in errors]
     return {"n": len(errors), "median": statistics.median(absolute), "p90": float(np.percentile(absolute, 90)),
             "max": max(absolute), "bias": statistics.median(errors)}
@@ -74,7 +74,7 @@ def strategy_errors(points: list[Scored]) -> dict[str, dict[str, float]]:
             by[point.strategy].append(point)
     out = {}
     for strategy, group in sorted(by.items()):
-        row = _summary([p.time_error for p in group])
+        row = error_summary([p.time_error for p in group])
         spreads = [p.spread for p in group if p.spread is not None]
         row["spread"] = statistics.median(spreads) if spreads else float("nan")
         memory = [abs(p.memory_error) for p in group if p.memory_error is not None]

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launchers.local import free_port  # noqa: F401  (the tests' free port, the local launcher's own)
 from suite.paths import REPO_ROOT
@@ -132,6 +133,17 @@ def conf_copy(tmp_path, monkeypatch):
     for module in (plan, sweep_files, catalog, report):
         monkeypatch.setattr(module, "CONF_DIR", conf)
     return conf
+
+
+def edit_catalog_entry(path: Path, **values) -> None:
+    """Set (None: remove) keys of a hardware catalog entry (conf/cluster/gpu/*, nic/*) of a `conf_copy`."""
+    text = yaml.safe_load(path.read_text())
+    for key, value in values.items():
+        if value is None:
+            text.pop(key)
+        else:
+            text[key] = value
+    path.write_text("# @package cluster.hardware\n" + yaml.safe_dump(text))
 
 
 # Tests that need GPUs: `gpu` one, `gpu_multi` two or more.

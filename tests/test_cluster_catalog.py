@@ -4,9 +4,8 @@ naming the file and key before anything runs."""
 
 
 import pytest
-import yaml
 
-from conftest import DIGITS
+from conftest import DIGITS, edit_catalog_entry
 from suite.errors import ConfigError
 from suite.sweep import catalog
 from suite.sweep import plan as planning
@@ -92,16 +91,6 @@ def test_bf16_on_study_js_titan_rtx_is_refused():
     assert "not NVIDIA TITAN RTX; use fp16" in invalid[0].error
 
 
-def edit(path, **values):
-    text = yaml.safe_load(path.read_text())
-    for key, value in values.items():
-        if value is None:
-            text.pop(key)
-        else:
-            text[key] = value
-    path.write_text("# @package cluster.hardware\n" + yaml.safe_dump(text))
-
-
 @pytest.mark.parametrize(("entry", "values", "problem"), [
     ("gpu/v100_sxm2_16gb", {"device_memory_gb": 0}, "device_memory_gb must be positive, got 0.0"),
     ("gpu/v100_sxm2_16gb", {"device_memory_bandwidth_gbs": -900}, "device_memory_bandwidth_gbs must be positive, "
@@ -119,7 +108,7 @@ def edit(path, **values):
         "negative latency", "NIC without bandwidth"])
 def test_a_bad_catalog_entry_is_one_line_naming_its_file_and_key(conf_copy, entry, values, problem):
     path = conf_copy / "cluster" / f"{entry}.yaml"
-    edit(path, **values)
+    edit_catalog_entry(path, **values)
     with pytest.raises(ConfigError, match=None) as info:  # every cluster listing the entry refuses its points
         plan([["cluster=lassen", "cluster.job.account=x"]], invalid=[])
     assert str(info.value) == f"{path}: {problem}"
@@ -135,7 +124,7 @@ def test_a_clusters_own_bad_number_names_the_cluster_file(conf_copy):
 
 def test_make_predict_refuses_a_bad_catalog_entry_before_profiling(conf_copy, results, capsys):
     path = conf_copy / "cluster" / "gpu" / "a100_sxm4_40gb.yaml"
-    edit(path, device_memory_gb=0)
+    edit_catalog_entry(path, device_memory_gb=0)
     assert predict_tool.main([*DIGITS, "cluster=polaris", "cluster.job.account=x"]) == 2
     assert [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[")] == [
         f"error: {path}: device_memory_gb must be positive, got 0.0"]

@@ -167,14 +167,17 @@ def megatron_point(tp: int) -> list[str]:
 
 
 MEGATRON = {"tp2": (2, []), "tp2_whole_vocabulary": (2, ["strategy.vocab_parallel=false"]), "tp1_dp2": (1, []),
-            "tp1_dp2_overlapped": (1, ["strategy.overlap_grad_reduce=true", "strategy.bucket_size=20000"])}
+            "tp1_dp2_overlapped": (1, ["strategy.overlap_grad_reduce=true", "strategy.bucket_size=20000"]),
+            "tp2_checkpointed": (2, ["activation_checkpointing=every"])}
 
 
 @pytest.mark.parametrize("mode", MEGATRON)
 def test_megatron_equivalence(store, mode):
     """2 workers: tp=2 is Megatron-intra (both ranks train on the whole global batch of batch_size x 2), by default
     with the embedding and head split by vocabulary and the loss on the split logits, or with them whole; tp=1 is
-    Megatron-data (2 replicas average their gradients after backward, or in buckets during it)."""
+    Megatron-data (2 replicas average their gradients after backward, or in buckets during it); tp=2 with every
+    block checkpointed recomputes its split forward, collectives included, in backward (Megatron-LM's full
+    recomputation)."""
     tp, knobs = MEGATRON[mode]
     assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], [*megatron_point(tp), *knobs]))
 

@@ -102,7 +102,7 @@ def test_links_come_from_the_calibration_of_ranks_nearest_the_points(tmp_path, m
     calibration_record(directory, world_size=2).rename(directory / "test.w2.yaml")
     calibration_record(directory, world_size=4).rename(directory / "test.w4.yaml")
     (directory / "test.w2.overhead.yaml").write_text("strategies: {}\n")  # beside them, not a record
-    cluster = OmegaConf.create({"name": "test", "hardware": {}})
+    cluster = OmegaConf.create({"name": "test", "device": "cpu", "scheduler": "local", "hardware": {}})
     assert [links.world_size for links in calibrated_links("test", nodes=1)] == [2, 4]
     assert link_model(cluster, nodes=1, ranks=2).world_size == 2
     assert link_model(cluster, nodes=1, ranks=4).world_size == 4
@@ -473,7 +473,7 @@ def test_a_one_rank_calibration_record_prices_one_rank_points_and_refuses_more(t
     record = yaml.safe_load(path.read_text())
     path.write_text(yaml.safe_dump({**record, "collectives": {}, "p2p": {}}))
     assert LinkModel.from_calibration(path) is None
-    cluster = OmegaConf.create({"name": "test", "hardware": {}})
+    cluster = OmegaConf.create({"name": "test", "device": "cpu", "scheduler": "local", "hardware": {}})
     links = link_model(cluster, nodes=1, ranks=2)
     assert links.collective("all_reduce", 2**20, 1) == 0.0
     with pytest.raises(ConfigError, match="cluster test has no link costs: run `make calibrate CLUSTER=test`"):

@@ -109,10 +109,13 @@ def test_mapped_points_plan_and_a_planner_rejection_is_the_records_reason(planne
     assert zero.point.cfg.cluster.hardware.device_memory_gb == 80
     assert (gpipe.point.layout.pp, gpipe.point.layout.micro_batches, gpipe.point.global_batch_size) == (4, 12, 288)
     assert gpipe.point.cfg.cluster.hardware.gpu == "NVIDIA TITAN RTX"
-    rejected = planned["megatron-readme-a100-3.6b"]
+    checkpointed = planned["megatron-readme-a100-3.6b"].point  # Megatron-LM's full recomputation
+    assert (checkpointed.strategy.name, checkpointed.cfg.activation_checkpointing) == ("megatron", "every")
+    record = planned[STUDY_J_GPIPE[0]].record
+    (rejected,) = plan_records([replace(record, training=replace(record.training, precision="fp16"))])
     assert rejected.point is None
-    assert rejected.reasons == (Reason(mapping.PLANNER, "strategy megatron does not apply "
-                                                        "activation_checkpointing=every; leave it none"),)
+    assert rejected.reasons == (Reason(mapping.PLANNER, "strategy gpipe does not train in precision=fp16 "
+                                                        "(use fp32, bf16)"),)
 
 
 def test_every_record_is_mapped_or_has_a_reason(records):
@@ -128,7 +131,7 @@ def test_every_record_is_planned_or_has_a_reason(records, planned):
     assert all((m.point is not None) == m.expressible for m in planned.values())
     counts = mapping.counts(list(planned.values()))
     assert sum(first for first, _ in counts.values()) == 223
-    assert counts[mapping.EXPRESSIBLE][0] == 51
+    assert counts[mapping.EXPRESSIBLE][0] == 54
 
 
 # --- bad input: one line naming the file, the record and the key, exit 2 ----------------------------------------

@@ -12,7 +12,8 @@ the largest size's bandwidth. To price the same collective among p ranks the mea
 latency (the smallest message's time), which grows with the ring's steps, and the rest, which grows with the
 bandwidth-optimal ring's bus factor (nccl-tests: busbw is the same at every p): all-reduce 2(p-1)/p, all-gather
 and reduce-scatter (p-1)/p, broadcast 1.
-Where a cluster has no record, its `hardware` latency and bandwidth give an alpha-beta model instead.
+Where a GPU cluster has no record, NCCL's own cost model prices its catalog fabric (suite.predict.fabric); where
+a CPU cluster has none, its `hardware` latency and bandwidth give an alpha-beta model.
 
 Message sizes are the whole buffer, as `suite.runtime.comm` counts them: an all-gather's output, a
 reduce-scatter's input.
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Protocol
 
 from suite.errors import ConfigError
+from suite.placement import will_use_cuda
+from suite.predict.fabric import nccl_links
 from suite.records.calibration import calibration_files, read_record, reading, record_path
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -204,13 +207,17 @@ def nearest(counts: Iterable[int], ranks: int) -> int:
 def link_model(cluster, nodes: int, ranks: int, fewer_than: int | None = None) -> LinkModel:
     """The links of a point of `ranks` ranks on `nodes` nodes of a cluster: those its calibration records
     measured among the number of ranks nearest its own (`fewer_than`: only among fewer ranks than that, a point
-    held out by worker count), else its hardware's latency and bandwidth (inter-node where the point spans
-    nodes); with neither, no links, which only a one-rank point can be priced without."""
+    held out by worker count), else on GPUs NCCL's model of its catalog fabric (suite.predict.fabric), else its
+    hardware's latency and bandwidth (inter-node where the point spans nodes); with neither, no links, which only
+    a one-rank point can be priced without."""
     measured = {links.world_size: links for links in calibrated_links(cluster.name, nodes)
                 if fewer_than is None or links.world_size < fewer_than}
     if measured:
         return measured[nearest(measured, ranks)]
     path = record_path(cluster.name)
+    if will_use_cuda(cluster):
+        links = nccl_links(cluster, nodes, ranks)
+        return links if not isinstance(links, str) else LinkModel({}, 1, "none", links)
     hw = cluster.hardware
     scope = "inter_node" if nodes > 1 else "intra_node"
     latency, bandwidth = hw.get(f"{scope}_latency_us"), hw.get(f"{scope}_bandwidth_gbs")

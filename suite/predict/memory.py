@@ -114,7 +114,10 @@ def tensor_parallel(w: Workload, base: float) -> Memory:
     p, tp = w.profile, w.layout.tp
     split = [layer.block or w.strategy.vocab_parallel for layer in p.layers]
     held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
-    kept = sum(layer.saved_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
+    again = checkpointed(list(p.layers), checkpoint_interval(w.cfg.activation_checkpointing))
+    # A checkpointed block keeps only its input, whole on every rank of the group.
+    kept = sum(p.layers[i - 1].output_bytes if a else layer.saved_bytes / (tp if s else 1)
+               for i, (layer, s, a) in enumerate(zip(p.layers, split, again)))
     # The peak is where backward starts: its workspace is the last layer's temporaries (GPT-2's head: the logits'
     # softmax and gradients), split only where that layer is (the vocabulary).
     share = 1 / tp if split[-1] else 1.0

@@ -1,12 +1,14 @@
-"""From planned points to predictions: profile what each point's ranks compute (cached), price its links from
-its cluster's calibration, and compose its step time and per-rank memory; nothing is launched.
+"""From planned points to predictions: price what each point's ranks compute, its links and its memory, and
+compose its step time and per-rank memory; nothing is launched.
 
 A point's ranks compute at its layout's micro-batch (the whole mini-batch outside pipelines; a tensor-parallel
-group's batch under `megatron`) with the threads a rank of it gets here, and load its mini-batch each step. The
-profile is taken on this machine's device; a point for a cluster of other devices is priced from it only when
-both machines' calibration records give their matrix-multiply throughput, by which its compute is scaled. The
-suite's model adds what the strategy's library costs per step where `make calibrate` measured it on probe
-networks (suite.predict.overhead). Where `make bench-model` fitted a correction for the cluster
+group's batch under `megatron`) and load its mini-batch each step. Where the point runs on this machine's kind
+of device its compute is profiled here (suite.profiling, cached) with the threads a rank of it gets; a point
+for a GPU cluster priced from a machine without a GPU is priced from its cluster's datasheet by the roofline
+model (suite.predict.roofline; with the cluster's calibrated matmul rate where `make calibrate` ran there), and
+its links by NCCL's model of the catalog's fabric (suite.predict.fabric) unless calibrated. The suite's model
+adds what the strategy's library costs per step where `make calibrate` measured it on probe networks
+(suite.predict.overhead). Where `make bench-model` fitted a correction for the cluster
 (suite.predict.correction), the variant `fitted` adds it.
 """
 
@@ -23,8 +25,9 @@ from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
 from suite.predict import correction, overhead
 from suite.predict.costs import StepTime
-from suite.predict.links import link_model, matmul_tflops
+from suite.predict.links import link_model
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
+from suite.predict.roofline import GPU_RANK_BASE_BYTES, datasheet_profile
 from suite.predict.step import VARIANTS, Workload, step_time
 from suite.profiling.cache import data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.profiling.profiles import Profile
@@ -46,6 +49,7 @@ class Prediction:
     priced_by: str  # where the link costs come from
     corrected_by: str | None = None  # the fitted correction in the step, if any
     library_by: str | None = None  # the measured library overhead in the step, if any
+    flops_per_sample: float = 0.0  # the model's forward and backward FLOPs per sample (recomputation excluded)
 
     @property
     def epoch_s(self) -> float:
@@ -54,6 +58,22 @@ class Prediction:
     @property
     def peak_mb(self) -> float:
         return self.memory.peak / MIB
+
+    @property
+    def priced_from(self) -> str:
+        """What its compute was priced from: `datasheet`, `calibrated` (the cluster's measured matmul rate in the
+        datasheet model) or `profiled` (measured on a device of the cluster's kind)."""
+        first = self.profiled_on.split(":", 1)[0]
+        return first if first in ("datasheet", "calibrated") else "profiled"
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.point.global_batch_size / self.step.total
+
+    @property
+    def model_tflops_per_device(self) -> float:
+        """The model's FLOPs per second per rank (MFU's numerator: recomputation not counted)."""
+        return self.flops_per_sample * self.samples_per_s / self.point.processes / 1e12
 
     @property
     def fits(self) -> bool | None:
@@ -80,31 +100,18 @@ def profile_device(cfg) -> torch.device:
     return torch.device("cuda" if will_use_cuda(cfg.cluster) and torch.cuda.is_available() else "cpu")
 
 
-def compute_scale(cfg, device: torch.device) -> float:
-    """Factor from this machine's compute to the point's cluster's: 1 where the cluster runs on this device."""
-    if will_use_cuda(cfg.cluster) == (device.type == "cuda"):
-        return 1.0
-    here, there = matmul_tflops("local", cfg.precision), matmul_tflops(cfg.cluster.name, cfg.precision)
-    if here is None or there is None:
-        raise ConfigError(f"cluster {cfg.cluster.name} computes on {cfg.cluster.hardware.gpu or 'GPUs'}, this "
-                          f"machine on its {device.type}: run the prediction on a node of {cfg.cluster.name}, or "
-                          f"calibrate both (`make calibrate` here and on {cfg.cluster.name}) to scale by their "
-                          "matmul throughput")
-    return here / there
-
-
-def _scaled(profile: Profile, factor: float) -> Profile:
-    if factor == 1.0:
-        return profile
-    layers = tuple(replace(layer, forward_s=layer.forward_s * factor, backward_s=layer.backward_s * factor)
-                   for layer in profile.layers)
-    return replace(profile, layers=layers, forward_s=profile.forward_s * factor,
-                   backward_s=profile.backward_s * factor, optimizer_s=profile.optimizer_s * factor)
+def from_datasheet(cfg, device: torch.device) -> bool:
+    """Whether the point's compute is priced from its cluster's GPU datasheet (suite.predict.roofline): a GPU
+    cluster priced from a machine without a GPU."""
+    return will_use_cuda(cfg.cluster) and device.type == "cpu"
 
 
 def base_bytes(point: Point, threads: int) -> float:
     """What a rank of the point's strategy holds before its model: measured on a rank of the same library
-    (torch alone, DeepSpeed under `zero`, Horovod) with a negligible network, here."""
+    (torch alone, DeepSpeed under `zero`, Horovod) with a negligible network, here; on a GPU priced from its
+    datasheet, the roofline model's estimate."""
+    if from_datasheet(point.cfg, profile_device(point.cfg)):
+        return GPU_RANK_BASE_BYTES
     library = point.strategy.base_memory_of
     return rank_base_mb(library, threads) * MIB
 
@@ -117,7 +124,7 @@ def ranks_at_once(threads: int) -> int:
 def crowding(point: Point) -> float:
     """How many ranks of the point share each slot of its CPU node's cores (the ranks its cores run at once),
     where more than one; 1 on GPUs."""
-    if profile_device(point.cfg).type != "cpu":
+    if will_use_cuda(point.cfg.cluster):
         return 1.0
     threads = threads_per_worker(point.cfg.cluster.threads_per_worker, processes_per_node(point))
     return max(1.0, processes_per_node(point) / ranks_at_once(threads))
@@ -132,23 +139,29 @@ def workload(point: Point, fewer_ranks: bool = False) -> tuple[Workload, torch.d
     links = link_model(cfg.cluster, cfg.nodes, point.processes, cfg.workers if fewer_ranks else None)
     if links.missing and point.processes > 1:  # said before profiling, which it would make pointless
         raise ConfigError(links.missing)
-    scale = compute_scale(cfg, device)
-    together = processes_per_node(point) if device.type == "cpu" else 1  # a node's ranks share its cores
+    together = processes_per_node(point) if not will_use_cuda(cfg.cluster) else 1  # a node's ranks share its cores
     oversubscription = 1.0
     crowded = crowding(point)
     if layout.pp > 1 and not layout.stages_in_one_process and crowded > 1:
         together, oversubscription = ranks_at_once(threads), crowded  # see step.shared_cores
-    profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
-    data, _ = data_profile(cfg, layout.mini_batch, device, threads, together)
-    profiled_on = (f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
-                   + (f", compute x{scale:.3g}" if scale != 1 else ""))
+    if from_datasheet(cfg, device):
+        profile = datasheet_profile(cfg, layout.micro_batch_size)
+        profiled_on = profile.key["priced_from"]
+        # Loader processes on the node's own CPUs, which this machine's say nothing of: where there are some they
+        # are taken to keep up with the GPU; without, loading is timed here.
+        loaded = cfg.dataset.loader_workers == 0
+        data_s = data_profile(cfg, layout.mini_batch, device, threads)[0].batch_s if loaded else 0.0
+    else:
+        data_s = data_profile(cfg, layout.mini_batch, device, threads, together)[0].batch_s
+        profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
+        profiled_on = f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
     on_gpus = will_use_cuda(cfg.cluster)
     slowdown = 1.0
     if layout.stages_in_one_process and not on_gpus:
         worker, _ = worker_thread_profile(cfg, layout.micro_batch_size, device, threads, together)
         slowdown = worker.slowdown
         profiled_on += f", forward x{slowdown:.2f} on torchgpipe's worker thread"
-    w = Workload(cfg, point.strategy, layout, _scaled(profile, scale), data.batch_s, links,
+    w = Workload(cfg, point.strategy, layout, profile, data_s, links,
                  steps_per_epoch(cfg, layout), stages_overlap=on_gpus, worker_forward_slowdown=slowdown,
                  oversubscription=oversubscription,
                  data_overlaps=on_gpus and cfg.dataset.loader_workers > 0, comm_hides=on_gpus)
@@ -165,7 +178,8 @@ def predict(point: Point, variant: str = "suite", fewer_ranks: bool = False) -> 
     memory = rank_memory(w, base_bytes(point, threads))
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
-    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source)
+    prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source,
+                            flops_per_sample=w.profile.flops / w.profile.batch)
     return with_library_overhead(prediction, w.profile, fewer_ranks) if variant == "suite" else prediction
 
 

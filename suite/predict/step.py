@@ -256,18 +256,21 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     forward and its gradient reduce-scattered), and the loss on the split logits, which are never gathered: three
     all-reduces of one fp32 value per token (the max, the sum of exponentials, the target's logit). Replicas
     all-reduce their shard's gradients after backward, or with `overlap_grad_reduce` in buckets of `bucket_size`
-    elements while backward runs on. The batch reaches the group's ranks as a broadcast from its first rank."""
+    elements while backward runs on. The batch reaches the group's ranks as a broadcast from its first rank.
+    Checkpointed blocks run their split forward again in backward, its two collectives included."""
     tp, dp, layers = w.layout.tp, w.layout.dp, w.layers
     vocab = w.strategy.vocab_parallel
     split = [layer.block or vocab for layer in layers]
     ways = [tp if s else 1 for s in split]
+    again = checkpointed(list(layers), checkpoint_interval(w.cfg.activation_checkpointing))
     fwd = sum(layer.forward_s / n for layer, n in zip(layers, ways))
-    bwd = sum(layer.backward_s / n for layer, n in zip(layers, ways))
+    bwd = sum((layer.backward_s + (layer.forward_s if a else 0)) / n for layer, n, a in zip(layers, ways, again))
     blocks = [layer for layer in layers if layer.block]
     activation = blocks[0].output_bytes
     sequence_parallel = w.strategy.sequence_parallel
     kinds = ("reduce_scatter", "all_gather") if sequence_parallel else ("all_reduce",)
-    collectives = [(kind, activation, tp) for kind in kinds] * (4 * len(blocks))
+    # Two in each block's forward and two in its backward; a checkpointed block's forward runs twice.
+    collectives = [(kind, activation, tp) for kind in kinds] * (4 * len(blocks) + 2 * sum(again))
     if tp > 1:  # the group's first rank broadcasts the batch: its shape, then int64 inputs and targets
         collectives += [("broadcast", 16, tp), ("broadcast", 2 * w.profile.batch * w.cfg.dataset.seq_len * 8, tp)]
     if vocab:

@@ -86,8 +86,8 @@ def ends_plan(vocab_parallel: bool, sequence_parallel: bool) -> dict[str, Parall
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bool, sequence_parallel: bool) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
-    for block in model.blocks:
-        parallelize_module(block, mesh, block_plan(sequence_parallel))
+    for block in model.blocks:  # inside a checkpoint wrapper, the block it wraps: the plan names its submodules
+        parallelize_module(getattr(block, "_checkpoint_wrapped_module", block), mesh, block_plan(sequence_parallel))
     parallelize_module(model, mesh, ends_plan(vocab_parallel, sequence_parallel))
     if vocab_parallel:  # splitting gave the head its own Parameter around the embedding's shard: tie them again
         model.head.weight = model.tok_emb.weight
@@ -247,10 +247,9 @@ class Megatron(Strategy):
     name: str = "megatron"
     family: ClassVar[Family] = Family.tensor_parallel
     label: ClassVar[str] = "Megatron"
-    # Parameters are sharded (element-wise updates only); the tensor-parallel plan addresses the plain blocks,
-    # not checkpoint wrappers.
-    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS,
-                                            activation_checkpointing=False)
+    # Parameters are sharded (element-wise updates only). Checkpointed blocks recompute their tensor-parallel
+    # forward, collectives included, as Megatron-LM's full recomputation does.
+    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS)
     needs_torch: ClassVar[str] = "2.5"  # torch.distributed.tensor, DTensor's public API
     tp: int = 2
     batch_grows_with_tp: bool = True

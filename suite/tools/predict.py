@@ -1,6 +1,6 @@
 """`make predict`: every point's predicted epoch time, step split and peak memory per rank, nothing launched.
 
-    python -m suite.tools.predict [--variant suite|study_j|fitted] override ...
+    python -m suite.tools.predict [--variant suite|study_j|fitted] [--json] override ...
 
 Overrides are the sweep's (`dataset=imagenet network=resnet50 cluster=lassen workers=4,8,16 strategy=ddp,gpipe`);
 comma lists expand to every combination. Each point is planned as a sweep plans it: one that does not compose
@@ -8,12 +8,14 @@ comma lists expand to every combination. Each point is planned as a sweep plans 
 composes but cannot run (gpipe beyond a node) is listed with the reason; nothing is submitted, so a cluster's account
 is not asked for. `--variant fitted` needs the cluster's fitted correction, checked before anything is profiled.
 Profiles are taken here, once per network, batch, precision, optimizer and thread count, and kept in
-results/profiles/.
+results/profiles/; a GPU cluster is priced from its datasheet where this machine has no GPU. `--json` (or `make
+predict FORMAT=json`) prints one JSON object per point instead of the table (`cannot_run` where it cannot).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from analysis.tables import Table
@@ -32,6 +34,7 @@ def parse_args(argv: list[str], description: str) -> argparse.Namespace:
     parser.add_argument("--variant", choices=PREDICTORS, default="suite",
                         help="the suite's model, Study J's equations (Eq. 5.1, Eqs. 6.1/6.2) where it has them, or "
                              "the suite's model with the correction `make bench-model` fitted")
+    parser.add_argument("--json", action="store_true", help="one JSON object per point instead of the table")
     parser.add_argument("overrides", nargs="*")
     return parser.parse_intermixed_args(argv)
 
@@ -73,6 +76,19 @@ COLUMNS = ["point", "strategy", "layout", "global batch", "steps/epoch", "epoch 
            "peak MB/rank", "fits"]
 
 
+def as_json(p: Prediction) -> dict:
+    point, s = p.point, p.step
+    tokens = point.cfg.dataset.seq_len if point.cfg.dataset.kind == "tokens" else None
+    return {"point": point.label, "strategy": describe(point), "layout": layout_text(point),
+            "workers": point.processes, "global_batch": point.global_batch_size, "step_s": s.total,
+            "epoch_s": p.epoch_s, "steps_per_epoch": p.steps, "samples_per_s": p.samples_per_s,
+            "tokens_per_s": p.samples_per_s * tokens if tokens else None,
+            "model_tflops_per_gpu": p.model_tflops_per_device, "peak_memory_gb_per_gpu": p.memory.peak / 2**30,
+            "fits": p.fits, "priced_from": p.priced_from, "compute": p.profiled_on, "links": p.priced_by,
+            "split_s": {"compute": s.compute, "exposed_comm": s.comm, "bubble": s.bubble, "optimizer": s.optimizer,
+                        "data": s.data, "library": s.library, "fitted": s.fitted, "core_wait": s.core_wait}}
+
+
 def notes(predictions: list[Prediction], variant: str) -> list[str]:
     profiled = sorted({p.profiled_on for p in predictions})
     priced = sorted({p.priced_by for p in predictions})
@@ -81,9 +97,15 @@ def notes(predictions: list[Prediction], variant: str) -> list[str]:
     library_note = (f" Library overhead measured on probe networks: {'; '.join(library)}." if library else
                     " No library overhead measured for this cluster (`make calibrate` measures it on probe networks)."
                     if variant != "study_j" else "")
-    return [f"Model: {variant}. Profiled on {'; '.join(profiled)}: {WARMUP} warm-up steps, then the whole network's "
-            f"mean over {WINDOW_S:g} s of timed steps ({STEPS} to {MAX_STEPS}), each layer's median over {STEPS} "
-            f"(results/profiles/). Links: {'; '.join(priced)}." + library_note
+    measured = [text for text in profiled if not text.startswith(("datasheet", "calibrated"))]
+    counted = [text for text in profiled if text not in measured]
+    compute = ([f"Profiled on {'; '.join(measured)}: {WARMUP} warm-up steps, then the whole network's mean over "
+                f"{WINDOW_S:g} s of timed steps ({STEPS} to {MAX_STEPS}), each layer's median over {STEPS} "
+                "(results/profiles/)."] if measured else [])
+    compute += [f"Priced from {'; '.join(counted)} (suite.predict.roofline; nothing calibrated or profiled on a "
+                "GPU)." if all(t.startswith("datasheet") for t in counted) else
+                f"Priced from {'; '.join(counted)} (suite.predict.roofline)."] if counted else []
+    return [f"Model: {variant}. {' '.join(compute)} Links: {'; '.join(priced)}." + library_note
             + (f" Corrected by {'; '.join(corrected)}: the column fitted." if corrected else "")]
 
 
@@ -103,6 +125,12 @@ def main(argv: list[str]) -> int:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
+    if args.json:
+        for p in predictions:
+            print(json.dumps(as_json(p)))
+        for i in invalid:
+            print(json.dumps({"point": i.label, "cannot_run": i.error}))
+        return 0
     links = sorted({p.point.cfg.cluster.name for p in predictions} | {i.cfg.cluster.name for i in invalid})
     cannot = [[i.label, f"cannot run: {i.error}", *[""] * (len(COLUMNS) - 2)] for i in invalid]
     table = Table("predict", f"Predicted epoch time and memory ({', '.join(links)})", COLUMNS,

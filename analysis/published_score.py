@@ -1,0 +1,194 @@
+"""Scoring the performance model against published GPU measurements: each record's published figure beside what
+the suite predicts for the point its configuration maps to (suite.published.mapping), in the record's metric and
+units; the error per metric, strategy family, GPU type and source; and within each source table that compares
+layouts of one model, Kendall's tau of predicted against published order. A record the suite cannot express or
+price keeps its reason; none is dropped.
+
+Signed error = predicted / published - 1, as the CPU scores (analysis.model_score). A throughput (samples/s,
+tokens/s, TFLOP/s) predicted too high is a positive error, an iteration time predicted too long also: the sign
+says which way the number is off, not whether the model is optimistic.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from analysis.model_score import error_summary, kendall_tau
+from analysis.tables import Table
+from suite.errors import ConfigError
+from suite.published.mapping import DATA_PARALLEL, PIPELINES, Mapped
+from suite.published.records import Record
+
+MEMORY = "memory_gb_per_gpu"
+MEMORY_ALSO = {"memory_gib": 2**30, "memory_gb": 1e9, "memory_gb_per_gpu": 1e9}  # measured.also keys, bytes each
+TARGETS = {"median": 0.10, "p90": 0.25, "family_median": 0.15, "source_median": 0.15, "memory_median": 0.10,
+           "fits": 0.95, "tau": 0.8}  # the GPU pricing issue's, printed beside what is reached
+SHARDED = ("fsdp", "zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class Scored:
+    record: Record
+    metric: str
+    published: float
+    predicted: float | None
+    reason: str | None = None  # why predicted is None
+    priced_from: str | None = None
+    fits: bool | None = None
+
+    @property
+    def error(self) -> float | None:
+        return None if self.predicted is None else self.predicted / self.published - 1
+
+    def as_json(self) -> dict:
+        r = self.record
+        return {"id": r.id, "metric": self.metric, "published": self.published, "predicted": self.predicted,
+                "error": self.error, "reason": self.reason, "priced_from": self.priced_from,
+                "strategy": r.layout.strategy, "gpu": r.hardware.gpu, "source": r.source.ref or r.prefix}
+
+
+def family(strategy: str | None) -> str:
+    if strategy in SHARDED:
+        return "sharded"
+    if strategy in DATA_PARALLEL:
+        return "data parallel"
+    if strategy in PIPELINES:
+        return "pipeline"
+    return "tensor / 3D"
+
+
+def _value(metric: str, prediction, record: Record) -> float:
+    """The prediction in the record's metric; ConfigError where the metric is not one a single point prices."""
+    point = prediction.point
+    seq = point.cfg.dataset.seq_len if point.cfg.dataset.kind == "tokens" else None
+    values: dict[str, Callable[[], float]] = {
+        "tflops_per_gpu": lambda: prediction.model_tflops_per_device,
+        "samples_per_s": lambda: prediction.samples_per_s,
+        "iteration_time_s": lambda: prediction.step.total,
+        "epoch_time_s": lambda: prediction.epoch_s,
+        "mfu": lambda: prediction.model_tflops_per_device / _peak(point),
+    }
+    if seq:
+        values["tokens_per_s"] = lambda: prediction.samples_per_s * seq
+        values["tokens_per_s_per_gpu"] = lambda: prediction.samples_per_s * seq / point.processes
+    if metric not in values:
+        raise ConfigError(f"metric {metric} compares points (a speedup, a largest batch): not priced per record")
+    return values[metric]()
+
+
+def _peak(point) -> float:
+    """The datasheet peak MFU divides by: the point's half-precision dtype, else fp32."""
+    peaks = point.cfg.cluster.hardware.peak_tflops or {}
+    return peaks[point.cfg.precision if point.cfg.precision in ("bf16", "fp16") else "fp32"]
+
+
+def score_record(mapped: Mapped, predict: Callable) -> list[Scored]:
+    """The record's primary metric, and its memory per GPU where `measured.also` states it."""
+    record = mapped.record
+    published = float(record.measured.value)
+    memory = [(key, float(value) * scale / 1e9) for key, scale in MEMORY_ALSO.items()
+              if isinstance((value := record.measured.also.get(key)), (int, float))]
+    if not mapped.expressible or mapped.point is None:
+        reason = "; ".join(map(str, mapped.reasons)) or "not planned"
+        return ([Scored(record, record.measured.metric, published, None, reason)]
+                + [Scored(record, MEMORY, gb, None, reason) for _, gb in memory[:1]])
+    try:
+        prediction = predict(mapped.point)
+        metric = record.measured.metric
+        if metric == MEMORY:
+            value = prediction.memory.peak / 1e9
+        else:
+            value = _value(metric, prediction, record)
+    except ConfigError as e:
+        return [Scored(record, record.measured.metric, published, None, str(e).splitlines()[0])]
+    if metric == "mfu" and published > 1:  # stated in percent
+        value *= 100
+    scored = [Scored(record, metric, published, value, None, prediction.priced_from, prediction.fits)]
+    scored += [Scored(record, MEMORY, gb, prediction.memory.peak / 1e9, None, prediction.priced_from,
+                      prediction.fits) for _, gb in memory[:1]]
+    return scored
+
+
+def _summary_rows(groups: dict[str, list[Scored]]) -> list[list[str]]:
+    rows = []
+    for name, group in sorted(groups.items()):
+        errors = [s.error for s in group if s.error is not None]
+        if not errors:
+            rows.append([name, "0", "", "", "", f"{len(group)} unpriced"])
+            continue
+        summary = error_summary(errors)
+        rows.append([name, str(summary["n"]), f"{summary['median']:.1%}", f"{summary['p90']:.1%}",
+                     f"{summary['bias']:+.1%}", f"{len(group) - len(errors)} unpriced" if len(group) > len(errors)
+                     else ""])
+    return rows
+
+
+def grouped(scored: Iterable[Scored], key: Callable[[Scored], str]) -> dict[str, list[Scored]]:
+    groups: dict[str, list[Scored]] = defaultdict(list)
+    for s in scored:
+        groups[key(s)].append(s)
+    return groups
+
+
+def throughput(scored: list[Scored]) -> list[Scored]:
+    return [s for s in scored if s.metric != MEMORY]
+
+
+def summary_tables(scored: list[Scored]) -> list[Table]:
+    columns = ["group", "priced", "median |error|", "p90 |error|", "bias (median signed)", "not priced"]
+    main = throughput(scored)
+    memory = [s for s in scored if s.metric == MEMORY]
+    tables = [
+        Table("published_by_metric", "Error per metric", columns,
+              _summary_rows(grouped(scored, lambda s: s.metric)) + _summary_rows({"all throughput / time": main})),
+        Table("published_by_family", "Throughput and time error per strategy family", columns,
+              _summary_rows(grouped(main, lambda s: family(s.record.layout.strategy)))),
+        Table("published_by_gpu", "Throughput and time error per GPU type", columns,
+              _summary_rows(grouped(main, lambda s: s.record.hardware.gpu or "unstated"))),
+        Table("published_by_source", "Throughput and time error per source (records sharing an id prefix)",
+              columns, _summary_rows(grouped(main, lambda s: s.record.prefix))),
+    ]
+    taus = ordering(main)
+    tables.append(Table("published_ordering", "Order of layouts within each source table (Kendall tau, predicted vs "
+                        "published)", ["source table", "model", "records", "tau"],
+                        [[table, model, str(n), f"{tau:+.2f}"] for (table, model), (n, tau) in sorted(taus.items())]))
+    stated = [s for s in memory if s.fits is not None]
+    tables[0].notes.append(f"Memory: {len(memory)} records state it; fits predicted right (they ran, so they fit) on "
+                           f"{sum(bool(s.fits) for s in stated)} of {len(stated)} priced.")
+    return tables
+
+
+def ordering(scored: list[Scored]) -> dict[tuple[str, str], tuple[int, float]]:
+    """Per source table (a record's source and `where`) and model, over its priced records of one metric (at least
+    three): Kendall's tau of predicted against published values."""
+    tables: dict[tuple[str, str, str], list[Scored]] = defaultdict(list)
+    for s in scored:
+        if s.predicted is not None:
+            r = s.record
+            tables[(f"{r.prefix}: {r.source.where or r.source.ref or ''}", r.model.name or "", s.metric)].append(s)
+    return {(table, model): (len(group), kendall_tau([s.predicted for s in group], [s.published for s in group]))
+            for (table, model, _), group in tables.items() if len(group) >= 3}
+
+
+def targets(scored: list[Scored]) -> list[str]:
+    """Each of the issue's targets beside what the scores reach."""
+    main = [s.error for s in throughput(scored) if s.error is not None]
+    lines = []
+    if main:
+        summary = error_summary(main)
+        lines.append(f"throughput / time over {summary['n']} priced records: median {summary['median']:.1%} "
+                     f"(target <= {TARGETS['median']:.0%}), p90 {summary['p90']:.1%} (<= {TARGETS['p90']:.0%})")
+    for name, key, target in (("strategy family", lambda s: family(s.record.layout.strategy), "family_median"),
+                              ("source", lambda s: s.record.prefix, "source_median")):
+        for group, members in sorted(grouped(throughput(scored), key).items()):
+            errors = [s.error for s in members if s.error is not None]
+            if errors:
+                median = error_summary(errors)["median"]
+                mark = "met" if median <= TARGETS[target] else "NOT met"
+                lines.append(f"{name} {group}: median {median:.1%} (<= {TARGETS[target]:.0%}: {mark})")
+    for (table, model), (n, tau) in sorted(ordering(throughput(scored)).items()):
+        lines.append(f"ordering {table} / {model} ({n} records): tau {tau:+.2f} (>= {TARGETS['tau']}: "
+                     f"{'met' if tau >= TARGETS['tau'] else 'NOT met'})")
+    return lines

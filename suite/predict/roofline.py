@@ -1,0 +1,159 @@
+"""The analytical GPU compute model: a profile of a network on a GPU that is not here, priced from its datasheet.
+
+What one training step of the network launches is counted on the meta device (suite.profiling.counted); each
+kernel is priced by a roofline on the GPU of the point's cluster (`cluster.hardware`, conf/cluster/gpu/):
+
+    seconds = max(FLOPs / (peak of its math dtype x GEMM_EFFICIENCY x wave efficiency),
+                  bytes / (HBM bandwidth x MEMORY_EFFICIENCY),
+                  KERNEL_FLOOR_S)
+
+Matrix multiplies, convolutions and fused attention run at the dense peak of the point's math dtype (bf16 and
+fp16 on the tensor cores; fp32 on TF32 tensor cores where `math.tf32` asks for it, as torch does for
+convolutions by default, else on the FP32 units), every other kernel at the memory bandwidth. A GEMM's output is
+cut into 128 x 128 tiles, one per streaming multiprocessor at a time: a last wave that fills few of them wastes
+the rest (wave quantisation), which is how small GEMMs fall below the peak. The optimizer step streams every
+parameter's state (Adam reads parameter, gradient and both moments and writes three of them: 28 bytes per fp32
+parameter; SGD with momentum 20). The constants are three, named below with where they come from; `make
+validate-published` scores them against published GPU measurements.
+
+The profile it returns is the measured profile's (suite.profiling.profiles), so every strategy's step and memory
+model prices it unchanged; what a rank holds before its model is `GPU_RANK_BASE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from omegaconf import OmegaConf
+
+from suite.errors import ConfigError
+from suite.predict.links import matmul_tflops
+from suite.profiling.counted import CONV, MEMORY, CountedNetwork, Kernel, count_network
+from suite.profiling.profiles import LayerProfile, Profile
+
+# The three constants are round figures, not fitted to any record: `make validate-published` scores them.
+# Of the dense datasheet peak, what cuBLAS and cuDNN reach on large GEMMs and convolutions (NCCL, for comparison,
+# prices NVLink at 80% of its datasheet rate: suite.predict.fabric).
+GEMM_EFFICIENCY = 0.8
+# Of the datasheet HBM bandwidth, what streaming kernels (elementwise, normalisation, optimizer) reach.
+MEMORY_EFFICIENCY = 0.85
+# The least time one kernel takes in eager PyTorch: the host's dispatch and launch of a kernel, which a GPU
+# finishing tiny kernels faster waits on. 5 us: the order of a CUDA launch plus PyTorch's dispatcher.
+KERNEL_FLOOR_S = 5e-6
+TILE = 128  # rows and columns of a GEMM output tile of one SM (cuBLAS's common 128 x 128 tiles)
+# What a GPU rank holds before its model: the CUDA context and torch's kernels (lazily loaded), NCCL's
+# communicator buffers, the caching allocator's first blocks. 1 GiB, to be replaced by `make calibrate`'s
+# measured base on a GPU of the cluster.
+GPU_RANK_BASE_BYTES = 2**30
+OPTIMIZER_BYTES = {"adam": 28, "adamw": 28, "lamb": 28}  # per fp32 parameter: read p, g, m, v; write p, m, v
+SGD_BYTES = {True: 20, False: 12}  # with momentum: read p, g, buf; write p, buf. Without: read p, g; write p
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    matmul_tflops: float  # what a large GEMM of the point's math dtype reaches
+    conv_tflops: float  # what its convolutions reach (TF32 by default in torch where fp32)
+    bandwidth_gbs: float  # what streaming kernels reach
+    sm_count: int
+    priced_from: str
+
+    def seconds(self, kernel: Kernel) -> float:
+        memory = kernel.bytes / (self.bandwidth_gbs * 1e9)
+        if kernel.kind != MEMORY and kernel.flops:
+            rate = self.conv_tflops if kernel.kind == CONV else self.matmul_tflops
+            compute = kernel.flops / (rate * 1e12 * self.waves(kernel))
+            return max(compute, memory, KERNEL_FLOOR_S)
+        return max(memory, KERNEL_FLOOR_S)
+
+    def waves(self, kernel: Kernel) -> float:
+        """Share of the SMs the kernel's tiles keep busy, over all its waves."""
+        tiles = math.ceil(max(kernel.rows, 1) / TILE) * math.ceil(max(kernel.cols, 1) / TILE)
+        return tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
+
+
+MATH_DTYPE = {"bf16": "bf16", "fp16": "fp16"}
+
+
+def gpu_of(cfg) -> Gpu:
+    """The point's GPU from its cluster's catalog entry; a ConfigError naming the keys to fill where it lacks one."""
+    hw = cfg.cluster.hardware
+    peaks = dict(hw.peak_tflops or {})
+    missing = [key for key, value in (("peak_tflops", peaks), ("device_memory_bandwidth_gbs",
+                                                               hw.device_memory_bandwidth_gbs),
+                                      ("sm_count", hw.sm_count)) if not value]
+    if missing:
+        raise ConfigError(f"cluster {cfg.cluster.name} cannot be priced from its datasheet: fill "
+                          + ", ".join(f"cluster.hardware.{key}" for key in missing)
+                          + " (its GPU file in conf/cluster/gpu/, docs/clusters.md \"Hardware catalog\")")
+    if cfg.precision in MATH_DTYPE:
+        dtype = MATH_DTYPE[cfg.precision]
+        if dtype not in peaks:
+            raise ConfigError(f"cluster {cfg.cluster.name}'s GPU ({hw.gpu}) has no {dtype} peak in "
+                              f"cluster.hardware.peak_tflops: it does not compute in {cfg.precision}")
+        matmul = conv = peaks[dtype]
+    else:
+        tf32 = peaks.get("tf32", peaks["fp32"])
+        matmul = tf32 if cfg.math.tf32 else peaks["fp32"]
+        conv = peaks["fp32"] if cfg.math.tf32 is False else tf32  # torch's default: TF32 convolutions
+    bandwidth = hw.device_memory_bandwidth_gbs * MEMORY_EFFICIENCY
+    name = hw.gpu or cfg.cluster.name
+    calibrated = matmul_tflops(cfg.cluster.name, cfg.precision)
+    if calibrated:  # `make calibrate` on the cluster measured a large matmul: what its GEMMs reach
+        return Gpu(name, calibrated, calibrated * conv / matmul, bandwidth, hw.sm_count,
+                   f"calibrated: {name} GEMMs at the measured {calibrated:.1f} TFLOP/s, HBM {bandwidth:.0f} GB/s "
+                   "(datasheet x MEMORY_EFFICIENCY), roofline per kernel")
+    return Gpu(name, matmul * GEMM_EFFICIENCY, conv * GEMM_EFFICIENCY, bandwidth, hw.sm_count,
+               f"datasheet: {name} GEMMs at {matmul:g} x {GEMM_EFFICIENCY} TFLOP/s, HBM "
+               f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s, roofline per kernel")
+
+
+@lru_cache(maxsize=64)
+def _counted(network: str, dataset: str, batch: int, precision: str) -> CountedNetwork:
+    cfg = OmegaConf.create({"network": OmegaConf.create(network), "dataset": OmegaConf.create(dataset),
+                            "precision": precision})
+    return count_network(cfg, batch)
+
+
+def counted(cfg, batch: int) -> CountedNetwork:
+    """`count_network`, once per network, data shape, batch and precision in a process."""
+    return _counted(OmegaConf.to_yaml(cfg.network, resolve=True), OmegaConf.to_yaml(cfg.dataset, resolve=True),
+                    batch, cfg.precision)
+
+
+def optimizer_bytes(cfg) -> tuple[int, int]:
+    """Bytes the optimizer step streams per fp32 parameter, and the state it keeps per parameter byte."""
+    name = str(cfg.optimizer.name)
+    if name in OPTIMIZER_BYTES:
+        return OPTIMIZER_BYTES[name], 2
+    momentum = cfg.optimizer.momentum > 0
+    return SGD_BYTES[momentum], int(momentum)
+
+
+def datasheet_profile(cfg, batch: int) -> Profile:
+    """The profile of the point's network at `batch` on its cluster's GPU, priced from the datasheet."""
+    gpu = gpu_of(cfg)
+    network = counted(cfg, batch)
+    layers = tuple(LayerProfile(
+        name=layer.name, forward_s=sum(map(gpu.seconds, layer.forward)),
+        backward_s=sum(map(gpu.seconds, layer.backward)),
+        forward_flops=int(sum(k.flops for k in layer.forward)),
+        backward_flops=int(sum(k.flops for k in layer.backward)),
+        output_bytes=layer.output_bytes, saved_bytes=layer.saved_bytes, param_bytes=layer.param_bytes,
+        param_tensors=layer.param_tensors, tied_bytes=layer.tied_bytes, block=layer.block)
+        for layer in network.layers)
+    param_bytes = sum(layer.param_bytes for layer in layers)
+    streamed, states = optimizer_bytes(cfg)
+    optimizer_s = max(streamed * param_bytes / 4 / (gpu.bandwidth_gbs * 1e9), KERNEL_FLOOR_S)
+    state_bytes = states * param_bytes
+    saved = sum(layer.saved_bytes for layer in layers)
+    # At its peak a step holds what it keeps and, while one kernel runs, that kernel's output and the gradient of it.
+    train_bytes = 2 * param_bytes + state_bytes + saved + 2 * network.largest_output_bytes
+    key = {"batch": batch, "precision": cfg.precision, "device": gpu.name, "priced_from": gpu.priced_from}
+    return Profile(key=key, layers=layers, input_bytes=network.input_bytes,
+                   forward_s=sum(layer.forward_s for layer in layers),
+                   backward_s=sum(layer.backward_s for layer in layers),
+                   optimizer_s=optimizer_s, optimizer_state_bytes=state_bytes, train_bytes=train_bytes,
+                   buffer_bytes=network.buffer_bytes, warmup=0, steps=0)

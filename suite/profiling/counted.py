@@ -1,0 +1,252 @@
+"""A network counted, not timed: every kernel one training step of it launches, with its FLOPs and the bytes it
+reads and writes, layer by layer (`suite.models.layers`), forward and backward; taken on the meta device, so a
+GPT-2 of any size is counted on a laptop in seconds with no memory. The analytical GPU model
+(suite.predict.roofline) prices what this counts.
+
+Each aten operator is one kernel, counted as eager PyTorch on a GPU runs it: views and aliases cost nothing;
+FLOPs are torch's own count (torch.utils.flop_counter, 2 per multiply-add); bytes are the operator's tensor
+inputs and outputs. `scaled_dot_product_attention` is one fused kernel (flash or memory-efficient attention on a
+GPU, which the meta device would decompose into matmuls and a materialised score matrix): causal attention does
+half of the score matrix's work, and its backward 2.5 times its forward (FlashAttention-2's five matmuls against
+two, recomputing the scores). Under bf16 or fp16 autocast the tensors follow autocast's CUDA rules: matrix
+multiplies and convolutions produce half-precision outputs from half-precision copies of their inputs (the
+parameter copies are counted, 6 bytes per element each way), the ops autocast keeps in fp32 (normalisation,
+softmax, losses, reductions) produce fp32, and every other op produces half only where all its inputs are half.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+from suite.models import build_model
+from suite.models.layers import flatten_layers
+
+MATMUL = "matmul"  # on the tensor cores (or the FP32 units): GEMMs
+CONV = "conv"  # convolutions (cuDNN), forward and backward
+ATTENTION = "attention"  # fused attention
+MEMORY = "memory"  # everything else: elementwise, normalisation, reductions, copies
+
+_aten = torch.ops.aten
+FREE = {_aten.detach, _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.lift_fresh, _aten._unsafe_view,
+        _aten.alias, _aten.t, _aten.view, _aten.expand, _aten.permute, _aten.transpose, _aten.unsqueeze,
+        _aten.squeeze, _aten.split, _aten.unbind, _aten.slice, _aten.select, _aten.split_with_sizes}
+# Autocast's CUDA fp32 list, as far as the suite's networks reach it (torch/csrc/autograd/autocast_mode.cpp).
+FP32 = {_aten.native_layer_norm, _aten.native_layer_norm_backward, _aten._softmax, _aten._log_softmax,
+        _aten._log_softmax_backward_data, _aten._softmax_backward_data, _aten.nll_loss_forward,
+        _aten.nll_loss_backward, _aten.sum, _aten.mean, _aten.mse_loss, _aten.exp, _aten.log, _aten.pow}
+HALF_BYTES = 2
+CAST_BYTES = 6  # a parameter copied between fp32 and half precision: 4 bytes read, 2 written (or back)
+ATTENTION_BACKWARD = 2.5
+CAUSAL_WORK = 0.5
+
+
+@dataclass(frozen=True)
+class Kernel:
+    kind: str
+    flops: float
+    bytes: float
+    rows: int = 0  # of a matmul's output (for how many tiles it fills a GPU with): M, with batch folded in
+    cols: int = 0  # N
+
+
+@dataclass(frozen=True)
+class CountedLayer:
+    name: str
+    forward: tuple[Kernel, ...]
+    backward: tuple[Kernel, ...]
+    output_bytes: int
+    saved_bytes: int
+    param_bytes: int  # its own parameters, fp32 (the suite keeps fp32 parameters under autocast)
+    param_tensors: int
+    tied_bytes: int
+    block: bool
+
+
+@dataclass(frozen=True)
+class CountedNetwork:
+    layers: tuple[CountedLayer, ...]
+    input_bytes: int
+    buffer_bytes: int
+    largest_output_bytes: int  # the largest tensor any kernel writes: the workspace a step needs beyond what it keeps
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+class _Kernels(TorchDispatchMode):
+    """Records one Kernel per aten operator; with `half`, tracks which tensors autocast would hold in half
+    precision."""
+
+    def __init__(self, half: bool, params: set[int]) -> None:
+        super().__init__()
+        self.half, self.params = half, params
+        self.kernels: list[Kernel] = []
+        self.half_ids: set[int] = set()
+        self.alive: list[torch.Tensor] = []  # ids stay unique while their tensors live
+        self.largest = 0
+
+    def nbytes(self, t: torch.Tensor) -> int:
+        size = HALF_BYTES if id(t) in self.half_ids else t.element_size()
+        return t.numel() * size
+
+    def mark_half(self, tensors) -> None:
+        for t in tensors:
+            if t.is_floating_point():
+                self.half_ids.add(id(t))
+                self.alive.append(t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        if packet in FREE or func.is_view:
+            if self.half and any(id(t) in self.half_ids for t in _tensors(args)):
+                self.mark_half(_tensors(out))
+            return out
+        inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+        counter = flop_registry.get(packet)
+        flops = float(counter(*args, **kwargs, out_val=out)) if counter else 0.0
+        conv = packet in (_aten.convolution, _aten.convolution_backward)
+        kind = (CONV if conv else MATMUL) if flops else MEMORY
+        if self.half:
+            floating = [t for t in inputs if t.is_floating_point()]
+            if kind != MEMORY:
+                self.mark_half(floating)
+                self.mark_half(outputs)
+            elif packet not in FP32 and floating and all(id(t) in self.half_ids for t in floating):
+                self.mark_half(outputs)
+        moved = sum(map(self.nbytes, inputs)) + sum(map(self.nbytes, outputs))
+        self.largest = max([self.largest, *map(self.nbytes, outputs)])
+        rows = cols = 0
+        if kind != MEMORY and outputs:
+            shape = outputs[0].shape
+            cols = shape[-1] if len(shape) > 1 else 1
+            rows = outputs[0].numel() // max(cols, 1)
+            if conv and len(shape) == 4:  # NCHW, an implicit GEMM of N*H*W rows and C columns
+                rows, cols = shape[0] * shape[2] * shape[3], shape[1]
+        self.kernels.append(Kernel(kind, flops, moved, rows, cols))
+        return out
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, recorder, causal):
+        out = torch.empty_like(q)
+        ctx.save_for_backward(q, k, v, out)
+        ctx.recorder, ctx.causal = recorder, causal
+        recorder.attention(q, k, v, out, causal, backward=False)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out = ctx.saved_tensors
+        ctx.recorder.attention(q, k, v, out, ctx.causal, backward=True)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None, None
+
+
+class _Attention(TorchFunctionMode):
+    """`F.scaled_dot_product_attention` as one fused kernel recorded on `kernels`."""
+
+    def __init__(self, kernels: _Kernels) -> None:
+        super().__init__()
+        self.kernels = kernels
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            q, k, v = args[:3]
+            return _FusedAttention.apply(q, k, v, self, bool(kwargs.get("is_causal")))
+        return func(*args, **kwargs)
+
+    def attention(self, q, k, v, out, causal: bool, backward: bool) -> None:
+        k_len, head_dim = k.shape[-2], q.shape[-1]
+        score_flops = 2 * 2 * q.numel() * k_len  # Q K^T and P V: 2 FLOPs per multiply-add each
+        flops = score_flops * (CAUSAL_WORK if causal else 1) * (ATTENTION_BACKWARD if backward else 1)
+        tensors = (q, k, v, out) * (2 if backward else 1)  # backward reads them and writes their gradients
+        if self.kernels.half:
+            self.kernels.mark_half([q, k, v, out])
+        moved = sum(map(self.kernels.nbytes, tensors))
+        self.kernels.kernels.append(Kernel(ATTENTION, flops, moved, q.numel() // head_dim, head_dim))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _Saved:
+    """Bytes autograd keeps for backward (parameters excluded), each storage once, under the precision the
+    kernels gave it."""
+
+    def __init__(self, kernels: _Kernels, params: set[int]) -> None:
+        self.kernels, self.params, self.seen = kernels, params, {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if id(base) not in self.params:
+            self.seen[id(base)] = (base, self.kernels.nbytes(base))
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.seen.values())
+
+
+def count_network(cfg, batch: int) -> CountedNetwork:
+    """Every kernel of one training step of the point's network at `batch`, layer by layer, in its precision."""
+    from suite.strategies.pipeline import profile_sample
+    from suite.worker.trainer import loss_fn
+
+    half = cfg.precision in ("bf16", "fp16")
+    with torch.device("meta"):
+        model = build_model(cfg.network, cfg.dataset).train()
+    layers = flatten_layers(model)
+    params = {id(p) for p in model.parameters()}
+    inputs = profile_sample(cfg, batch).to("meta")
+    data = cfg.dataset
+    targets = (torch.zeros(batch, data.seq_len, dtype=torch.long, device="meta") if data.kind == "tokens"
+               else torch.zeros(batch, dtype=torch.long, device="meta"))
+    for module in model.modules():  # a leaf that requires grad may not be modified in place (see measure.py)
+        if getattr(module, "inplace", False):
+            module.inplace = False
+    seen: set[int] = set()
+    counted, x, x_half, largest = [], inputs, False, 0
+    for index, layer in enumerate(layers):
+        last = index == len(layers) - 1
+        own = [p for p in layer.module.parameters() if id(p) not in seen]
+        tied = [p for p in layer.module.parameters() if id(p) in seen]
+        seen.update(id(p) for p in own)
+        kernels = _Kernels(half, params)
+        x_in = x.detach().requires_grad_(x.is_floating_point())
+        if x_half:
+            kernels.mark_half([x_in])
+        saved = _Saved(kernels, params)
+        with _Attention(kernels), kernels, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            y = layer.module(x_in)
+            output_bytes, x_half = kernels.nbytes(y), id(y) in kernels.half_ids
+            if last:
+                y = loss_fn(y, targets)
+        forward = list(kernels.kernels)
+        kernels.kernels.clear()
+        with _Attention(kernels), kernels:
+            y.backward(torch.ones_like(y))
+        backward = list(kernels.kernels)
+        if half:
+            cast = Kernel(MEMORY, 0.0, CAST_BYTES * sum(p.numel() for p in layer.module.parameters() if p.dim() > 1))
+            forward.append(cast)
+            backward.append(cast)
+        largest = max(largest, kernels.largest)
+        counted.append(CountedLayer(
+            name=layer.prefix.removesuffix(".") or type(layer.module).__name__, forward=tuple(forward),
+            backward=tuple(backward), output_bytes=output_bytes, saved_bytes=saved.total,
+            param_bytes=sum(map(_nbytes, own)), param_tensors=len(own), tied_bytes=sum(map(_nbytes, tied)),
+            block=bool(layer.prefix) and any(True for _ in layer.module.parameters())))
+        x = y.detach() if not last else x
+    return CountedNetwork(tuple(counted), _nbytes(inputs), sum(_nbytes(b) for b in model.buffers()), largest)

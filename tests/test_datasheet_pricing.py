@@ -1,0 +1,177 @@
+"""Pricing a GPU cluster from its datasheet, with nothing calibrated or profiled on a GPU: the kernels a step
+launches counted on the meta device (suite.profiling.counted), priced by a roofline (suite.predict.roofline),
+links by NCCL's own cost model of the catalog fabric (suite.predict.fabric), and `make predict` answering for a
+catalog cluster on a fresh clone."""
+
+import json
+import math
+
+import pytest
+
+from conftest import edit_catalog_entry, run_make
+from suite.errors import ConfigError
+from suite.predict import fabric, roofline
+from suite.predict.predictor import predict
+from suite.profiling.counted import ATTENTION, CONV, MATMUL, MEMORY, Kernel, count_network
+from suite.sweep.plan import plan
+
+TOKENS = ["dataset=tokens", "dataset.seq_len=128", "dataset.vocab_size=512", "dataset.samples=4096"]
+
+
+def point(*overrides: str, cluster: str = "dgx_a100_80gb"):
+    (p,) = plan([[*TOKENS, "network=gpt2_tiny", f"cluster={cluster}", "cluster.job.account=x", *overrides]])
+    return p
+
+
+def kernels(layers, phase: str) -> list[Kernel]:
+    return [k for layer in layers for k in getattr(layer, phase)]
+
+
+def test_a_gpt2s_counted_flops_are_its_closed_form():
+    """Forward: 2 FLOPs per multiply-add of every linear layer (12 d^2 per block and token, and the LM head's V d)
+    and causal attention's half of the 2 s^2 d per block and sample of its two products; backward twice the
+    linear layers' and 2.5 times attention's (FlashAttention-2)."""
+    cfg = point().cfg
+    b, s, v = 4, cfg.dataset.seq_len, cfg.dataset.vocab_size
+    d, n = cfg.network.n_embd, cfg.network.n_layer
+    counted = count_network(cfg, b)
+    linear = 2 * b * s * (n * 12 * d * d + v * d)
+    attention = n * 2 * 2 * b * s * s * d * 0.5
+    forward = sum(k.flops for k in kernels(counted.layers, "forward"))
+    backward = sum(k.flops for k in kernels(counted.layers, "backward"))
+    assert forward == pytest.approx(linear + attention)
+    assert backward == pytest.approx(2 * linear + 2.5 * attention)
+    assert [k.kind for k in kernels(counted.layers, "forward") if k.kind == ATTENTION] == [ATTENTION] * n
+    assert counted.layers[0].name == "embedding" or counted.layers[0].param_bytes == 4 * (v * d + s * d)
+
+
+def test_a_transformer_block_keeps_the_activations_korthikanti_et_al_count():
+    """Korthikanti et al. (2022), per block and token of width h, in 2-byte activations: 34 s b h, less the two
+    residual dropout masks (dropout 0 here; the attention-score terms 5 a s^2 b go with fused attention): 32, i.e. 64
+    bytes in fp32. Under bf16 autocast the residual stream and layer-norm inputs stay fp32 (+4), and the attention
+    output is kept twice, by fused attention and, made contiguous, by the output projection (+4): 40."""
+    for precision, per_token in (("fp32", 64), ("bf16", 40)):
+        (p,) = plan([["dataset=tokens", "dataset.seq_len=256", "network=gpt2_small", "cluster=dgx_a100_80gb",
+                      f"precision={precision}"]])
+        block = count_network(p.cfg, 2).layers[1]
+        assert block.saved_bytes / (2 * 256 * p.cfg.network.n_embd) == pytest.approx(per_token, rel=1e-3)
+
+
+def test_half_precision_keeps_and_moves_fewer_bytes_than_fp32():
+    fp32 = count_network(point().cfg, 4)
+    bf16 = count_network(point("precision=bf16").cfg, 4)
+    kept = sum(layer.saved_bytes for layer in bf16.layers) / sum(layer.saved_bytes for layer in fp32.layers)
+    assert 0.5 <= kept < 0.8  # matmul and attention tensors in bf16; normalisation, softmax and the loss in fp32
+    moved = sum(k.bytes for k in kernels(bf16.layers, "forward") if k.kind == MATMUL)
+    assert moved < 0.6 * sum(k.bytes for k in kernels(fp32.layers, "forward") if k.kind == MATMUL)
+
+
+def test_a_cnns_convolutions_are_counted_as_convolutions():
+    (p,) = plan([["dataset=cifar10", "network=resnet18", "cluster=dgx_a100_80gb", "cluster.job.account=x"]])
+    counted = count_network(p.cfg, 8)
+    kinds = {k.kind for k in kernels(counted.layers, "forward")}
+    assert {CONV, MATMUL, MEMORY} <= kinds  # convolutions, the classifier, batch norm and ReLU
+
+
+def test_the_roofline_prices_a_large_gemm_at_its_peak_and_an_elementwise_kernel_at_hbm_bandwidth():
+    gpu = roofline.gpu_of(point("precision=bf16").cfg)
+    assert gpu.matmul_tflops == pytest.approx(312 * roofline.GEMM_EFFICIENCY)  # the A100's dense bf16
+    m = n = k = 8192
+    gemm = Kernel(MATMUL, 2 * m * n * k, 2 * (m * k + k * n + m * n), m, n)
+    waves = math.ceil(64 * 64 / 108)
+    assert gpu.seconds(gemm) == pytest.approx(2 * m * n * k / (312e12 * 0.8 * 64 * 64 / (waves * 108)))
+    copy = Kernel(MEMORY, 0, 2 * 2**30)
+    assert gpu.seconds(copy) == pytest.approx(2 * 2**30 / (2039e9 * roofline.MEMORY_EFFICIENCY))
+    assert gpu.seconds(Kernel(MEMORY, 0, 1024)) == roofline.KERNEL_FLOOR_S
+
+
+def test_a_gemm_one_tile_past_a_full_wave_runs_a_second_wave():
+    gpu = roofline.gpu_of(point("precision=bf16").cfg)  # 108 SMs
+    full = Kernel(MATMUL, 1e11, 0, 108 * 128, 128)
+    one_more = Kernel(MATMUL, 1e11 * 109 / 108, 0, 109 * 128, 128)
+    assert gpu.waves(full) == 1 and gpu.waves(one_more) == pytest.approx(109 / 216)
+    assert gpu.seconds(one_more) > 1.9 * gpu.seconds(full)
+
+
+def test_fp32_runs_on_tf32_tensor_cores_only_where_asked_and_convolutions_by_torchs_default():
+    default, tf32, strict = (roofline.gpu_of(point(*o).cfg) for o in ([], ["math.tf32=true"], ["math.tf32=false"]))
+    assert (default.matmul_tflops, default.conv_tflops) == pytest.approx((19.5 * 0.8, 156 * 0.8))
+    assert tf32.matmul_tflops == pytest.approx(156 * 0.8) and strict.conv_tflops == pytest.approx(19.5 * 0.8)
+
+
+def test_a_gpu_without_the_points_dtype_is_refused_and_a_missing_number_is_named(conf_copy):
+    (p,) = plan([[*TOKENS, "network=gpt2_tiny", "cluster=lassen", "cluster.job.account=x", "precision=fp16"]])
+    p.cfg.precision = "bf16"  # what the sweep's own check refuses first
+    with pytest.raises(ConfigError, match="has no bf16 peak"):
+        roofline.gpu_of(p.cfg)
+    edit_catalog_entry(conf_copy / "cluster" / "gpu" / "v100_sxm2_16gb.yaml", sm_count=None)
+    (p,) = plan([[*TOKENS, "network=gpt2_tiny", "cluster=lassen", "cluster.job.account=x"]])
+    with pytest.raises(ConfigError, match=r"fill cluster.hardware.sm_count \(its GPU file"):
+        roofline.gpu_of(p.cfg)
+
+
+def links(cluster: str, nodes: int, ranks: int) -> fabric.NcclLinks:
+    cfg = point(cluster=cluster).cfg
+    made = fabric.nccl_links(cfg.cluster, nodes, ranks)
+    assert not isinstance(made, str), made
+    return made
+
+
+def test_an_nvswitch_all_reduce_is_nccls_ring_simple_at_80_percent_of_nvlink():
+    nvswitch = links("dgx_a100_80gb", 1, 8)
+    bus = 300 * 0.8
+    latency = 8.4 + 2 * 7 * 3.4
+    expected = latency * 1e-6 + 2**30 / (bus * 8 / 14 * 1e9)
+    assert nvswitch.collective("all_reduce", 2**30, 8) == pytest.approx(expected)
+
+
+def test_a_small_message_takes_the_low_latency_protocol_and_many_nodes_the_network():
+    one_node = links("dgx_a100_80gb", 1, 8)
+    ll = (3.6 + 14 * 0.47) * 1e-6 + 1024 / (240 / 4 * 8 / 14 * 1e9)
+    assert one_node.collective("all_reduce", 1024, 8) == pytest.approx(ll)
+    many = links("dgx_a100_80gb", 8, 64)
+    assert many.collective("all_reduce", 2**30, 64) > 1.1 * one_node.collective("all_reduce", 2**30, 8)
+    ring_bus = 8 * 25 * 0.96  # eight HDR NICs per node
+    ring = (8.4 + (126 - 14) * 3.4 + 14 * 9.6) * 1.9e-6 + 2**30 / (ring_bus * 64 / 126 * 1e9)
+    tree = 2 * (7 * 28 + 3 * 50) * 1e-6 + 2**30 / (80 * 0.5 * 1e9)
+    assert many.collective("all_reduce", 2**30, 64) == pytest.approx(min(ring, tree))
+
+
+def test_nvlink_pairs_reach_each_other_over_nvlink_and_the_rest_over_pcie():
+    lassen = links("lassen", 1, 4)
+    assert lassen.collective("all_gather", 2**28, 2) < lassen.collective("all_gather", 2**28, 4) / 3
+
+
+def test_a_gpu_cluster_without_a_fabric_says_which_keys_to_fill(conf_copy):
+    path = conf_copy / "cluster" / "lassen.yaml"
+    path.write_text(path.read_text().replace("  intra_node_fabric: nvlink_pairs\n", ""))
+    cfg = point(cluster="lassen").cfg
+    message = fabric.nccl_links(cfg.cluster, 1, 4)
+    assert isinstance(message, str) and "fill cluster.hardware.intra_node_fabric" in message
+
+
+def test_a_point_priced_from_the_datasheet_says_so(results):
+    prediction = predict(point("workers=8", "strategy=ddp", "precision=bf16"))
+    assert prediction.priced_from == "datasheet"
+    assert prediction.profiled_on.startswith("datasheet: NVIDIA A100 GEMMs at 312 x 0.8")
+    assert prediction.priced_by.startswith("datasheet: NCCL's model on nvlink 240 GB/s")
+    assert 0 < prediction.model_tflops_per_device < 312
+    assert prediction.step.comm >= 0 and prediction.step.core_wait == 0  # GPUs do not share cores
+    assert prediction.memory.base == roofline.GPU_RANK_BASE_BYTES
+
+
+@pytest.mark.slow
+def test_make_predict_answers_for_lassen_on_a_fresh_clone_with_nothing_calibrated(results):
+    """The issue's command, on a results directory with no calibration record."""
+    args = ("dataset=tokens network=gpt2_medium cluster=lassen workers=4,16,64 strategy=ddp,zero,megatron,1f1b "
+            "optimizer.name=adam")
+    done = run_make("predict", "FORMAT=json", f"ARGS={args}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    priced = [row for row in rows if "cannot_run" not in row]
+    assert {row["point"].split("/")[2] for row in priced} == {"ddp", "zero", "megatron", "1f1b"}
+    for row in priced:
+        assert row["priced_from"] == "datasheet" and row["step_s"] > 0 and row["tokens_per_s"] > 0
+        assert 0 < row["model_tflops_per_gpu"] < 125 and row["peak_memory_gb_per_gpu"] > 1
+        assert isinstance(row["fits"], bool)
+    assert not (results / "calibration").exists()

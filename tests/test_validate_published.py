@@ -1,0 +1,62 @@
+"""`make validate-published` (its smoke test): published GPU records priced with nothing calibrated, each beside its
+published figure in its own units, a record the suite cannot express listed with its reason, memory per GPU
+scored where a record states it, and the summary tables and targets printed."""
+
+import json
+
+import pytest
+import yaml
+
+from conftest import run_make
+from suite.tools.published import RECORDS
+
+pytestmark = pytest.mark.slow
+
+CHOSEN = ("megatron-readme2020-mp-dgxa100-1b", "llmfoundry-a100-40-mpt125m-s2048-16gpu", "megatron-readme-a100-39b")
+
+
+@pytest.fixture
+def records(tmp_path):
+    """Three records of the open set (one the suite cannot express: a 3D layout), the second with a memory
+    figure added as a source would state it."""
+    by_id = {e["id"]: e for e in yaml.safe_load(RECORDS.read_text())}
+    entries = [by_id[i] for i in CHOSEN]
+    entries[1]["measured"]["also"]["memory_gib"] = 20.0
+    path = tmp_path / "records.yaml"
+    path.write_text(yaml.safe_dump(entries))
+    return path
+
+
+def test_validate_published_prices_each_record_in_its_units_and_keeps_the_rest_with_their_reason(records, results):
+    done = run_make("validate-published", f"ARGS={records} --json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {(row["id"], row["metric"]): row for row in map(json.loads, (line for line in done.stdout.splitlines()
+                                                                         if line.startswith("{")))}
+    assert set(rows) == {(CHOSEN[0], "iteration_time_s"), (CHOSEN[1], "tokens_per_s_per_gpu"),
+                         (CHOSEN[1], "memory_gb_per_gpu"), (CHOSEN[2], "tflops_per_gpu")}
+    megatron = rows[(CHOSEN[0], "iteration_time_s")]
+    assert megatron["published"] == 1.076 and 0.1 < megatron["predicted"] < 10
+    assert megatron["error"] == pytest.approx(megatron["predicted"] / 1.076 - 1)
+    assert megatron["priced_from"] == "datasheet"
+    memory = rows[(CHOSEN[1], "memory_gb_per_gpu")]
+    assert memory["published"] == pytest.approx(20 * 2**30 / 1e9) and memory["predicted"] > 1
+    unexpressed = rows[(CHOSEN[2], "tflops_per_gpu")]
+    assert unexpressed["predicted"] is None and unexpressed["reason"].startswith("3D layouts")
+    assert not (results / "calibration").exists()
+
+    table = run_make("validate-published", f"ARGS={records}")
+    assert table.returncode == 0, table.stderr[-2000:]
+    for heading in ("Published GPU measurements against the model's prediction", "Error per metric",
+                    "error per strategy family", "error per GPU type", "error per source", "Targets"):
+        assert heading in table.stdout
+    assert "throughput / time over 2 priced records: median" in table.stdout
+    assert "Memory: 1 records state it; fits predicted right (they ran, so they fit) on" in table.stdout
+
+
+def test_a_malformed_records_file_is_one_line_and_exit_2(tmp_path, results):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- id: x\n  measured: {metric: furlongs, value: 1}\n")
+    done = run_make("validate-published", f"ARGS={bad}")
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "furlongs" in errors[0] and str(bad) in errors[0]
