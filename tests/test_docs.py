@@ -90,6 +90,12 @@ TESTED: dict[str, tuple[str, ...]] = {
         "tests/test_site_rules.py::test_sophia_scripts_ask_for_gpus_or_whole_nodes_and_forward_the_rendezvous_to_every_rank",
         "tests/test_jobscripts.py::test_sophia_and_polaris_scripts_ask_qsub_for_nodes_and_start_ranks_with_mpiexec"),
     r"make predict ": ("tests/test_predict_commands.py::test_predict_prints_each_points_prediction",),
+    r"make predict FORMAT=json ARGS=\"dataset=tokens network=gpt2_medium cluster=lassen": (
+        "tests/test_datasheet_pricing.py::test_make_predict_answers_for_lassen_on_a_fresh_clone_with_nothing_"
+        "calibrated",),
+    r"make validate-published": (
+        "tests/test_validate_published.py::test_validate_published_prices_each_record_in_its_units_and_keeps_the_"
+        "rest_with_their_reason",),
     r"make recommend ": ("tests/test_predict_commands.py::test_recommend_ranks_the_strategies_of_a_cell",),
     r"\.venv/bin/python -m suite .*profile\.steps=": (
         "tests/test_profile.py::test_profiled_points_leave_a_trace_per_rank_and_measure_communication",),
