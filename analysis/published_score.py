@@ -4,6 +4,9 @@ units; the error per metric, strategy family, GPU type and source; and within ea
 layouts of one model, Kendall's tau of predicted against published order. A record the suite cannot express or
 price keeps its reason; none is dropped.
 
+`tflops_per_gpu` is what the GPUs execute, recomputation included, as Megatron-LM and Narayanan et al. (2021)
+count it; `mfu` divides the model's FLOPs alone by the datasheet peak.
+
 Signed error = predicted / published - 1, as the CPU scores (analysis.model_score). A throughput (samples/s,
 tokens/s, TFLOP/s) predicted too high is a positive error, an iteration time predicted too long also: the sign
 says which way the number is off, not whether the model is optimistic.
@@ -64,7 +67,7 @@ def _value(metric: str, prediction, record: Record) -> float:
     point = prediction.point
     seq = point.cfg.dataset.seq_len if point.cfg.dataset.kind == "tokens" else None
     values: dict[str, Callable[[], float]] = {
-        "tflops_per_gpu": lambda: prediction.model_tflops_per_device,
+        "tflops_per_gpu": lambda: prediction.hardware_tflops_per_device,
         "samples_per_s": lambda: prediction.samples_per_s,
         "iteration_time_s": lambda: prediction.step.total,
         "epoch_time_s": lambda: prediction.epoch_s,

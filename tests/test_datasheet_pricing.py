@@ -175,3 +175,14 @@ def test_make_predict_answers_for_lassen_on_a_fresh_clone_with_nothing_calibrate
         assert 0 < row["model_tflops_per_gpu"] < 125 and row["peak_memory_gb_per_gpu"] > 1
         assert isinstance(row["fits"], bool)
     assert not (results / "calibration").exists()
+
+
+def test_recomputation_adds_to_the_flops_executed_not_to_the_models(results):
+    """Every block checkpointed runs its forward again in backward: with a GPT-2, whose blocks hold nearly all of
+    its FLOPs, close to 4/3 of the model's FLOPs are executed (Megatron-LM's count), in more time."""
+    plain = predict(point("workers=2", "strategy=megatron", "precision=bf16", "optimizer.name=adam"))
+    again = predict(point("workers=2", "strategy=megatron", "precision=bf16", "optimizer.name=adam",
+                          "activation_checkpointing=every"))
+    assert again.flops_per_sample == plain.flops_per_sample
+    assert 1.15 < again.hardware_tflops_per_device / again.model_tflops_per_device <= 4 / 3
+    assert again.step.total > plain.step.total and again.memory.activations < plain.memory.activations

@@ -24,7 +24,7 @@ from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
 from suite.predict import correction, overhead
-from suite.predict.costs import StepTime
+from suite.predict.costs import StepTime, checkpointed
 from suite.predict.links import link_model
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
 from suite.predict.roofline import GPU_RANK_BASE_BYTES, datasheet_profile
@@ -32,6 +32,7 @@ from suite.predict.step import VARIANTS, Workload, step_time
 from suite.profiling.cache import data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.profiling.profiles import Profile
 from suite.records.calibration import DamagedRecord, record_path
+from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.sweep.plan import Point
 
 FITTED = "fitted"  # the suite's model plus the cluster's fitted correction
@@ -50,6 +51,7 @@ class Prediction:
     corrected_by: str | None = None  # the fitted correction in the step, if any
     library_by: str | None = None  # the measured library overhead in the step, if any
     flops_per_sample: float = 0.0  # the model's forward and backward FLOPs per sample (recomputation excluded)
+    recomputed_flops_per_sample: float = 0.0  # the forward FLOPs checkpointed blocks run again in backward
 
     @property
     def epoch_s(self) -> float:
@@ -74,6 +76,12 @@ class Prediction:
     def model_tflops_per_device(self) -> float:
         """The model's FLOPs per second per rank (MFU's numerator: recomputation not counted)."""
         return self.flops_per_sample * self.samples_per_s / self.point.processes / 1e12
+
+    @property
+    def hardware_tflops_per_device(self) -> float:
+        """The FLOPs a rank executes per second, recomputation included (what Megatron-LM reports)."""
+        flops = self.flops_per_sample + self.recomputed_flops_per_sample
+        return flops * self.samples_per_s / self.point.processes / 1e12
 
     @property
     def fits(self) -> bool | None:
@@ -179,8 +187,15 @@ def predict(point: Point, variant: str = "suite", fewer_ranks: bool = False) -> 
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
     prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source,
-                            flops_per_sample=w.profile.flops / w.profile.batch)
+                            flops_per_sample=w.profile.flops / w.profile.batch,
+                            recomputed_flops_per_sample=recomputed_flops(w.profile, point.cfg) / w.profile.batch)
     return with_library_overhead(prediction, w.profile, fewer_ranks) if variant == "suite" else prediction
+
+
+def recomputed_flops(profile: Profile, cfg) -> float:
+    """The forward FLOPs of the blocks activation checkpointing wraps, which backward runs again."""
+    again = checkpointed(list(profile.layers), checkpoint_interval(cfg.activation_checkpointing))
+    return sum(layer.forward_flops for layer, a in zip(profile.layers, again) if a)
 
 
 def with_library_overhead(prediction: Prediction, profile: Profile, fewer_ranks: bool = False) -> Prediction:

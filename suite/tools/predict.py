@@ -83,7 +83,8 @@ def as_json(p: Prediction) -> dict:
             "workers": point.processes, "global_batch": point.global_batch_size, "step_s": s.total,
             "epoch_s": p.epoch_s, "steps_per_epoch": p.steps, "samples_per_s": p.samples_per_s,
             "tokens_per_s": p.samples_per_s * tokens if tokens else None,
-            "model_tflops_per_gpu": p.model_tflops_per_device, "peak_memory_gb_per_gpu": p.memory.peak / 2**30,
+            "model_tflops_per_gpu": p.model_tflops_per_device, "hardware_tflops_per_gpu": p.hardware_tflops_per_device,
+            "peak_memory_gb_per_gpu": p.memory.peak / 2**30,
             "fits": p.fits, "priced_from": p.priced_from, "compute": p.profiled_on, "links": p.priced_by,
             "split_s": {"compute": s.compute, "exposed_comm": s.comm, "bubble": s.bubble, "optimizer": s.optimizer,
                         "data": s.data, "library": s.library, "fitted": s.fitted, "core_wait": s.core_wait}}
