@@ -14,6 +14,7 @@ says which way the number is off, not whether the model is optimistic.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -163,6 +164,12 @@ def summary_tables(scored: list[Scored]) -> list[Table]:
     return tables
 
 
+def source_table(record: Record) -> str:
+    """The table (figure, section) of its source a record is a row of: its `where` up to the row."""
+    where = record.source.where or record.source.ref or ""
+    return re.sub(r",?\s*\brow\b.*$", "", where).strip()
+
+
 def ordering(scored: list[Scored]) -> dict[tuple[str, str], tuple[int, float]]:
     """Per source table (a record's source and `where`) and model, over its priced records of one metric (at least
     three): Kendall's tau of predicted against published values."""
@@ -170,7 +177,7 @@ def ordering(scored: list[Scored]) -> dict[tuple[str, str], tuple[int, float]]:
     for s in scored:
         if s.predicted is not None:
             r = s.record
-            tables[(f"{r.prefix}: {r.source.where or r.source.ref or ''}", r.model.name or "", s.metric)].append(s)
+            tables[(f"{r.prefix}: {source_table(r)}", r.model.name or "", s.metric)].append(s)
     return {(table, model): (len(group), kendall_tau([s.predicted for s in group], [s.published for s in group]))
             for (table, model, _), group in tables.items() if len(group) >= 3}
 

@@ -208,3 +208,15 @@ def test_the_command_lists_each_record_and_the_count(tmp_path, capsys, records):
         "2 records: 1 expressible as suite points; the rest by reason (first reason / among its reasons):",
         "     1 /    1  3D layouts",
     ]
+
+
+def test_the_rows_of_one_source_table_and_model_are_ordered_by_kendalls_tau(records):
+    from analysis.published_score import Scored, ordering, source_table
+
+    rows = [r for r in records.values() if r.prefix == "narayanan" and r.model.name == "GPT-3 175B"]
+    assert len(rows) == 6 and {source_table(r) for r in rows} == {"Table 2"}
+    same = [Scored(r, r.measured.metric, r.measured.value, 2 * r.measured.value) for r in rows]
+    flipped = [Scored(r, r.measured.metric, r.measured.value, 1 / r.measured.value) for r in rows]
+    assert ordering(same) == {("narayanan: Table 2", "GPT-3 175B"): (6, 1.0)}
+    assert ordering(flipped) == {("narayanan: Table 2", "GPT-3 175B"): (6, -1.0)}
+    assert ordering(same[:2]) == {}  # fewer than three rows order nothing
