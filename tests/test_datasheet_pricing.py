@@ -188,3 +188,12 @@ def test_recomputation_adds_to_the_flops_executed_not_to_the_models(results):
     assert again.flops_per_sample == plain.flops_per_sample
     assert 1.15 < again.hardware_tflops_per_device / again.model_tflops_per_device <= 4 / 3
     assert again.step.total > plain.step.total and again.memory.activations < plain.memory.activations
+
+
+def test_a_sweep_on_a_gpu_cluster_records_the_datasheet_prediction_without_calibration(results):
+    from suite.predict.predictor import recorded_prediction
+
+    metrics = recorded_prediction(point("workers=8", "strategy=ddp", "precision=bf16"))
+    assert metrics["predicted_from_datasheet"] == 1.0 and metrics["predicted_epoch_time_s"] > 0
+    assert metrics["predicted_fits"] == 1.0
+    assert recorded_prediction(point("workers=8", "strategy=ddp", "record_prediction=false")) == {}

@@ -88,9 +88,10 @@ class Prediction:
         return None if self.capacity is None else self.memory.peak <= self.capacity
 
     def metrics(self) -> dict[str, float]:
-        """What a run records beside its measurement."""
+        """What a run records beside its measurement, and (a metric of 1) what its compute was priced from."""
         fits = {} if self.fits is None else {"predicted_fits": float(self.fits)}
-        return {"predicted_epoch_time_s": self.epoch_s, "predicted_peak_memory_mb": self.peak_mb, **fits}
+        return {"predicted_epoch_time_s": self.epoch_s, "predicted_peak_memory_mb": self.peak_mb, **fits,
+                f"predicted_from_{self.priced_from}": 1.0}
 
 
 def steps_per_epoch(cfg, layout) -> int:
@@ -228,14 +229,17 @@ def with_correction(prediction: Prediction) -> Prediction:
 
 def recorded_prediction(point: Point) -> dict[str, float]:
     """The prediction a sweep records with a point's run (the model's own, so that the sweep's report scores it
-    held out): none where its cluster has no calibration record (`make calibrate`), so that a sweep never waits on
-    profiling it did not ask for, nor with `record_prediction=false`. A damaged calibration file is raised, for
-    the sweep to say."""
-    if not point.cfg.record_prediction or not record_path(point.cfg.cluster.name).exists():
+    held out): for a GPU cluster priced from its datasheet, or a cluster with a calibration record (`make
+    calibrate`); none otherwise, so that a sweep never waits on profiling it did not ask for, nor with
+    `record_prediction=false`. A damaged calibration file is raised, for the sweep to say."""
+    cfg = point.cfg
+    if not cfg.record_prediction:
+        return {}
+    if not from_datasheet(cfg, profile_device(cfg)) and not record_path(cfg.cluster.name).exists():
         return {}
     try:
         return predict(point).metrics()
     except DamagedRecord:
         raise
-    except ConfigError:  # e.g. a cluster of other devices that no record scales this machine's compute to
+    except ConfigError:  # e.g. a catalog entry without what the model needs
         return {}
