@@ -48,12 +48,19 @@ def summary_lines(planned: list[Mapped]) -> list[str]:
     return lines
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+def load_planned(path: str) -> list[Mapped] | None:
+    """The records of a file, mapped and planned; None after one `error:` line where the file is malformed."""
     try:
-        planned = plan_records(load(args.file))
+        return plan_records(load(path))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    planned = load_planned(args.file)
+    if planned is None:
         return 2
     for m in planned:
         print("\n".join(record_lines(m, args.assumptions)))

@@ -21,11 +21,9 @@ import sys
 
 from analysis.published_score import Scored, score_record, summary_tables, targets
 from analysis.tables import Table
-from suite.errors import ConfigError, OneLineParser
+from suite.errors import OneLineParser
 from suite.predict.predictor import predict
-from suite.published.mapping import plan_records
-from suite.published.records import load
-from suite.tools.published import RECORDS
+from suite.tools.published import RECORDS, load_planned
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,10 +47,8 @@ def records_table(scored: list[Scored]) -> Table:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    try:
-        planned = plan_records(load(args.file))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    planned = load_planned(args.file)
+    if planned is None:
         return 2
     scored: list[Scored] = []
     for k, mapped in enumerate(planned, 1):
