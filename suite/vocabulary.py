@@ -112,8 +112,11 @@ UTILISATION_METRICS = ("model_tflop_per_step", "hardware_tflop_per_step", "achie
 # Mean per traced step, from each rank's profiler trace (suite.runtime.trace_breakdown): largest over ranks, and per
 # rank as <name>_rank<i>.
 TRACE_BREAKDOWN = ("time_comm_s", "time_comm_exposed_s", "time_compute_s", "time_idle_s", "comm_fraction")
-# The performance model's prediction for the point, made before it ran (suite.predict), beside what it measured.
-PREDICTED = ("predicted_epoch_time_s", "predicted_peak_memory_mb", "predicted_fits")
+# The performance model's prediction for the point, made before it ran (suite.predict), beside what it measured, and
+# what its compute was priced from (a metric of 1): a GPU's datasheet, the cluster's calibration, a profile.
+PRICED_FROM = ("datasheet", "calibrated", "profiled")
+PREDICTED = ("predicted_epoch_time_s", "predicted_peak_memory_mb", "predicted_fits",
+             *(f"predicted_from_{source}" for source in PRICED_FROM))
 # Once per run; a summary entry not named here (nor a strategy metric) is an error when the run is recorded.
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
                    "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",

@@ -84,6 +84,7 @@ def test_a_sweeps_runs_carry_their_prediction(calibrated, store):
     metrics = run.data.metrics
     assert metrics["predicted_epoch_time_s"] > 0 and metrics["predicted_peak_memory_mb"] > 0
     assert metrics["predicted_fits"] == 1.0  # the report's fits / does-not-fit accuracy reads it
+    assert metrics["predicted_from_profiled"] == 1.0  # this machine's CPU, profiled here
     assert metrics["epoch_time_s_mean"] > 0
 
 

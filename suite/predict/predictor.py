@@ -34,6 +34,7 @@ from suite.profiling.profiles import Profile
 from suite.records.calibration import DamagedRecord, record_path
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.sweep.plan import Point
+from suite.vocabulary import PRICED_FROM
 
 FITTED = "fitted"  # the suite's model plus the cluster's fitted correction
 PREDICTORS = (*VARIANTS, FITTED)
@@ -66,7 +67,7 @@ class Prediction:
         """What its compute was priced from: `datasheet`, `calibrated` (the cluster's measured matmul rate in the
         datasheet model) or `profiled` (measured on a device of the cluster's kind)."""
         first = self.profiled_on.split(":", 1)[0]
-        return first if first in ("datasheet", "calibrated") else "profiled"
+        return first if first in PRICED_FROM else "profiled"
 
     @property
     def samples_per_s(self) -> float:
