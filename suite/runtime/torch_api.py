@@ -24,6 +24,14 @@ CONV_FP32_PRECISION = hasattr(torch.backends.cudnn, "conv") and hasattr(torch.ba
 INIT_TAKES_DEVICE_ID = "device_id" in inspect.signature(dist.init_process_group).parameters
 
 
+def fsdp_param_groups(state) -> list:
+    """An FSDP2 unit's parameter groups: a list in torch 2.14 (`_fsdp_param_groups`), one group or None in torch 2.11
+    (`_fsdp_param_group`)."""
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    return [state._fsdp_param_group] if state._fsdp_param_group is not None else []
+
+
 def grad_scaler(device_type: str):
     """fp16's loss scaler: torch.amp.GradScaler(device) from torch 2.3, torch.cuda.amp.GradScaler before (fp16
     runs on GPUs only)."""

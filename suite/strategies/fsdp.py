@@ -29,6 +29,7 @@ from torch import nn
 from suite.layout import Layout
 from suite.models.layers import block_layers
 from suite.runtime.optim import build_optimizer
+from suite.runtime.torch_api import fsdp_param_groups
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
@@ -110,6 +111,6 @@ class FSDPRuntime(DataParallel):
         return {**base,
                 "precision.implementation": precision,
                 "fsdp.root.reshard_after_forward": any(group.post_forward_mesh_info is not None
-                                                       for group in root._fsdp_param_groups),
+                                                       for group in fsdp_param_groups(root)),
                 "fsdp.mp_policy.param_dtype": dtype_name(param_dtype),
                 "fsdp.mp_policy.reduce_dtype": dtype_name(reduce_dtype)}

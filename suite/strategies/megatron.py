@@ -195,14 +195,19 @@ class TensorParallel(DataParallel):
             return local_tensor(super().train_step(inputs, targets))  # the loss, a DTensor when split
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Evaluation: the whole logits, as the training loop's metrics read them. Split ones are gathered a sequence
-        at a time into one tensor, so that a rank holds them whole once, not also in the collective's buffers."""
+        """Evaluation: the whole logits, as the training loop's metrics read them. Each rank writes its split of the
+        vocabulary into one zeroed tensor, which an in-place all-reduce over the group sums: a rank holds the logits
+        whole once, not also in a collective's buffers, and gloo, which has no all-gather of GPU tensors (it crashed
+        ranks sharing a GPU), all-reduces them."""
         logits = self.model(inputs)
         if not isinstance(logits, DTensor):
             return logits
-        whole = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        for i in range(logits.shape[0]):
-            whole[i] = logits[i].full_tensor()
+        split = logits.to_local()
+        width = -(-logits.shape[-1] // self.rank.layout.tp)  # Shard(-1) splits as torch.chunk does
+        start = dist.get_rank(self.tp_group) * width
+        whole = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)
+        whole[..., start:start + split.shape[-1]] = split
+        dist.all_reduce(whole, group=self.tp_group)
         return whole
 
     def backward(self, loss: torch.Tensor) -> None:
