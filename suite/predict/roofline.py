@@ -17,9 +17,10 @@ Matrix multiplies, convolutions and fused attention run at the dense peak of the
 fp16 on the tensor cores; fp32 on TF32 tensor cores where `math.tf32` asks for it, as torch does for
 convolutions by default, else on the FP32 units), every other kernel at the memory bandwidth. A GEMM's output is
 cut into 128 x 128 tiles, one per streaming multiprocessor at a time: a last wave that fills few of them wastes
-the rest (wave quantisation), which is how small GEMMs fall below the peak. The optimizer step streams every
-parameter's state (Adam reads parameter, gradient and both moments and writes three of them: 28 bytes per fp32
-parameter; SGD with momentum 20). The constants are three, named below with where they come from; `make
+the rest (wave quantisation), which is how small GEMMs fall below the peak; one with a dimension that is not a
+multiple of 8 runs on cuBLAS's slow unaligned kernels (UNALIGNED_GEMM_SHARE of the rate). The optimizer step
+streams every parameter's state (Adam reads parameter, gradient and both moments and writes three of them: 28
+bytes per fp32 parameter; SGD with momentum 20). The constants are four, named below with where they come from; `make
 validate-published` scores them against published GPU measurements.
 
 The profile it returns is the measured profile's (suite.profiling.profiles), so every strategy's step and memory
@@ -39,7 +40,7 @@ from suite.predict.links import matmul_tflops
 from suite.profiling.counted import CONV, MEMORY, CountedNetwork, Kernel, count_network
 from suite.profiling.profiles import LayerProfile, Profile
 
-# The three constants are round figures, not fitted to any record: `make validate-published` scores them.
+# The constants are round figures, fitted to no published record: `make validate-published` scores them.
 # Of the dense datasheet peak, what cuBLAS and cuDNN reach on large GEMMs and convolutions (NCCL, for comparison,
 # prices NVLink at 80% of its datasheet rate: suite.predict.fabric).
 GEMM_EFFICIENCY = 0.8
@@ -48,6 +49,11 @@ MEMORY_EFFICIENCY = 0.85
 # The least time one kernel takes in eager PyTorch: the host's dispatch and launch of a kernel, which a GPU
 # finishing tiny kernels faster waits on. 5 us: the order of a CUDA launch plus PyTorch's dispatcher.
 KERNEL_FLOOR_S = 5e-6
+# Of an aligned GEMM's rate, what one with a dimension not a multiple of 8 (counted.ALIGNMENT) reaches on the tensor
+# cores: on an H200, GPT-2 medium's head over the 50257-token vocabulary at batch 8 x 1024 tokens in bf16 ran its
+# three GEMMs at 95, 139 and 147 TFLOP/s where aligned ones reach about 790 (0.12 to 0.19; docs/measurements.md, "The
+# H200 machine"): padding the vocabulary to 50304 took the step from 82.6 to 65.1 ms.
+UNALIGNED_GEMM_SHARE = 0.15
 TILE = 128  # rows and columns of a GEMM output tile of one SM (cuBLAS's common 128 x 128 tiles)
 # What a GPU rank holds before its model: the CUDA context and torch's kernels (lazily loaded), NCCL's
 # communicator buffers, the caching allocator's first blocks. 1 GiB, to be replaced by `make calibrate`'s
@@ -65,11 +71,14 @@ class Gpu:
     bandwidth_gbs: float  # what streaming kernels reach
     sm_count: int
     priced_from: str
+    tensor_core_matmuls: bool = True  # bf16, fp16 or TF32; FP32 units load one element at a time anyway
 
     def seconds(self, kernel: Kernel) -> float:
         seconds = kernel.bytes / (self.bandwidth_gbs * 1e9)
         if kernel.kind != MEMORY and kernel.flops:
             rate = self.conv_tflops if kernel.kind == CONV else self.matmul_tflops
+            if not kernel.aligned and self.tensor_core_matmuls:
+                rate *= UNALIGNED_GEMM_SHARE
             seconds += kernel.flops / (rate * 1e12 * self.waves(kernel))
         return max(seconds, KERNEL_FLOOR_S)
 
@@ -99,9 +108,11 @@ def gpu_of(cfg) -> Gpu:
             raise ConfigError(f"cluster {cfg.cluster.name}'s GPU ({hw.gpu}) has no {dtype} peak in "
                               f"cluster.hardware.peak_tflops: it does not compute in {cfg.precision}")
         matmul = conv = peaks[dtype]
+        tensor_cores = True
     else:
         tf32 = peaks.get("tf32", peaks["fp32"])
         matmul = tf32 if cfg.math.tf32 else peaks["fp32"]
+        tensor_cores = bool(cfg.math.tf32) and "tf32" in peaks
         conv = peaks["fp32"] if cfg.math.tf32 is False else tf32  # torch's default: TF32 convolutions
     bandwidth = hw.device_memory_bandwidth_gbs * MEMORY_EFFICIENCY
     name = hw.gpu or cfg.cluster.name
@@ -109,10 +120,10 @@ def gpu_of(cfg) -> Gpu:
     if calibrated:  # `make calibrate` on the cluster measured a large matmul: what its GEMMs reach
         return Gpu(name, calibrated, calibrated * conv / matmul, bandwidth, hw.sm_count,
                    f"calibrated: {name} GEMMs at the measured {calibrated:.1f} TFLOP/s, HBM {bandwidth:.0f} GB/s "
-                   "(datasheet x MEMORY_EFFICIENCY), roofline per kernel")
+                   "(datasheet x MEMORY_EFFICIENCY), roofline per kernel", tensor_cores)
     return Gpu(name, matmul * GEMM_EFFICIENCY, conv * GEMM_EFFICIENCY, bandwidth, hw.sm_count,
                f"datasheet: {name} GEMMs at {matmul:g} x {GEMM_EFFICIENCY} TFLOP/s, HBM "
-               f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s, roofline per kernel")
+               f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s, roofline per kernel", tensor_cores)
 
 
 @lru_cache(maxsize=64)

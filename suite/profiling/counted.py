@@ -42,6 +42,9 @@ FP32 = {_aten.native_layer_norm, _aten.native_layer_norm_backward, _aten._softma
         _aten._log_softmax_backward_data, _aten._softmax_backward_data, _aten.nll_loss_forward,
         _aten.nll_loss_backward, _aten.sum, _aten.mean, _aten.mse_loss, _aten.exp, _aten.log, _aten.pow}
 HALF_BYTES = 2
+# cuBLAS's tensor-core kernels load 16 bytes at a time: a GEMM with a dimension not a multiple of 8 elements
+# (a 16-bit dtype's 16 bytes; GPT-2's 50257-token vocabulary) runs on kernels of 2-byte loads ("align1").
+ALIGNMENT = 8
 CAST_BYTES = 6  # a parameter copied between fp32 and half precision: 4 bytes read, 2 written (or back)
 ATTENTION_BACKWARD = 2.5
 CAUSAL_WORK = 0.5
@@ -54,6 +57,7 @@ class Kernel:
     bytes: float
     rows: int = 0  # of a matmul's output (for how many tiles it fills a GPU with): M, with batch folded in
     cols: int = 0  # N
+    aligned: bool = True  # a matmul whose M, N and K are multiples of 8 (what the tensor cores' fast kernels need)
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,9 @@ class _Kernels(TorchDispatchMode):
     """Records one Kernel per aten operator; with `half`, tracks which tensors autocast would hold in half
     precision."""
 
-    def __init__(self, half: bool, params: set[int]) -> None:
+    def __init__(self, half: bool, state: set[int]) -> None:
         super().__init__()
-        self.half, self.params = half, params
+        self.half, self.state = half, state  # the ids of the model's parameters and buffers
         self.kernels: list[Kernel] = []
         self.half_ids: set[int] = set()
         self.alive: list[torch.Tensor] = []  # ids stay unique while their tensors live
@@ -121,8 +125,10 @@ class _Kernels(TorchDispatchMode):
             if kind != MEMORY:
                 self.mark_half(floating)
                 self.mark_half(outputs)
-            elif packet not in FP32 and floating and all(id(t) in self.half_ids for t in floating):
-                self.mark_half(outputs)
+            elif packet not in FP32:  # in the activations' dtype: batch norm's fp32 state leaves its output half
+                activations = [t for t in floating if id(t) not in self.state]
+                if activations and all(id(t) in self.half_ids for t in activations):
+                    self.mark_half(outputs)
         moved = sum(map(self.nbytes, inputs)) + sum(map(self.nbytes, outputs))
         self.largest = max([self.largest, *map(self.nbytes, outputs)])
         rows = cols = 0
@@ -132,7 +138,9 @@ class _Kernels(TorchDispatchMode):
             rows = outputs[0].numel() // max(cols, 1)
             if conv and len(shape) == 4:  # NCHW, an implicit GEMM of N*H*W rows and C columns
                 rows, cols = shape[0] * shape[2] * shape[3], shape[1]
-        self.kernels.append(Kernel(kind, flops, moved, rows, cols))
+        depth = round(flops / (2 * rows * cols)) if kind == MATMUL and rows * cols else 0
+        aligned = kind != MATMUL or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
+        self.kernels.append(Kernel(kind, flops, moved, rows, cols, aligned))
         return out
 
 
@@ -223,7 +231,7 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         own = [p for p in layer.module.parameters() if id(p) not in seen]
         tied = [p for p in layer.module.parameters() if id(p) in seen]
         seen.update(id(p) for p in own)
-        kernels = _Kernels(half, params)
+        kernels = _Kernels(half, params | {id(b) for b in model.buffers()})
         x_in = x.detach().requires_grad_(x.is_floating_point())
         if x_half:
             kernels.mark_half([x_in])
