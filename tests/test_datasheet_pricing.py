@@ -107,6 +107,14 @@ def test_under_autocast_batch_norm_keeps_half_activations_beside_its_fp32_weight
     assert saved("bf16") / saved("fp32") == pytest.approx(0.5, abs=0.02)
 
 
+def test_adamws_step_streams_what_torchs_foreach_kernels_stream_as_measured_on_an_h200():
+    """GPT-2 medium's AdamW step (355 M parameters) took 7.8 ms on an H200 (docs/measurements.md): one pass over
+    the state per foreach operation, not the one pass of a fused kernel (2.4 ms)."""
+    (p,) = plan([["dataset=tokens", "dataset.seq_len=1024", "network=gpt2_medium", "precision=bf16",
+                  "optimizer.name=adamw", "optimizer.weight_decay=0.01", "cluster=dgx_h200", "cluster.job.account=x"]])
+    assert roofline.datasheet_profile(p.cfg, 8).optimizer_s * 1e3 == pytest.approx(7.8, rel=0.15)
+
+
 def test_a_gemm_off_the_tensor_cores_alignment_runs_at_the_unaligned_share_of_the_rate():
     """GPT-2's head over its 50257-token vocabulary: slow unaligned kernels on the tensor cores (bf16, TF32), the
     same FP32 units as any other GEMM without TF32; padded to 50304 (as Megatron-LM and nanoGPT pad it), aligned."""

@@ -19,8 +19,8 @@ convolutions by default, else on the FP32 units), every other kernel at the memo
 cut into 128 x 128 tiles, one per streaming multiprocessor at a time: a last wave that fills few of them wastes
 the rest (wave quantisation), which is how small GEMMs fall below the peak; one with a dimension that is not a
 multiple of 8 runs on cuBLAS's slow unaligned kernels (UNALIGNED_GEMM_SHARE of the rate). The optimizer step
-streams every parameter's state (Adam reads parameter, gradient and both moments and writes three of them: 28
-bytes per fp32 parameter; SGD with momentum 20). The constants are four, named below with where they come from; `make
+streams every parameter's state once per operation of torch's foreach kernels (AdamW: 80 bytes per fp32
+parameter; SGD with momentum 32). The constants are four, named below with where they come from; `make
 validate-published` scores them against published GPU measurements.
 
 The profile it returns is the measured profile's (suite.profiling.profiles), so every strategy's step and memory
@@ -59,8 +59,19 @@ TILE = 128  # rows and columns of a GEMM output tile of one SM (cuBLAS's common 
 # communicator buffers, the caching allocator's first blocks. 1 GiB, to be replaced by `make calibrate`'s
 # measured base on a GPU of the cluster.
 GPU_RANK_BASE_BYTES = 2**30
-OPTIMIZER_BYTES = {"adam": 28, "adamw": 28, "lamb": 28}  # per fp32 parameter: read p, g, m, v; write p, m, v
-SGD_BYTES = {True: 20, False: 12}  # with momentum: read p, g, buf; write p, buf. Without: read p, g; write p
+# Bytes per fp32 parameter that the optimizer step streams on a GPU: torch's foreach (multi-tensor) kernels, which
+# every strategy steps with there (ZeRO's flat partitions too), one pass over the state per operation
+# (torch/optim/adam.py, _multi_tensor_adam): m lerped toward g (12: read m, g; write m), v scaled (8), g*g added
+# to v (12), sqrt(v) into a temporary (8), divided by the bias correction (8), eps added (8), p moved by m over it
+# (16: read p, m, it; write p): 72. AdamW's decay scales p (8); Adam's adds p to the gradient (12). On an H200
+# GPT-2 medium's AdamW step took 7.8 ms, these 80 bytes at the HBM rate give 7.0 (one fused pass, 28 bytes: 2.4).
+ADAM_BYTES = 72
+ADAM_DECAY_BYTES = {"adam": 12, "adamw": 8}
+LAMB_BYTES = 28  # pytorch_optimizer's Lamb: one pass counted (read p, g, m, v; write p, m, v)
+# torch's foreach SGD (_multi_tensor_sgd): buf scaled by the momentum (8), g added to it (12), p moved by it (12);
+# without momentum p moved by g (12); weight decay adds p to the gradient first (12).
+SGD_BYTES = {True: 32, False: 12}
+SGD_DECAY_BYTES = 12
 
 
 @dataclass(frozen=True)
@@ -141,11 +152,14 @@ def counted(cfg, batch: int) -> CountedNetwork:
 
 def optimizer_bytes(cfg) -> tuple[int, int]:
     """Bytes the optimizer step streams per fp32 parameter, and the state it keeps per parameter byte."""
-    name = str(cfg.optimizer.name)
-    if name in OPTIMIZER_BYTES:
-        return OPTIMIZER_BYTES[name], 2
-    momentum = cfg.optimizer.momentum > 0
-    return SGD_BYTES[momentum], int(momentum)
+    opt = cfg.optimizer
+    name = str(opt.name)
+    if name == "lamb":
+        return LAMB_BYTES, 2
+    if name in ADAM_DECAY_BYTES:
+        return ADAM_BYTES + (ADAM_DECAY_BYTES[name] if opt.weight_decay else 0), 2
+    momentum = opt.momentum > 0
+    return SGD_BYTES[momentum] + (SGD_DECAY_BYTES if opt.weight_decay else 0), int(momentum)
 
 
 def datasheet_profile(cfg, batch: int) -> Profile:
