@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from conftest import edit_catalog_entry, run_make
 from suite.errors import ConfigError
@@ -113,6 +114,17 @@ def test_adamws_step_streams_what_torchs_foreach_kernels_stream_as_measured_on_a
     (p,) = plan([["dataset=tokens", "dataset.seq_len=1024", "network=gpt2_medium", "precision=bf16",
                   "optimizer.name=adamw", "optimizer.weight_decay=0.01", "cluster=dgx_h200", "cluster.job.account=x"]])
     assert roofline.datasheet_profile(p.cfg, 8).optimizer_s * 1e3 == pytest.approx(7.8, rel=0.15)
+
+
+def test_a_one_machine_gpu_cluster_is_priced_here_though_a_sweep_could_not_run_it_here():
+    """`cluster=h200` starts its ranks with the local launcher, on this machine's GPUs: a sweep of it is refused where
+    torch sees none, a prediction is not (the datasheet prices it; test_gpu.py runs the sweep on a GPU)."""
+    overrides = [*TOKENS, "network=gpt2_tiny", "cluster=h200", "precision=bf16"]
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            plan([overrides])
+    (p,) = plan([overrides], runs_here=False)
+    assert predict(p).step.total > 0 and roofline.gpu_of(p.cfg).name == "NVIDIA H200"
 
 
 def test_a_gemm_off_the_tensor_cores_alignment_runs_at_the_unaligned_share_of_the_rate():

@@ -471,7 +471,8 @@ def plan_records(records: list[Record], torch_version: str | None = None) -> lis
                 planned.append(m)
                 continue
             try:
-                point = make_point([*m.overrides, *NOTHING_SUBMITTED], "published", torch_version or torch.__version__)
+                point = make_point([*m.overrides, *NOTHING_SUBMITTED], "published", torch_version or torch.__version__,
+                                   runs_here=False)
             except (ConfigError, OlderTorch) as e:
                 planned.append(replace(m, reasons=(Reason(PLANNER, " ".join(str(e).split())),)))
             else:

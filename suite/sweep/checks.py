@@ -115,7 +115,7 @@ def _gpu_without_bf16(cluster: DictConfig) -> str | None:
     return gpu if any(name in gpu for name in NO_BF16_GPUS) else None
 
 
-def _check_device(cfg: DictConfig) -> None:
+def _check_device(cfg: DictConfig, runs_here: bool) -> None:
     """The device a point will run on; the GPUs themselves only for points this machine runs."""
     uses_cuda = will_use_cuda(cfg.cluster)
     if cfg.precision == "fp16" and not uses_cuda:
@@ -124,7 +124,7 @@ def _check_device(cfg: DictConfig) -> None:
     if old_gpu:
         raise ConfigError(f"precision=bf16 needs a GPU with bfloat16 (compute capability 8.0+), not {old_gpu}; "
                           "use fp16")
-    if cfg.cluster.scheduler != "local":
+    if cfg.cluster.scheduler != "local" or not runs_here:
         return
     if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("cluster.device=cuda but this machine has no CUDA device")
@@ -151,12 +151,13 @@ def _check_batches(cfg: DictConfig, layout: Layout) -> None:
         raise ConfigError(f"profile.steps={cfg.profile.steps} but an epoch has {epoch_steps} steps")
 
 
-def validate(cfg: DictConfig, torch_version: str) -> tuple[Strategy, Layout]:
-    """Raise ConfigError for a point that cannot run on a torch of `torch_version`; return its strategy and layout."""
+def validate(cfg: DictConfig, torch_version: str, runs_here: bool = True) -> tuple[Strategy, Layout]:
+    """Raise ConfigError for a point that cannot run on a torch of `torch_version` (on this machine, where a local
+    launcher would run it and `runs_here`); return its strategy and layout."""
     _check_ranges(cfg)
     _check_choices(cfg)
     _check_hardware(cfg.cluster)
-    _check_device(cfg)
+    _check_device(cfg, runs_here)
     check_dataset(cfg.dataset)
     check_network(cfg.network, cfg.dataset)
     strategy = build_strategy(cfg)

@@ -140,7 +140,7 @@ def _compose(overrides: list[str]) -> DictConfig:
         raise ConfigError(composition_error_line(e)) from e
 
 
-def make_point(overrides: list[str], experiment: str | None, torch_version: str) -> Point:
+def make_point(overrides: list[str], experiment: str | None, torch_version: str, runs_here: bool = True) -> Point:
     cfg = _compose(overrides)
     resolve_network(cfg.network)  # the name it is recorded by is what is built, before its identity is taken
     if experiment and not any(o.startswith("tracking.experiment=") for o in overrides):
@@ -149,7 +149,7 @@ def make_point(overrides: list[str], experiment: str | None, torch_version: str)
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
     cfg.dataset.loader_workers = loader_workers(cfg)
     try:
-        strategy, layout = validate(cfg, torch_version)
+        strategy, layout = validate(cfg, torch_version, runs_here)
     except (BadValue, OlderTorch):
         raise
     except ConfigError as e:
@@ -168,12 +168,13 @@ def problem_line(message: str, where: list[str], total: int) -> str:
     return f"{message} ({len(where)} of {total} points, e.g. {where[0]})"
 
 
-def plan(jobs: list[list[str]], experiment: str | None = None,
-         invalid: list[InvalidPoint] | None = None, torch_version: str | None = None) -> list[Point]:
+def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[InvalidPoint] | None = None,
+         torch_version: str | None = None, runs_here: bool = True) -> list[Point]:
     """Compose and validate every job; raise ConfigError listing all bad ones. With an `invalid` list, the
     points that compose but cannot run are appended to it instead (once per config hash). Points whose strategy
     needs a newer torch than `torch_version` (default: this environment's) are left out, one line on stderr per
-    strategy; if that leaves none, those lines are the ConfigError."""
+    strategy; if that leaves none, those lines are the ConfigError. `runs_here=False` plans points only to price
+    them: a one-machine cluster's (the local launcher's) GPUs are not asked of this machine."""
     register_schema()
     GlobalHydra.instance().clear()
     points, unrunnable = [], {}
@@ -182,7 +183,7 @@ def plan(jobs: list[list[str]], experiment: str | None = None,
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for overrides in jobs:
             try:
-                points.append(make_point(overrides, experiment, torch_version or torch.__version__))
+                points.append(make_point(overrides, experiment, torch_version or torch.__version__, runs_here))
             except OlderTorch as e:
                 refused.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
             except ConfigError as e:

@@ -41,7 +41,7 @@ def parse_args(argv: list[str], description: str) -> argparse.Namespace:
 
 def plan_points(overrides: list[str], invalid: list[InvalidPoint] | None = None) -> list[Point]:
     return plan([job + NOTHING_SUBMITTED for job in expand(overrides, multirun=True)], experiment="predict",
-                invalid=invalid)
+                invalid=invalid, runs_here=False)
 
 
 def describe(point: Point) -> str:
