@@ -77,11 +77,14 @@ def init_distributed(device: str, threads: int | None, rendezvous: Rendezvous, s
         torch.set_num_threads(threads_per_worker(threads, r.local_world_size))
     backend = "nccl" if dev.type == "cuda" and not share_gpus else "gloo"
     if not dist.is_initialized():
-        # env:// so that under torchrun the ranks join its agent's store instead of opening another one.
         os.environ.setdefault("MASTER_ADDR", r.master_addr)
         os.environ.setdefault("MASTER_PORT", str(r.master_port))
+        # One rank meets nobody: an in-process store, no port to listen on (a free port the launcher picked can be
+        # taken by another sweep on the machine before the rank binds it: EADDRINUSE). More ranks: env://, so that
+        # under torchrun they join its agent's store instead of opening another one.
+        store = {"store": dist.HashStore()} if r.world_size == 1 else {}
         dist.init_process_group(
-            backend, rank=r.rank, world_size=r.world_size, timeout=timedelta(minutes=10),
+            backend, rank=r.rank, world_size=r.world_size, timeout=timedelta(minutes=10), **store,
             **({"device_id": dev} if backend == "nccl" and INIT_TAKES_DEVICE_ID else {}),
         )
     mark("joined", r.rank)
