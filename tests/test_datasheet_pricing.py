@@ -130,7 +130,7 @@ def test_a_one_machine_gpu_cluster_is_priced_here_though_a_sweep_could_not_run_i
 def test_a_gemm_off_the_tensor_cores_alignment_runs_at_the_unaligned_share_of_the_rate():
     """GPT-2's head over its 50257-token vocabulary: slow unaligned kernels on the tensor cores (bf16, TF32), the
     same FP32 units as any other GEMM without TF32; padded to 50304 (as Megatron-LM and nanoGPT pad it), aligned."""
-    def head(vocab: int, *overrides: str) -> list[Kernel]:
+    def head(vocab: int, *overrides: str) -> tuple[roofline.Gpu, list[Kernel]]:
         (p,) = plan([["dataset=tokens", f"dataset.vocab_size={vocab}", "network=gpt2_tiny", "dataset.seq_len=64",
                       *overrides, "cluster=dgx_a100_80gb", "cluster.job.account=x"]])
         counted = count_network(p.cfg, 8)
