@@ -244,6 +244,10 @@ class PointConfig:
     workers: int = 1  # ranks (one per GPU, or CPU processes)
     nodes: int | None = None  # None = ceil(workers / cluster.workers_per_node)
     batch_size: int = 32  # per worker; the strategy's batch rule turns it into the global batch
+    # Gradient accumulation outside pipelines: each rank trains grad_accum micro-batches of batch_size one after the
+    # other, their gradients summed, then steps once (global batch = batch_size x grad_accum x replicas); a
+    # pipeline's micro-batches are its own (strategy.micro_batches).
+    grad_accum: int = 1
     epochs: int = 3
     steps_per_epoch: int | None = None  # None = one full pass over the training set
     warmup_steps: int = 2  # untimed training steps before the first epoch

@@ -33,7 +33,7 @@ class Layout:
     pp: int = 1  # pipeline stages per replica
     tp: int = 1  # tensor-parallel ranks per stage
     shard: int = 1  # ranks over which parameters and optimizer states are split (ZeRO, FSDP)
-    micro_batches: int = 1  # a replica's mini-batch is cut into these (pipelines)
+    micro_batches: int = 1  # a replica's mini-batch is cut into these (pipelines; gradient accumulation elsewhere)
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     stages_in_one_process: bool = False  # torchgpipe: one process drives the `pp` stage devices
 

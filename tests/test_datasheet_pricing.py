@@ -231,15 +231,32 @@ def test_make_predict_answers_for_lassen_on_a_fresh_clone_with_nothing_calibrate
     assert not (results / "calibration").exists()
 
 
-def test_recomputation_adds_to_the_flops_executed_not_to_the_models(results):
+@pytest.mark.parametrize("strategy", ["megatron", "1f1b"])
+def test_recomputation_adds_to_the_flops_executed_not_to_the_models(results, strategy):
     """Every block checkpointed runs its forward again in backward: with a GPT-2, whose blocks hold nearly all of
-    its FLOPs, close to 4/3 of the model's FLOPs are executed (Megatron-LM's count), in more time."""
-    plain = predict(point("workers=2", "strategy=megatron", "precision=bf16", "optimizer.name=adam"))
-    again = predict(point("workers=2", "strategy=megatron", "precision=bf16", "optimizer.name=adam",
+    its FLOPs, close to 4/3 of the model's FLOPs are executed (Megatron-LM's count), in more time, and each
+    block keeps only its input (a pipeline's stages, for every micro-batch in flight)."""
+    plain = predict(point("workers=2", f"strategy={strategy}", "precision=bf16", "optimizer.name=adam"))
+    again = predict(point("workers=2", f"strategy={strategy}", "precision=bf16", "optimizer.name=adam",
                           "activation_checkpointing=every"))
     assert again.flops_per_sample == plain.flops_per_sample
     assert 1.15 < again.hardware_tflops_per_device / again.model_tflops_per_device <= 4 / 3
     assert again.step.total > plain.step.total and again.memory.activations < plain.memory.activations
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_gradient_accumulation_computes_every_micro_batch_and_keeps_one_micro_batch_of_activations(results, strategy):
+    """4 micro-batches of 8 against one batch of 8 per GPU: four times the compute; DDP reduces the gradients once per
+    step, FSDP gathers and reduce-scatters for every micro-batch (Composer's FSDP, LLM Foundry's records); the
+    activations kept are one micro-batch's."""
+    common = ("workers=8", f"strategy={strategy}", "precision=bf16", "optimizer.name=adam", "batch_size=8")
+    once, accumulated = predict(point(*common)), predict(point(*common, "grad_accum=4"))
+    assert accumulated.step.compute == pytest.approx(4 * once.step.compute)
+    assert accumulated.memory.activations == once.memory.activations
+    ratio = accumulated.step.sent / once.step.sent
+    assert ratio == pytest.approx(1.0 if strategy == "ddp" else 4.0, rel=0.01)
+    if strategy == "ddp":  # the reduction and the optimizer step amortised over four micro-batches
+        assert accumulated.samples_per_s > once.samples_per_s
 
 
 def test_a_sweep_on_a_gpu_cluster_records_the_datasheet_prediction_without_calibration(results):

@@ -113,6 +113,12 @@ def test_1f1b_interleaved_equivalence(store):
     assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
 
 
+def test_1f1b_checkpointed_equivalence(store):
+    """Each stage's blocks run their forward again in backward (Megatron-LM's 1F1B with full recomputation)."""
+    candidate = [*pipeline_point("1f1b"), "activation_checkpointing=every"]
+    assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
+
+
 @pytest.mark.parametrize("strategy", ["gpipe_dist", "1f1b"])
 def test_dp_x_pp_equivalence(store, strategy):
     """2 replicas of a 2-stage pipeline: each replica's stages average gradients, the tied GPT-2
@@ -260,6 +266,16 @@ def test_horovod_equivalence(store, workload, common):
 
 # LAMB with a learning rate of its own; the larger eps as for Adam (GPT-2's key bias, above).
 LAMB = ["optimizer.name=lamb", "optimizer.lr=0.01", "optimizer.weight_decay=0.01", "optimizer.eps=1e-6"]
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
+def test_gradient_accumulation_equivalence(store, strategy):
+    """Single's global batch of 8 in one step, as 2 micro-batches per rank: DDP all-reduces once, in the last
+    micro-batch's backward (no_sync before it); FSDP reduce-scatters every micro-batch's gradients into its shards."""
+    workers = 1 if strategy == "single" else 2
+    candidate = [f"strategy={strategy}", f"workers={workers}", f"batch_size={GLOBAL_BATCH // workers // 2}",
+                 "grad_accum=2"]
+    assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
 
 
 def test_ddp_equivalence_lamb_checkpointing(store):

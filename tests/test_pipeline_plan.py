@@ -37,8 +37,8 @@ REJECTED = {
                                      "pipedream has no micro_batches"),
     "fp16 in a pipeline": (["strategy=gpipe_dist", "workers=2", "precision=fp16", "cluster=thetagpu",
                             "cluster.job.account=x"], "strategy gpipe_dist does not train in precision=fp16"),
-    "activation checkpointing in a pipeline": (["strategy=1f1b", "workers=2", "activation_checkpointing=2"],
-                                               "strategy 1f1b does not apply activation_checkpointing=2"),
+    "activation checkpointing in pipedream": (["strategy=pipedream", "workers=2", "activation_checkpointing=2"],
+                                              "strategy pipedream does not apply activation_checkpointing=2"),
 }
 
 

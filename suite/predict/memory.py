@@ -12,6 +12,7 @@ unit under FSDP and ZeRO-3, one batch of input. The numbers are bytes per rank; 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from suite.predict.costs import checkpointed
@@ -42,14 +43,11 @@ class Memory:
         return self.base + self.params + self.grads + self.optimizer + self.activations + self.transient
 
 
-def kept_for_backward(layers: tuple[LayerProfile, ...], interval: int) -> float:
-    """Bytes autograd keeps for one batch through `layers`: each layer's saved tensors, or for a checkpointed
-    block only its input (the previous layer's output)."""
-    wrapped = checkpointed(list(layers), interval)
-    kept = 0.0
-    for i, (layer, again) in enumerate(zip(layers, wrapped)):
-        kept += layers[i - 1].output_bytes if again else layer.saved_bytes
-    return kept
+def kept_for_backward(layers: Sequence[LayerProfile], wrapped: Sequence[bool], input_bytes: float = 0.0) -> float:
+    """Bytes autograd keeps for one batch through `layers` (whose first reads `input_bytes`): each layer's saved
+    tensors, or for a checkpointed (`wrapped`) block only its input."""
+    inputs = [input_bytes, *(layer.output_bytes for layer in layers[:-1])]
+    return sum(read if again else layer.saved_bytes for layer, again, read in zip(layers, wrapped, inputs))
 
 
 def _state_ratio(w: Workload) -> float:
@@ -77,8 +75,9 @@ def replicated(w: Workload, base: float) -> Memory:
     buckets = 0.0
     if isinstance(w.strategy, DDP) and w.layout.dp > 1 and not w.strategy.gradient_as_bucket_view:
         buckets = p.param_bytes  # the reducer's flat buckets beside the gradients
-    return Memory(base, params, p.param_bytes, _state_ratio(w) * p.param_bytes,
-                  kept_for_backward(p.layers, interval), buckets + _input_bytes(w) + _workspace(w))
+    kept = kept_for_backward(p.layers, checkpointed(p.layers, interval))
+    return Memory(base, params, p.param_bytes, _state_ratio(w) * p.param_bytes, kept,
+                  buckets + _input_bytes(w) + _workspace(w))
 
 
 def sharded(w: Workload, base: float) -> Memory:
@@ -106,7 +105,7 @@ def sharded(w: Workload, base: float) -> Memory:
     if zero and zero_stage < 3:
         config = w.zero_config
         buckets = config["reduce_bucket_size"] * PARAM_BYTES * (2 if config["overlap_comm"] else 1)
-    return Memory(base, params, grads, optimizer, kept_for_backward(p.layers, interval),
+    return Memory(base, params, grads, optimizer, kept_for_backward(p.layers, checkpointed(p.layers, interval)),
                   gathered + buckets + _input_bytes(w) + _workspace(w))
 
 
@@ -164,7 +163,7 @@ def pipeline(w: Workload, base: float) -> Memory:
 def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:
     """A chunk's activations at its device's peak. torchgpipe's `checkpoint` keeps only the chunk's input for
     the micro-batches it recomputes (all, all but the last, none)."""
-    full = kept_for_backward(chunk.layers, 0)
+    full = kept_for_backward(chunk.layers, chunk.checkpointed, chunk.input_bytes)
     in_flight = _in_flight(w, device)
     if not isinstance(w.strategy, GPipe):
         return full * in_flight

@@ -89,23 +89,25 @@ class Workload:
 
 
 def data_parallel(w: Workload, variant: str) -> StepTime:
-    """single, ddp, horovod: every rank runs the whole network on its batch, gradients are all-reduced."""
-    layers, dp = w.layers, w.layout.dp
+    """single, ddp, horovod: every rank runs the whole network on its batch, gradients are all-reduced, in the last
+    micro-batch's backward where gradients accumulate over several (the profile is of one micro-batch)."""
+    layers, dp, micro = w.layers, w.layout.dp, w.layout.micro_batches
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
     grads = w.profile.param_bytes * (0.5 if w.cfg.grad_compression.name in ("fp16", "bf16") else 1.0)
     comm = sent = 0.0
     if dp > 1:
         sent = sent_bytes("all_reduce", grads, dp)
-        if isinstance(w.strategy, DDP) and w.strategy.forward_sync_buffers:
-            sent += sent_bytes("broadcast", w.profile.buffer_bytes, dp)
+        if isinstance(w.strategy, DDP) and w.strategy.forward_sync_buffers:  # in every micro-batch's forward
+            sent += micro * sent_bytes("broadcast", w.profile.buffer_bytes, dp)
     if dp > 1 and variant == "study_j":
         threshold = w.strategy.fusion_threshold_mb if isinstance(w.strategy, Horovod) else w.strategy.bucket_cap_mb
         fused = min(grads, threshold * MIB) if threshold else grads
         comm = 2 * (dp - 1) * w.links.send(fused / dp)  # Eq. 5.1's ring, every step on the calibrated link
     elif dp > 1:
-        comm = _overlapped_all_reduce(w, bwd, grads / max(w.profile.param_bytes, 1)) + _buffer_broadcast(w)
-    return StepTime(compute=fwd + bwd, comm=comm, optimizer=w.profile.optimizer_s, data=w.data_s, sent=sent)
+        comm = _overlapped_all_reduce(w, bwd, grads / max(w.profile.param_bytes, 1)) + micro * _buffer_broadcast(w)
+    return StepTime(compute=micro * (fwd + bwd), comm=comm, optimizer=w.profile.optimizer_s, data=w.data_s,
+                    sent=sent)
 
 
 def _grads_in_backward_order(w: Workload, ways: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
@@ -174,7 +176,8 @@ def sharded(w: Workload, variant: str) -> StepTime:
     scattered with `reduce_scatter`, else all-reduced), behind backward with `overlap_comm`, else after it; updated
     parameters all-gathered after the step, the optimizer steps 1/shard of them. zero 3 and fsdp: each unit's
     parameters gathered just before it runs (one unit prefetched ahead; FSDP's root unit, the layers that are not
-    blocks, first), gradients reduce-scattered per unit as backward produces them, on a stream of their own.
+    blocks, first), gradients reduce-scattered per unit as backward produces them, on a stream of their own; with
+    gradient accumulation (FSDP) all of it for every micro-batch.
     Parameters are gathered again for backward by FSDP with `reshard_after_forward` (its blocks; the root stays
     gathered), and by ZeRO-3 only for a network larger than its reuse distance (`stage3_max_reuse_distance`): below
     it DeepSpeed keeps what it gathered in forward for backward. ZeRO-3 never gathers a layer smaller than
@@ -214,13 +217,15 @@ def sharded(w: Workload, variant: str) -> StepTime:
     tail = max(trailing_comm(ends, scattered_s) - ends[-1], 0)
     kept_whole = sum(layer.param_bytes for layer, kept in zip(layers, persistent) if kept)
     after_step = w.links.collective("all_gather", kept_whole, shard)
-    sent = sum(sent_bytes("all_gather", n, shard) for n in (*units, root, *regathered, kept_whole))
+    sent = sum(sent_bytes("all_gather", n, shard) for n in (*units, root, *regathered))
     sent += sum(sent_bytes("reduce_scatter", n, shard) for n in scattered)
     if w.comm_hides:
-        comm = (fwd_end - fwd) + (ends[-1] - bwd) + tail + after_step
+        comm = (fwd_end - fwd) + (ends[-1] - bwd) + tail
     else:
-        comm = sum(gathered + regathered_s + scattered_s) + after_step
-    return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
+        comm = sum(gathered + regathered_s + scattered_s)
+    micro = w.layout.micro_batches
+    return StepTime(compute=micro * (fwd + bwd), comm=micro * comm + after_step, optimizer=optimizer, data=w.data_s,
+                    sent=micro * sent + sent_bytes("all_gather", kept_whole, shard))
 
 
 def _zero_reduction(w: Workload, backward: float) -> tuple[float, float]:
@@ -309,6 +314,7 @@ class Chunk:
     input_bytes: int  # the previous chunk's output, received per micro-batch (its gradient goes back)
     first: bool
     last: bool
+    checkpointed: tuple[bool, ...]  # per layer: activation checkpointing wraps it (counted over the whole network)
 
     @property
     def params(self) -> int:
@@ -322,14 +328,18 @@ def chunks(w: Workload) -> list[Chunk]:
     bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     last = len(sizes) - 1
     inputs = [w.profile.input_bytes, *(layer.output_bytes for layer in w.layers)]
-    return [Chunk(tuple(w.layers[a:b]), inputs[a], i == 0, i == last)
+    wrapped = checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing))
+    return [Chunk(tuple(w.layers[a:b]), inputs[a], i == 0, i == last, tuple(wrapped[a:b]))
             for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
-    """A chunk's compute per micro-batch and its sends: its output forward, its input's gradient backward."""
+    """A chunk's compute per micro-batch and its sends: its output forward, its input's gradient backward.
+    `recompute`: the share of micro-batches whose whole forward torchgpipe runs again; checkpointed blocks run
+    theirs again in every micro-batch's backward."""
     sizes = ([] if chunk.last else [chunk.layers[-1].output_bytes]) + ([] if chunk.first else [chunk.input_bytes])
-    compute = forward_s(chunk.layers) * (1 + recompute) + backward_s(chunk.layers)
+    again = sum(layer.forward_s for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if wrapped)
+    compute = forward_s(chunk.layers) * (1 + recompute) + again + backward_s(chunk.layers)
     return DeviceWork(compute, sum(w.links.send(n) for n in sizes), sum(sizes))
 
 

@@ -7,9 +7,9 @@ cannot be. Every record ends as one or the other; none is dropped.
 
 Where a record leaves something the point needs unstated (null), the mapping takes the framework's documented
 default, or the suite's, and says so in `assumptions`; where the suite has no way to express what the record ran
-(a network it does not build, fp8, selective recomputation, gradient accumulation, dp x tp x pp, a GPU the catalog
-lacks), the record gets a `Reason`. A point the planner rejects (megatron with activation checkpointing, fp16 in a
-pipeline, ...) keeps the planner's line as its reason. Pricing and scoring (`make validate-published`) start from
+(a network it does not build, fp8, selective recomputation, dp x tp x pp, a GPU the catalog lacks), the record gets
+a `Reason`. A point the planner rejects (fp16 in a pipeline, gradient accumulation under a strategy that does not
+accumulate, ...) keeps the planner's line as its reason. Pricing and scoring (`make validate-published`) start from
 `plan_records`' points.
 """
 
@@ -45,7 +45,6 @@ GPU = "GPU not in the catalog"
 CLUSTER = "no catalog cluster with these GPUs per node"
 PRECISION = "precision"
 RECOMPUTE = "selective recomputation"
-ACCUMULATION = "gradient accumulation"
 LAYOUT_3D = "3D layouts"  # dp x tp x pp, FSDP/ZeRO x tp, interleaved with tp: the 3D-layouts issue
 CONTEXT_PARALLEL = "context parallelism"
 OFFLOAD = "offload"
@@ -294,9 +293,9 @@ def _optimizer(record: Record, language: bool, draft: _Draft) -> None:
 # --- strategy, layout and batch ---------------------------------------------------------------------------------
 
 
-def _mini_batch(record: Record, dp: int, pipeline: bool, draft: _Draft) -> int | None:
+def _mini_batch(record: Record, dp: int, pipeline: bool, draft: _Draft) -> tuple[int, int] | None:
     """The batch one data-parallel replica trains per step (a pipeline's mini-batch), from the global batch, or
-    from micro-batch x accumulation; a reason where the suite would need gradient accumulation outside a pipeline."""
+    from micro-batch x accumulation; outside a pipeline, with the micro-batches it accumulates over (1: none)."""
     t = record.training
     if t.global_batch is not None:
         if t.global_batch % dp:
@@ -311,21 +310,21 @@ def _mini_batch(record: Record, dp: int, pipeline: bool, draft: _Draft) -> int |
         draft.cannot(NOT_STATED, "training.global_batch and training.micro_batch")
         return None
     if pipeline:
-        return mini
-    if t.micro_batch is not None and mini != t.micro_batch:
+        return mini, 1
+    if t.micro_batch is not None:
         if mini % t.micro_batch:
             draft.cannot(BATCH, f"global_batch={t.global_batch} is not micro_batch={t.micro_batch} x dp={dp} x "
                                 "a whole accumulation")
-        else:
-            draft.cannot(ACCUMULATION, f"{mini // t.micro_batch} micro-batches of {t.micro_batch} per step: the "
-                                       "suite has no gradient accumulation")
-        return None
-    if t.micro_batch is None and t.grad_accum not in (None, 1):
-        draft.cannot(ACCUMULATION, f"grad_accum={t.grad_accum}: the suite has no gradient accumulation")
-        return None
-    if t.micro_batch is None and t.global_batch is not None:
+            return None
+        return mini, mini // t.micro_batch
+    if t.grad_accum not in (None, 1):
+        if mini % t.grad_accum:
+            draft.cannot(BATCH, f"a replica's batch of {mini} is not grad_accum={t.grad_accum} whole micro-batches")
+            return None
+        return mini, t.grad_accum
+    if t.global_batch is not None:
         draft.assume(f"micro-batch not stated: no accumulation, {mini} per replica")
-    return mini
+    return mini, 1
 
 
 def _pipeline_batches(record: Record, strategy: str, mini: int, stages: int, draft: _Draft) -> None:
@@ -409,7 +408,7 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
                 draft.set("strategy.reshard_after_forward=false")
             elif sharding not in (None, "FULL_SHARD"):
                 draft.cannot(LAYOUT_3D, f"FSDP {sharding}: sharded within a node, replicated across")
-        mini = _mini_batch(record, dp, False, draft)
+        batch = _mini_batch(record, dp, False, draft)
     elif word == "megatron_tp":
         strategy = "megatron"
         if not language:
@@ -417,7 +416,7 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
         draft.set("strategy=megatron", f"strategy.tp={tp}", "strategy.batch_grows_with_tp=false")
         if layout.sequence_parallel:
             draft.set("strategy.sequence_parallel=true")
-        mini = _mini_batch(record, dp, False, draft)
+        batch = _mini_batch(record, dp, False, draft)
     elif word in PIPELINES:
         if word == "gpipe" and dp == 1 and ("torchgpipe" in framework or hardware.nodes in (None, 1)):
             strategy = "gpipe"
@@ -431,14 +430,17 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
                 draft.cannot(NOT_STATED, "layout.virtual_stages of an interleaved 1F1B schedule")
             else:
                 draft.set(f"strategy.virtual_stages={layout.virtual_stages}")
-        mini = _mini_batch(record, dp, True, draft)
-        if mini is not None:
-            _pipeline_batches(record, strategy, mini, pp, draft)
+        batch = _mini_batch(record, dp, True, draft)
+        if batch is not None:
+            _pipeline_batches(record, strategy, batch[0], pp, draft)
     else:
         draft.cannot(LAYOUT_3D, f"layout.strategy={word}")
         return None
-    if mini is not None:
-        draft.set(f"batch_size={mini}")
+    if batch is not None:
+        mini, accumulation = batch
+        draft.set(f"batch_size={mini // accumulation}")
+        if accumulation > 1:  # the strategies that do not accumulate refuse it in the planner, with their line
+            draft.set(f"grad_accum={accumulation}")
     return strategy
 
 

@@ -12,6 +12,7 @@ megatron), each changing only how it reduces gradients (`backward`) and steps (`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
@@ -40,6 +41,7 @@ class Supports:
     precisions: tuple[str, ...] = tuple(PrecisionName)
     optimizers: tuple[str, ...] = tuple(OptimizerName)
     activation_checkpointing: bool = True  # applied to the plain model before `setup`
+    grad_accum: bool = False  # trains `grad_accum` micro-batches per step (DataParallel's step), synced as it says
     grad_compressions: tuple[str, ...] = (GradCompression.none,)
     # True where all its communication goes through torch.distributed process groups, so that suite.runtime.comm's
     # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
@@ -107,9 +109,13 @@ class Strategy:
     def check(self, cfg) -> None:
         """Before launch: raise ConfigError for a point this strategy cannot run."""
 
+    # What a point that asks this strategy for gradient accumulation is told instead, where it does not accumulate.
+    accumulation_hint: ClassVar[str] = "leave it 1 (single, ddp and fsdp accumulate)"
+
     def layout(self, cfg) -> Layout:
-        """Data-parallel rule (Studies N and J): every worker is a replica with a fixed batch per worker."""
-        return Layout(dp=cfg.workers, mini_batch=cfg.batch_size)
+        """Data-parallel rule (Studies N and J): every worker is a replica with a fixed batch per worker, trained in
+        `grad_accum` micro-batches of it per step."""
+        return Layout(dp=cfg.workers, mini_batch=cfg.batch_size * cfg.grad_accum, micro_batches=cfg.grad_accum)
 
     def config_files(self, cfg) -> dict[str, dict[str, Any]]:
         """Configuration the strategy generates for its library (file name -> JSON content), written into
@@ -240,7 +246,9 @@ class Runtime:
 
 class DataParallel(Runtime):
     """The step of every strategy that runs the whole forward and backward on each rank: forward, backward
-    (with the gradient communication the wrapped model does not do itself), optimizer step."""
+    (with the gradient communication the wrapped model does not do itself), optimizer step. With gradient
+    accumulation (the layout's `micro_batches` outside a pipeline) forward and backward run once per micro-batch,
+    each loss scaled by 1/micro-batches so that the summed gradients are those of the mean loss, then one step."""
 
     def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer,
                  plain: nn.Module | None = None, sync_buffers: bool = False) -> None:
@@ -249,14 +257,24 @@ class DataParallel(Runtime):
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         timer, precision = self.rank.timer, self.rank.precision
-        with timer.phase("forward"), precision.autocast():
-            loss = self.rank.loss_fn(self.model(inputs), targets)
-        with timer.phase("backward"):
-            self.backward(loss)
+        micro = self.rank.layout.micro_batches
+        losses = []
+        for i, (x, y) in enumerate(zip(inputs.chunk(micro), targets.chunk(micro))):
+            with self.gradient_sync(i == micro - 1):
+                with timer.phase("forward"), precision.autocast():
+                    loss = self.rank.loss_fn(self.model(x), y)
+                with timer.phase("backward"):
+                    self.backward(loss / micro if micro > 1 else loss)
+            losses.append(loss.detach())
         self.note_gradients()
         with timer.phase("optimizer"):
             self.step()
-        return loss.detach()
+        return losses[0] if micro == 1 else torch.stack(losses).mean()
+
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Around one micro-batch's forward and backward: whether its gradients are synchronised is the wrapped
+        model's (here: every micro-batch's); DDP's defers it to the `last`."""
+        return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
         """Gradients of the loss, reduced over the replicas that need them equal."""

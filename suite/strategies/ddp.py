@@ -3,6 +3,7 @@ optionally compressing each gradient bucket before its all-reduce (`grad_compres
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import ClassVar
@@ -39,7 +40,9 @@ class DDP(Strategy):
     name: str = "ddp"
     family: ClassVar[Family] = Family.replicated
     label: ClassVar[str] = "DDP"
-    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=tuple(GradCompression))
+    # Gradient accumulation all-reduces once per step, in the last micro-batch's backward (`no_sync` before it).
+    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=tuple(GradCompression),
+                                            grad_accum=True)
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
@@ -68,5 +71,12 @@ class DDP(Strategy):
             **{SYNC_BUFFERS: self.forward_sync_buffers},
         )
         apply_grad_compression(model, rank.cfg.grad_compression)
-        return DataParallel(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), plain=model.module,
-                            sync_buffers=True)
+        return DDPRuntime(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), plain=model.module,
+                          sync_buffers=True)
+
+
+class DDPRuntime(DataParallel):
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Gradients accumulate locally (`no_sync`) until the last micro-batch, whose backward all-reduces their sum,
+        as torch's DDP documents gradient accumulation."""
+        return contextlib.nullcontext() if last else self.model.no_sync()

@@ -20,7 +20,7 @@ Wrapped as torchtitan wraps a transformer (torchtitan/models/llama3/infra/parall
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -40,7 +40,10 @@ class FSDP(Strategy):
     family: ClassVar[Family] = Family.sharded
     label: ClassVar[str] = "FSDP"
     # Parameters are sharded: only element-wise updates are right on a shard.
-    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS)
+    # Gradient accumulation reduce-scatters every micro-batch's gradients into the fp32 shards, as Composer (LLM
+    # Foundry) runs FSDP: no unsharded gradients are held between micro-batches.
+    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS,
+                                            grad_accum=True)
     # FSDP2's torch.distributed.fsdp.fully_shard is public from torch 2.6 (2.4 had it private, in _composable).
     needs_torch: ClassVar[str] = "2.6"
     reshard_after_forward: bool = True
@@ -50,7 +53,7 @@ class FSDP(Strategy):
         return [[f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
 
     def layout(self, cfg) -> Layout:
-        return Layout(dp=cfg.workers, mini_batch=cfg.batch_size, shard=cfg.workers)
+        return replace(super().layout(cfg), shard=cfg.workers)
 
     def setup(self, model: nn.Module, rank: RankContext) -> DataParallel:
         from torch.distributed.fsdp import fully_shard  # here: the module imports on torch before 2.6

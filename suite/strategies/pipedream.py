@@ -67,6 +67,7 @@ class PipeDream(DistributedPipeline):
     # Its process groups come from a device mesh with named dimensions (suite.pipeline.topology): init_device_mesh,
     # public from torch 2.2.
     needs_torch: ClassVar[str] = "2.2"
+    accumulation_hint: ClassVar[str] = "PipeDream updates each stage's weights after every mini-batch"
 
     def batching(self, cfg) -> MicroBatching:
         return MicroBatching(1, cfg.batch_size)

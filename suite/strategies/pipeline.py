@@ -52,6 +52,7 @@ class Pipeline(Strategy):
     name: str = "pipeline"
     # The schedules have no loss scaling for fp16; gpipe recomputes through torchgpipe's own `checkpoint`.
     supports: ClassVar[Supports] = Supports(precisions=("fp32", "bf16"), activation_checkpointing=False)
+    accumulation_hint: ClassVar[str] = "a pipeline's micro-batches are its accumulation (strategy.micro_batches)"
     micro_batches: int | None = None
     micro_batch_size: int | None = None
     preset: str | None = None  # study_n | study_j

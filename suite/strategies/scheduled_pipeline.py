@@ -4,12 +4,12 @@ declare), runs it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from torch import nn
 
-from suite.strategies.base import LossFn, RankContext, Runtime
+from suite.strategies.base import LossFn, RankContext, Runtime, Supports
 from suite.strategies.pipeline import DistributedPipeline
 from suite.vocabulary import Family
 
@@ -21,6 +21,9 @@ class ScheduledPipeline(DistributedPipeline):
 
     name: str = "scheduled_pipeline"
     family: ClassVar[Family] = Family.flushed_pipeline
+    # A stage's checkpointed blocks recompute in its backward (Megatron-LM's 1F1B with recomputation); PipeDream,
+    # whose backward runs on stashed weights, does not take it.
+    supports: ClassVar[Supports] = replace(DistributedPipeline.supports, activation_checkpointing=True)
     needs_torch: ClassVar[str] = "2.6"
 
     def schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):

@@ -17,7 +17,7 @@ from suite.vocabulary import Family
 class Single(Strategy):
     name: str = "single"
     family: ClassVar[Family] = Family.replicated
-    supports: ClassVar[Supports] = Supports(counts_communication=True)
+    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_accum=True)
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:

@@ -31,9 +31,9 @@ class OlderTorch(ConfigError):
 
 
 def _check_ranges(cfg: DictConfig) -> None:
-    positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "epochs": cfg.epochs,
-                "timeout_s": cfg.timeout_s, "log_every": cfg.log_every, "optimizer.lr": cfg.optimizer.lr,
-                "grad_compression.rank": cfg.grad_compression.rank,
+    positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum,
+                "epochs": cfg.epochs, "timeout_s": cfg.timeout_s, "log_every": cfg.log_every,
+                "optimizer.lr": cfg.optimizer.lr, "grad_compression.rank": cfg.grad_compression.rank,
                 "cluster.workers_per_node": cfg.cluster.workers_per_node}
     job = cfg.cluster.job
     positive.update({"cluster.job.time_limit_min": job.time_limit_min,
@@ -173,8 +173,8 @@ def validate(cfg: DictConfig, torch_version: str, runs_here: bool = True) -> tup
 
 
 def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
-    """The cross-strategy knobs (precision, optimizer, activation checkpointing, gradient compression) fit the
-    strategy."""
+    """The cross-strategy knobs (precision, optimizer, activation checkpointing, gradient accumulation, gradient
+    compression) fit the strategy."""
     supports = strategy.supports
     if cfg.precision not in supports.precisions:
         raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
@@ -187,6 +187,9 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
     if checkpoint_interval(cfg.activation_checkpointing) and not supports.activation_checkpointing:
         raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
                           f"{cfg.activation_checkpointing}; leave it none")
+    if cfg.grad_accum > 1 and not supports.grad_accum:
+        raise ConfigError(f"strategy {strategy.name} does not accumulate gradients (grad_accum={cfg.grad_accum}); "
+                          f"{strategy.accumulation_hint}")
     compression = cfg.grad_compression.name
     if compression not in supports.grad_compressions:
         raise ConfigError(f"strategy {strategy.name} does not compress gradients (grad_compression.name="
