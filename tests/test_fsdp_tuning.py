@@ -47,7 +47,7 @@ def gather_rank(rank: int, init_file: str, out: str, precision_name: str) -> Non
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORKERS)
     cpu = torch.device("cpu")
     cfg = OmegaConf.create({"optimizer": {"name": "adam", "lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0},
-                            "workers": WORKERS, "batch_size": BATCH, "precision": precision_name})
+                            "workers": WORKERS, "batch_size": BATCH, "grad_accum": 1, "precision": precision_name})
     strategy = FSDP(reshard_after_forward=True)
     context = RankContext(cfg, DistEnv(rank, WORKERS, rank, WORKERS, cpu, "gloo"), strategy.layout(cfg),
                           make_precision(precision_name, cpu), PhaseTimer(cpu),
