@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from suite.vocabulary import Device, FaultKind, GradCompression, OptimizerName, PrecisionName
+from suite.vocabulary import AttentionKernel, Device, FaultKind, GradCompression, OptimizerName, PrecisionName
 
 
 @dataclass
@@ -51,6 +51,7 @@ class NetworkConfig:
     n_layer: int | None = None  # gpt2; null = the size's (0 for the other families)
     n_head: int | None = None  # gpt2
     n_embd: int | None = None  # gpt2
+    attention: AttentionKernel = AttentionKernel.auto  # gpt2: the kernel of its scaled_dot_product_attention
 
 
 @dataclass
@@ -189,6 +190,7 @@ class HardwareConfig:
     fp8_tflops: float | None = None  # dense FP8 tensor-core peak per GPU (Hopper on), outside the suite's dtypes
     device_memory_bandwidth_gbs: float | None = None  # HBM (or GDDR) bandwidth of one GPU
     sm_count: int | None = None  # streaming multiprocessors per GPU
+    compute_capability: float | None = None  # the GPU's (8.0: Ampere, 9.0: Hopper): which kernels it runs
     boost_clock_mhz: float | None = None  # the GPU's boost clock
     nvlink_generation: int | None = None  # None: no NVLink, or not documented
     nvlink_bandwidth_gbs: float | None = None  # one direction, all of one GPU's NVLinks together

@@ -88,6 +88,46 @@ def test_the_roofline_prices_a_gemm_at_its_peak_plus_its_traffic_and_an_elementw
     assert gpu.seconds(Kernel(MEMORY, 0, 1024)) == roofline.KERNEL_FLOOR_S
 
 
+def attention_seconds(gpu, keys: int, head_dim: int, causal: bool = True) -> float:
+    flops = 4 * keys * keys * head_dim * (0.5 if causal else 1)  # one head of one sequence, forward
+    return gpu.seconds(Kernel(ATTENTION, flops, 0, keys, head_dim, keys=keys, causal=causal)) / flops
+
+
+def test_fused_attention_runs_at_its_kernels_published_share_of_the_peak():
+    """FlashAttention-2's forward + backward TFLOP/s in its paper's A100 and H100 figures; torch's memory-efficient
+    kernel (xformers' in the A100 figure) on a GPU without FlashAttention-2 or in fp32."""
+    a100 = roofline.gpu_of(point("precision=bf16").cfg)
+    assert a100.attention.kernel == "flash"
+    assert 1 / attention_seconds(a100, 16384, 64) == pytest.approx(171e12)  # the A100 figure's label
+    assert 1 / attention_seconds(a100, 2048, 128, causal=False) == pytest.approx(187e12)
+    assert 1 / attention_seconds(a100, 4096, 96) == pytest.approx((156 + 173) / 2 * 1e12)  # between head dims
+    assert 1 / attention_seconds(a100, 2**15, 64) == pytest.approx(171e12)  # past 16k tokens: the 16k label
+    assert 1 / attention_seconds(a100, 2**11 * 2**0.5, 64) == pytest.approx((140 + 156) / 2 * 1e12)  # log2 steps
+    h100 = roofline.gpu_of(point("precision=bf16", cluster="dgx_h100").cfg)
+    assert 1 / attention_seconds(h100, 8192, 128) == pytest.approx(308e12)
+    v100 = roofline.gpu_of(point("precision=fp16", cluster="lassen").cfg)  # no FlashAttention-2 before Ampere
+    assert v100.attention.kernel == "efficient"
+    assert 1 / attention_seconds(v100, 16384, 64) == pytest.approx(125 * 67 / 312 * 1e12)
+    fp32 = roofline.gpu_of(point().cfg)  # the memory-efficient kernel on the FP32 units
+    assert 1 / attention_seconds(fp32, 16384, 64) == pytest.approx(19.5 * 67 / 312 * 1e12)
+    hopper_efficient = roofline.gpu_of(point("precision=bf16", "network.attention=efficient",
+                                             cluster="dgx_h100").cfg)
+    assert 1 / attention_seconds(hopper_efficient, 16384, 64) == pytest.approx(67 * 284 / 171 * 1e12)
+    assert "FlashAttention-2 at its published A100 share" in a100.priced_from
+
+
+def test_math_attention_is_counted_as_the_gemms_and_materialised_softmax_torch_runs():
+    fused, math_kernel = (count_network(point(*o).cfg, 4) for o in ([], ["network.attention=math"]))
+    block = 1  # layer 0 is the embeddings
+    assert any(k.kind == ATTENTION for k in fused.layers[block].forward)
+    assert not any(k.kind == ATTENTION for k in math_kernel.layers[block].forward)
+    scores = 4 * 2 * 128 * 128  # batch x heads x s x s
+    assert math_kernel.layers[block].saved_bytes - fused.layers[block].saved_bytes >= 4 * scores  # fp32 scores kept
+    matmul_flops = (sum(k.flops for k in math_kernel.layers[block].forward if k.kind == MATMUL)
+                    - sum(k.flops for k in fused.layers[block].forward if k.kind == MATMUL))
+    assert matmul_flops == 2 * 2 * scores * 32  # Q K^T and P V over the whole score matrix, head dim 32
+
+
 def test_a_gemm_one_tile_past_a_full_wave_runs_a_second_wave():
     gpu = roofline.gpu_of(point("precision=bf16").cfg)  # 108 SMs
     full = Kernel(MATMUL, 1e11, 0, 108 * 128, 128)

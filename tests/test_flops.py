@@ -52,7 +52,8 @@ def test_a_grouped_convolution_counts_its_groups_multiply_adds(groups):
     assert count_step(model, inputs, targets, loss_fn) == (convolution + head, 3 * (convolution + head))
 
 
-GPT = OmegaConf.create({"arch": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "dropout": 0.0, "width": 1.0})
+GPT = OmegaConf.create({"arch": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "dropout": 0.0, "width": 1.0,
+                       "attention": "auto"})
 TOKENS = OmegaConf.create({"kind": "tokens", "vocab_size": 512, "seq_len": 32})
 
 

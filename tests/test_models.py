@@ -146,6 +146,30 @@ def test_gpt2_is_causal():
     assert not torch.allclose(after[:, 10:], before[:, 10:])
 
 
+def test_gpt2s_attention_kernels_train_to_the_same_losses_and_weights():
+    """network.attention picks torch's kernel, not the function: the CPU's flash kernel and the math one (scores
+    materialised) train alike, as torch's choice does."""
+    tokens = torch.randint(97, (4, 16), generator=torch.Generator().manual_seed(1))
+
+    def train(attention: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        model = build_model(network_conf("gpt2_tiny", attention=attention), dataset_conf("tokens", **SMALL_TOKENS))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(3):
+            loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses, model.state_dict()
+
+    (auto_losses, auto), *others = map(train, ("auto", "flash", "math"))
+    for losses, weights in others:
+        assert losses == pytest.approx(auto_losses, rel=1e-5)
+        torch.testing.assert_close(weights, auto, rtol=1e-4, atol=1e-6)
+
+
 def test_gpt2_has_the_submodules_strategies_split_on():
     net = network_conf("gpt2_tiny", dropout=0.1)
     model = build_model(net, dataset_conf("tokens", **SMALL_TOKENS))

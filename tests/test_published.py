@@ -21,11 +21,13 @@ SHARED = Path("/work/shared/published/gpu_measurements.yaml")
 
 MEGATRON_TP = ("megatron-readme2020-mp-dgxa100-4b", (
     "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=36",
-    "network.n_head=24", "network.n_embd=3072", "cluster=dgx_a100_40gb", "workers=4", "strategy=megatron",
-    "strategy.tp=4", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16", "optimizer.name=adam"))
+    "network.n_head=24", "network.n_embd=3072", "network.attention=math", "cluster=dgx_a100_40gb", "workers=4",
+    "strategy=megatron", "strategy.tp=4", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16",
+    "activation_checkpointing=every", "optimizer.name=adam"))
 ZERO = ("narayanan-a100-t2-zero3-175b-384gpu", (
     "dataset=tokens", "dataset.seq_len=2048", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=96",
-    "network.n_head=96", "network.n_embd=12288", "cluster=dgx_a100_80gb", "workers=384", "strategy=zero",
+    "network.n_head=96", "network.n_embd=12288", "network.attention=math", "cluster=dgx_a100_80gb", "workers=384",
+    "strategy=zero",
     "strategy.zero_stage=3", "batch_size=4", "precision=fp16", "activation_checkpointing=every",
     "optimizer.name=adam"))
 STUDY_J_GPIPE = ("studyj-torchgpipe-resnet18-imagenet-4gpu-configA", (
@@ -33,8 +35,9 @@ STUDY_J_GPIPE = ("studyj-torchgpipe-resnet18-imagenet-4gpu-configA", (
     "strategy.micro_batch_size=24", "batch_size=288"))
 HYBRID_DP_TP = ("megatron-readme2020-dp-dgxa100-2b", (  # Megatron-LM's dp x tp: the suite's megatron with replicas
     "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=30",
-    "network.n_head=18", "network.n_embd=2304", "cluster=dgx_a100_40gb", "workers=256", "strategy=megatron",
-    "strategy.tp=2", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16", "optimizer.name=adam"))
+    "network.n_head=18", "network.n_embd=2304", "network.attention=math", "cluster=dgx_a100_40gb", "workers=256",
+    "strategy=megatron", "strategy.tp=2", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16",
+    "activation_checkpointing=every", "optimizer.name=adam"))
 STUDY_J_HOROVOD = ("studyj-horovod-resnet50-imagenet-16gpu-speedup", (
     "dataset=imagenet", "network=resnet50", "cluster=lisa", "workers=16", "strategy=horovod", "batch_size=32"))
 
@@ -113,6 +116,10 @@ def test_mapped_points_plan_and_a_planner_rejection_is_the_records_reason(planne
     accumulated = planned["llmfoundry-a100-80-mpt70b-s2048-64gpu"].point  # 4 micro-batches of 8 per GPU and step
     assert (accumulated.cfg.batch_size, accumulated.cfg.grad_accum, accumulated.layout.micro_batches,
             accumulated.global_batch_size) == (8, 4, 4, 2048)
+    assert accumulated.cfg.network.attention == "efficient"  # llm-foundry's Triton FlashAttention, as near as torch
+    assert "attention: llm-foundry's Triton FlashAttention" in " ".join(planned[
+        "llmfoundry-a100-80-mpt70b-s2048-64gpu"].assumptions)
+    assert megatron.point.cfg.network.attention == "math"  # Megatron-LM's before FlashAttention
     record = planned[STUDY_J_GPIPE[0]].record
     (rejected,) = plan_records([replace(record, training=replace(record.training, precision="fp16"))])
     assert rejected.point is None

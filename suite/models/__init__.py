@@ -115,7 +115,7 @@ def check_network(net, data) -> None:
 def build_model(net, data) -> nn.Module:
     """An untrained network shaped for the dataset, initialised from torch's global RNG (seed it first)."""
     if net.arch == "gpt2":
-        return GPT2(data.vocab_size, data.seq_len, net.n_layer, net.n_head, net.n_embd, net.dropout)
+        return GPT2(data.vocab_size, data.seq_len, net.n_layer, net.n_head, net.n_embd, net.dropout, net.attention)
     if net.arch in RESNETS:
         return resnet(net.arch, data.channels, data.num_classes, data.image_size)
     if net.arch in VGG_LAYOUTS:

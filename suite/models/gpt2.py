@@ -8,11 +8,17 @@ and attn.proj / mlp.proj by rows.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# network.attention (suite.vocabulary.AttentionKernel) as torch names its kernels; auto: torch chooses
+SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                 "math": SDPBackend.MATH}
 
 
 @dataclass(frozen=True)
@@ -39,9 +45,10 @@ GPT2_SIZES = {
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+    def __init__(self, n_embd: int, n_head: int, dropout: float, attention: str = "auto") -> None:
         super().__init__()
         self.head_dim = n_embd // n_head
+        self.backend = SDPA_BACKENDS.get(attention)
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
         self.attn_dropout = dropout
@@ -54,7 +61,8 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(batch, time, -1, 3, self.head_dim).transpose(1, 2)
         q, k, v = qkv.unbind(3)
         dropout = self.attn_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        with sdpa_kernel(self.backend) if self.backend is not None else nullcontext():
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(batch, time, -1)))
 
 
@@ -70,10 +78,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+    def __init__(self, n_embd: int, n_head: int, dropout: float, attention: str = "auto") -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, attention)
         self.ln_2 = nn.LayerNorm(n_embd)
         self.mlp = MLP(n_embd, dropout)
 
@@ -84,12 +92,12 @@ class Block(nn.Module):
 
 class GPT2(nn.Module):
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, attention: str = "auto") -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab_size, n_embd)
         self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, attention) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight

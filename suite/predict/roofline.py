@@ -13,8 +13,10 @@ how throughput falls with model size: llm-foundry's MPT on 16 A100s, 125M to 13B
 5% too fast with the max, 3% to -1% with the sum (`make validate-published`); this one choice was made on those
 rows, and is the only one made by looking at the records.
 
-Matrix multiplies, convolutions and fused attention run at the dense peak of the point's math dtype (bf16 and
-fp16 on the tensor cores; fp32 on TF32 tensor cores where `math.tf32` asks for it, as torch does for
+Fused attention on a GPU runs at the share of the peak its kernel's published benchmarks reach
+(suite.predict.attention); with `network.attention=math` it is the GEMMs and softmax it decomposes into.
+Matrix multiplies and convolutions (and a CPU's fused attention) run at the dense peak of the point's math dtype
+(bf16 and fp16 on the tensor cores; fp32 on TF32 tensor cores where `math.tf32` asks for it, as torch does for
 convolutions by default, else on the FP32 units), every other kernel at the memory bandwidth. A GEMM's output is
 cut into 128 x 128 tiles, one per streaming multiprocessor at a time: a last wave that fills few of them wastes
 the rest (wave quantisation), which is how small GEMMs fall below the peak; one with a dimension that is not a
@@ -36,8 +38,9 @@ from functools import lru_cache
 from omegaconf import OmegaConf
 
 from suite.errors import ConfigError
+from suite.predict.attention import AttentionKernelCost, attention_kernel
 from suite.predict.links import matmul_tflops
-from suite.profiling.counted import CONV, MEMORY, CountedNetwork, Kernel, count_network
+from suite.profiling.counted import ATTENTION, CONV, MEMORY, CountedNetwork, Kernel, count_network
 from suite.profiling.profiles import LayerProfile, Profile
 
 # The constants are round figures, fitted to no published record: `make validate-published` scores them.
@@ -83,9 +86,14 @@ class Gpu:
     sm_count: int
     priced_from: str
     tensor_core_matmuls: bool = True  # bf16, fp16 or TF32; FP32 units load one element at a time anyway
+    attention: AttentionKernelCost | None = None  # the fused attention kernel's published share of the peak
+    attention_peak_tflops: float = 0.0  # the datasheet peak that share is of (the dtype attention runs in)
 
     def seconds(self, kernel: Kernel) -> float:
         seconds = kernel.bytes / (self.bandwidth_gbs * 1e9)
+        if kernel.kind == ATTENTION and self.attention is not None:
+            return max(seconds + kernel.flops / (self.attention_peak_tflops * 1e12 * self.attention.share(kernel)),
+                       KERNEL_FLOOR_S)
         if kernel.kind != MEMORY and kernel.flops:
             rate = self.conv_tflops if kernel.kind == CONV else self.matmul_tflops
             if not kernel.aligned and self.tensor_core_matmuls:
@@ -106,9 +114,11 @@ def gpu_of(cfg) -> Gpu:
     """The point's GPU from its cluster's catalog entry; a ConfigError naming the keys to fill where it lacks one."""
     hw = cfg.cluster.hardware
     peaks = dict(hw.peak_tflops or {})
-    missing = [key for key, value in (("peak_tflops", peaks), ("device_memory_bandwidth_gbs",
-                                                               hw.device_memory_bandwidth_gbs),
-                                      ("sm_count", hw.sm_count)) if not value]
+    needed = [("peak_tflops", peaks), ("device_memory_bandwidth_gbs", hw.device_memory_bandwidth_gbs),
+              ("sm_count", hw.sm_count)]
+    if hw.gpu:  # which attention kernels it runs
+        needed.append(("compute_capability", hw.compute_capability))
+    missing = [key for key, value in needed if not value]
     if missing:
         raise ConfigError(f"cluster {cfg.cluster.name} cannot be priced from its datasheet: fill "
                           + ", ".join(f"cluster.hardware.{key}" for key in missing)
@@ -127,14 +137,21 @@ def gpu_of(cfg) -> Gpu:
         conv = peaks["fp32"] if cfg.math.tf32 is False else tf32  # torch's default: TF32 convolutions
     bandwidth = hw.device_memory_bandwidth_gbs * MEMORY_EFFICIENCY
     name = hw.gpu or cfg.cluster.name
+    attention = (attention_kernel(cfg.network.attention, hw.compute_capability, cfg.precision in MATH_DTYPE)
+                 if hw.gpu else None)  # a CPU's fused attention: at its GEMMs' rate
+    # FlashAttention-2 runs in half precision only; the memory-efficient kernel in fp32 runs on the FP32 units
+    attention_peak = peaks[MATH_DTYPE[cfg.precision]] if cfg.precision in MATH_DTYPE else peaks["fp32"]
+    attention_text = f", {attention.source}" if attention else ""
     calibrated = matmul_tflops(cfg.cluster.name, cfg.precision)
     if calibrated:  # `make calibrate` on the cluster measured a large matmul: what its GEMMs reach
         return Gpu(name, calibrated, calibrated * conv / matmul, bandwidth, hw.sm_count,
                    f"calibrated: {name} GEMMs at the measured {calibrated:.1f} TFLOP/s, HBM {bandwidth:.0f} GB/s "
-                   "(datasheet x MEMORY_EFFICIENCY), roofline per kernel", tensor_cores)
+                   f"(datasheet x MEMORY_EFFICIENCY), roofline per kernel{attention_text}", tensor_cores,
+                   attention, attention_peak)
     return Gpu(name, matmul * GEMM_EFFICIENCY, conv * GEMM_EFFICIENCY, bandwidth, hw.sm_count,
                f"datasheet: {name} GEMMs at {matmul:g} x {GEMM_EFFICIENCY} TFLOP/s, HBM "
-               f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s, roofline per kernel", tensor_cores)
+               f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s, roofline per kernel{attention_text}",
+               tensor_cores, attention, attention_peak)
 
 
 @lru_cache(maxsize=64)

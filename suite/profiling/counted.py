@@ -6,7 +6,8 @@ GPT-2 of any size is counted on a laptop in seconds with no memory. The analytic
 Each aten operator is one kernel, counted as eager PyTorch on a GPU runs it: views and aliases cost nothing;
 FLOPs are torch's own count (torch.utils.flop_counter, 2 per multiply-add); bytes are the operator's tensor
 inputs and outputs. `scaled_dot_product_attention` is one fused kernel (flash or memory-efficient attention on a
-GPU, which the meta device would decompose into matmuls and a materialised score matrix): causal attention does
+GPU, which the meta device would decompose into matmuls and a materialised score matrix; with `network.attention=math`
+it is that decomposition, as torch's math kernel runs it): causal attention does
 half of the score matrix's work, and its backward 2.5 times its forward (FlashAttention-2's five matmuls against
 two, recomputing the scores). Under bf16 or fp16 autocast the tensors follow autocast's CUDA rules: matrix
 multiplies and convolutions produce half-precision outputs from half-precision copies of their inputs (the
@@ -16,6 +17,7 @@ softmax, losses, reductions) produce fp32, and every other op produces half only
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +60,8 @@ class Kernel:
     rows: int = 0  # of a matmul's output (for how many tiles it fills a GPU with): M, with batch folded in
     cols: int = 0  # N
     aligned: bool = True  # a matmul whose M, N and K are multiples of 8 (what the tensor cores' fast kernels need)
+    keys: int = 0  # fused attention: the sequence each query attends over (cols: the head dimension)
+    causal: bool = False  # fused attention under a causal mask
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,8 @@ class _Attention(TorchFunctionMode):
         if self.kernels.half:
             self.kernels.mark_half([q, k, v, out])
         moved = sum(map(self.kernels.nbytes, tensors))
-        self.kernels.kernels.append(Kernel(ATTENTION, flops, moved, q.numel() // head_dim, head_dim))
+        self.kernels.kernels.append(Kernel(ATTENTION, flops, moved, q.numel() // head_dim, head_dim,
+                                           keys=k_len, causal=causal))
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -224,6 +229,7 @@ def count_network(cfg, batch: int) -> CountedNetwork:
     for module in model.modules():  # a leaf that requires grad may not be modified in place (see measure.py)
         if getattr(module, "inplace", False):
             module.inplace = False
+    fused = _Attention if cfg.network.attention != "math" else nullcontext
     seen: set[int] = set()
     counted, x, x_half, largest = [], inputs, False, 0
     for index, layer in enumerate(layers):
@@ -236,14 +242,14 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         if x_half:
             kernels.mark_half([x_in])
         saved = _Saved(kernels, params)
-        with _Attention(kernels), kernels, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        with fused(kernels), kernels, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             y = layer.module(x_in)
             output_bytes, x_half = kernels.nbytes(y), id(y) in kernels.half_ids
             if last:
                 y = loss_fn(y, targets)
         forward = list(kernels.kernels)
         kernels.kernels.clear()
-        with _Attention(kernels), kernels:
+        with fused(kernels), kernels:
             y.backward(torch.ones_like(y))
         backward = list(kernels.kernels)
         if half:

@@ -195,6 +195,25 @@ def _gpt2(record: Record, draft: _Draft) -> None:
     else:  # recorded as gpt2_L{n}_H{h}_E{e} (suite.models.resolve_network)
         draft.set("network=gpt2_small", f"network.n_layer={dims.n_layer}", f"network.n_head={dims.n_head}",
                   f"network.n_embd={dims.n_embd}")
+    _attention(record, draft)
+
+
+def _attention(record: Record, draft: _Draft) -> None:
+    """The attention kernel the record's framework ran where the record does not name one."""
+    framework = (record.training.framework or "").lower()
+    if "megatron" in framework:
+        # Megatron-LM before --use-flash-attn (2023) materialises the scores: QK^T, the causal mask, softmax,
+        # dropout, then the product with V (megatron/model/transformer.py, ParallelSelfAttention)
+        draft.set("network.attention=math")
+        draft.assume("attention: Megatron-LM's, the score matrix materialised (before --use-flash-attn, 2023)")
+    if "llm-foundry" in framework:
+        # llm-foundry's benchmark tables ran `attn_impl: triton`, the default of scripts/train/benchmarking/
+        # submit_benchmarks.py at the commits that made them: Tri Dao's Triton FlashAttention (flash-attention
+        # 1.0.5), which torch does not ship; in FlashAttention-2's A100 figure torch's memory-efficient kernel runs
+        # within 20% of it at 2k-16k tokens (slower at head dimension 64, faster at 128)
+        draft.set("network.attention=efficient")
+        draft.assume("attention: llm-foundry's Triton FlashAttention (attn_impl: triton) as torch's memory-efficient "
+                     "kernel, the nearest torch runs")
 
 
 def _cnn(record: Record, draft: _Draft) -> None:
@@ -264,6 +283,10 @@ def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
         # full: torchgpipe's default except_last (every micro-batch but the last), the suite's default too
     elif word == "full":
         draft.set("activation_checkpointing=every")
+    elif word is None and record.training.framework == "Megatron-LM":
+        draft.set("activation_checkpointing=every")
+        draft.assume("activation recomputation not stated: Megatron-LM's, --checkpoint-activations in its README's "
+                     "GPT-2 scripts (examples/pretrain_gpt2_distributed.sh)")
     elif word is None:
         draft.assume("activation recomputation not stated: none")
 

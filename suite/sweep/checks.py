@@ -19,7 +19,7 @@ from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import Strategy, build_strategy, older_torch
 from suite.sweep import catalog
-from suite.vocabulary import MathDtype
+from suite.vocabulary import AttentionKernel, MathDtype
 
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
 NO_BF16_GPUS = ("V100", "P100", "T4", "TITAN RTX")  # before compute capability 8.0 (Lassen's V100, Study J's Titan RTX)
@@ -75,9 +75,9 @@ def _check_choices(cfg: DictConfig) -> None:
 
 
 POSITIVE_HARDWARE = ("nodes", "cores_per_node", "cpu_memory_gb", "device_memory_gb", "fp64_tflops", "fp8_tflops",
-                     "device_memory_bandwidth_gbs", "sm_count", "boost_clock_mhz", "nvlink_generation",
-                     "nvlink_bandwidth_gbs", "pcie_generation", "nics_per_node", "nic_bandwidth_gbs",
-                     "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs")
+                     "device_memory_bandwidth_gbs", "sm_count", "compute_capability", "boost_clock_mhz",
+                     "nvlink_generation", "nvlink_bandwidth_gbs", "pcie_generation", "nics_per_node",
+                     "nic_bandwidth_gbs", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs")
 
 
 def _hardware_problem(cluster: DictConfig, key: str, problem: str) -> BadValue:
@@ -124,6 +124,7 @@ def _check_device(cfg: DictConfig, runs_here: bool) -> None:
     if old_gpu:
         raise ConfigError(f"precision=bf16 needs a GPU with bfloat16 (compute capability 8.0+), not {old_gpu}; "
                           "use fp16")
+    _check_attention(cfg, uses_cuda)
     if cfg.cluster.scheduler != "local" or not runs_here:
         return
     if cfg.cluster.device == "cuda" and not torch.cuda.is_available():
@@ -149,6 +150,24 @@ def _check_batches(cfg: DictConfig, layout: Layout) -> None:
     epoch_steps = cfg.steps_per_epoch or batches
     if cfg.profile.steps > epoch_steps:
         raise ConfigError(f"profile.steps={cfg.profile.steps} but an epoch has {epoch_steps} steps")
+
+
+def _check_attention(cfg: DictConfig, uses_cuda: bool) -> None:
+    """network.attention where torch has the kernel: FlashAttention-2 in bf16/fp16 on compute capability 8.0+ (and
+    on CPU), the memory-efficient kernel on CUDA only."""
+    attention = cfg.network.attention
+    if attention == AttentionKernel.efficient and not uses_cuda:
+        raise ConfigError("network.attention=efficient needs a GPU (torch's memory-efficient attention has no CPU "
+                          "kernel); use auto, flash or math")
+    if attention != AttentionKernel.flash or not uses_cuda:
+        return
+    here = first_gpu() if cfg.cluster.scheduler == "local" else None
+    capability = here.capability[0] + here.capability[1] / 10 if here else cfg.cluster.hardware.compute_capability
+    lacking = ("precision=fp32" if cfg.precision == "fp32" else
+               f"compute capability {capability}" if capability is not None and capability < 8 else None)
+    if lacking:
+        raise ConfigError("network.attention=flash needs bf16 or fp16 on a GPU of compute capability 8.0+ (torch's "
+                          f"FlashAttention-2), not {lacking}; use auto, efficient or math")
 
 
 def validate(cfg: DictConfig, torch_version: str, runs_here: bool = True) -> tuple[Strategy, Layout]:

@@ -40,7 +40,7 @@ MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
 IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False, "cluster.gpu_order": None,
-                     "math.tf32": None, "math.cudnn_benchmark": False, "grad_accum": 1}
+                     "math.tf32": None, "math.cudnn_benchmark": False, "grad_accum": 1, "network.attention": "auto"}
 
 
 class Named:

@@ -1,0 +1,92 @@
+"""Fused attention on a GPU, priced from its kernels' published benchmarks: the share of the dense half-precision
+peak that FlashAttention-2 and the memory-efficient kernel reach, forward and backward together, by sequence
+length, head dimension and mask.
+
+A fused attention kernel is not a GEMM: its two matmuls per tile sit between an online softmax (exponentials on
+the special-function units, rescaling), its grid is batch x heads x query blocks, and its backward recomputes the
+scores and adds into dQ. What it reaches is measured, not derived: the FlashAttention-2 paper's figure "Attention
+forward + backward speed" (Dao 2023, arXiv 2307.08691, Figure 4 on an A100 80GB SXM4; the same plots, on an H100
+80GB SXM5 too, are assets/flash2_a100_fwd_bwd_benchmark.png and assets/flash2_h100_fwd_bwd_benchmark.png of
+Dao-AILab/flash-attention@4f285b35): batch x sequence = 16k tokens, hidden 2048 (32 heads of 64 or 16 of 128),
+fp16, FLOPs counted as suite.profiling.counted counts them (4 B s^2 H d forward, halved under a causal mask,
+backward 2.5 times that; benchmarks/benchmark_flash_attention.py lines 27-30). The values are the bars' labels;
+one, the A100's 512 tokens at head dimension 128 without a mask, is under the legend and read from its bar's height.
+
+The figure's "xformers" bars are the memory-efficient kernel torch runs as SDPBackend.EFFICIENT_ATTENTION (torch's
+is xformers' CUTLASS kernel); they are published on the A100 only. On a Hopper GPU that kernel, built for Ampere's
+mma instructions, loses what FlashAttention-2 (also built for them) loses there: its A100 share scaled by
+FlashAttention-2's H100 share over its A100 share. On a GPU before Ampere (Volta, Turing) FlashAttention-2 does not
+run and torch takes the memory-efficient kernel, priced at its A100 share of that GPU's own peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from suite.profiling.counted import Kernel
+from suite.vocabulary import AttentionKernel
+
+SEQUENCES = (512, 1024, 2048, 4096, 8192, 16384)
+HEAD_DIMS = (64, 128)
+# TFLOP/s, forward + backward, at SEQUENCES; by (head dimension, causal)
+FLASH2_A100 = {(64, False): (132, 153, 162, 171, 175, 176), (128, False): (151, 173, 187, 196, 201, 203),
+               (64, True): (88, 119, 140, 156, 165, 171), (128, True): (99, 133, 155, 173, 182, 189)}
+EFFICIENT_A100 = {(64, False): (68, 73, 76, 77, 75, 75), (128, False): (83, 91, 95, 96, 97, 98),
+                  (64, True): (51, 60, 66, 68, 69, 67), (128, True): (58, 72, 82, 87, 91, 92)}
+FLASH2_H100 = {(64, False): (215, 254, 274, 288, 294, 296), (128, False): (248, 294, 320, 326, 335, 338),
+               (64, True): (141, 192, 232, 257, 273, 284), (128, True): (163, 221, 265, 294, 308, 328)}
+# The figures' GPUs' dense fp16 peaks (conf/cluster/gpu/a100_sxm4_40gb.yaml, h100_sxm5_80gb.yaml)
+A100_PEAK = 312.0
+H100_PEAK = 989.4
+AMPERE, HOPPER = 8.0, 9.0
+
+
+def _share(curves: dict, peak: float, kernel: Kernel) -> float:
+    """The curves' share of `peak` at the kernel's keys and head dimension: linear in log2(sequence) between the
+    benchmarked lengths and in the head dimension between 64 and 128, the nearest benchmarked value outside them."""
+    position = min(max(math.log2(max(kernel.keys, 1) / SEQUENCES[0]), 0.0), len(SEQUENCES) - 1.0)
+    low = min(int(position), len(SEQUENCES) - 2)
+
+    def at(head_dim: int) -> float:
+        values = curves[head_dim, kernel.causal]
+        return values[low] + (position - low) * (values[low + 1] - values[low])
+
+    weight = min(max((kernel.cols - HEAD_DIMS[0]) / (HEAD_DIMS[1] - HEAD_DIMS[0]), 0.0), 1.0)
+    return ((1 - weight) * at(HEAD_DIMS[0]) + weight * at(HEAD_DIMS[1])) / peak
+
+
+@dataclass(frozen=True)
+class AttentionKernelCost:
+    """What one of torch's fused attention kernels reaches on a GPU of `capability`, as a share of its peak."""
+
+    kernel: str  # flash | efficient
+    capability: float
+
+    def share(self, kernel: Kernel) -> float:
+        if self.kernel == AttentionKernel.flash:
+            return _share(*((FLASH2_H100, H100_PEAK) if self.capability >= HOPPER else (FLASH2_A100, A100_PEAK)),
+                          kernel)
+        share = _share(EFFICIENT_A100, A100_PEAK, kernel)
+        if self.capability >= HOPPER:
+            share *= _share(FLASH2_H100, H100_PEAK, kernel) / _share(FLASH2_A100, A100_PEAK, kernel)
+        return share
+
+    @property
+    def source(self) -> str:
+        name = "FlashAttention-2" if self.kernel == AttentionKernel.flash else "the memory-efficient kernel"
+        gpu = "H100" if self.capability >= HOPPER else "A100"
+        scaled = " scaled to Hopper by FlashAttention-2's" if self.kernel != "flash" and gpu == "H100" else ""
+        return f"attention: {name} at its published {'A100' if scaled else gpu} share of the peak{scaled}"
+
+
+def attention_kernel(attention: str, capability: float, half: bool) -> AttentionKernelCost | None:
+    """The fused kernel torch runs for `network.attention` on a GPU of `capability` (None for math, which the
+    counted network already holds as its GEMMs and softmax). The planner has refused flash where it cannot run
+    (suite.sweep.checks)."""
+    if attention == AttentionKernel.math:
+        return None
+    if attention == AttentionKernel.auto:
+        runs_flash = half and capability >= AMPERE
+        attention = AttentionKernel.flash if runs_flash else AttentionKernel.efficient
+    return AttentionKernelCost(str(attention), capability)
