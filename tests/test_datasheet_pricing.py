@@ -284,18 +284,24 @@ def test_recomputation_adds_to_the_flops_executed_not_to_the_models(results, str
     assert again.step.total > plain.step.total and again.memory.activations < plain.memory.activations
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+ACCUMULATING = {"ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"],
+                **{f"zero{stage}": ["strategy=zero", f"strategy.zero_stage={stage}"] for stage in (1, 2, 3)}}
+
+
+@pytest.mark.parametrize("strategy", ACCUMULATING)
 def test_gradient_accumulation_computes_every_micro_batch_and_keeps_one_micro_batch_of_activations(results, strategy):
-    """4 micro-batches of 8 against one batch of 8 per GPU: four times the compute; DDP reduces the gradients once per
-    step, FSDP gathers and reduce-scatters for every micro-batch (Composer's FSDP, LLM Foundry's records); the
-    activations kept are one micro-batch's."""
-    common = ("workers=8", f"strategy={strategy}", "precision=bf16", "optimizer.name=adam", "batch_size=8")
+    """4 micro-batches of 8 against one batch of 8 per GPU: four times the compute; DDP and ZeRO-1 reduce the
+    gradients once per step, ZeRO-2 into its partitions every micro-batch, FSDP and ZeRO-3 gather and reduce-scatter
+    for every micro-batch (Composer's FSDP, LLM Foundry's records); the activations kept are one micro-batch's."""
+    common = ("workers=8", *ACCUMULATING[strategy], "precision=bf16", "optimizer.name=adam", "batch_size=8")
     once, accumulated = predict(point(*common)), predict(point(*common, "grad_accum=4"))
     assert accumulated.step.compute == pytest.approx(4 * once.step.compute)
     assert accumulated.memory.activations == once.memory.activations
-    ratio = accumulated.step.sent / once.step.sent
-    assert ratio == pytest.approx(1.0 if strategy == "ddp" else 4.0, rel=0.01)
-    if strategy == "ddp":  # the reduction and the optimizer step amortised over four micro-batches
+    # ZeRO-1/2 send their gradients' reduction and, once a step, the same bytes again: the updated parameters
+    gathered = 0.5 * once.step.sent if strategy in ("zero1", "zero2") else 0.0
+    ratio = (accumulated.step.sent - gathered) / (once.step.sent - gathered)
+    assert ratio == pytest.approx(4.0 if strategy in ("fsdp", "zero2", "zero3") else 1.0, rel=0.01)
+    if strategy in ("ddp", "zero1"):  # the reduction and the optimizer step amortised over four micro-batches
         assert accumulated.samples_per_s > once.samples_per_s
 
 

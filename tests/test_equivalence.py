@@ -268,14 +268,23 @@ def test_horovod_equivalence(store, workload, common):
 LAMB = ["optimizer.name=lamb", "optimizer.lr=0.01", "optimizer.weight_decay=0.01", "optimizer.eps=1e-6"]
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
+ACCUMULATING = {"single": ["strategy=single"], "ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"],
+                **{f"zero{stage}": ZERO[stage] for stage in ZERO}}
+
+
+@pytest.mark.parametrize("strategy", ACCUMULATING)
 def test_gradient_accumulation_equivalence(store, strategy):
     """Single's global batch of 8 in one step, as 2 micro-batches per rank: DDP all-reduces once, in the last
-    micro-batch's backward (no_sync before it); FSDP reduce-scatters every micro-batch's gradients into its shards."""
+    micro-batch's backward (no_sync before it); FSDP reduce-scatters every micro-batch's gradients into its shards;
+    ZeRO counts the micro-batches in DeepSpeed's engine (`gradient_accumulation_steps`), stage 1 reducing in the last
+    one's backward, stages 2 and 3 into their partitions in every one's."""
     workers = 1 if strategy == "single" else 2
-    candidate = [f"strategy={strategy}", f"workers={workers}", f"batch_size={GLOBAL_BATCH // workers // 2}",
+    common = ADAM if strategy.startswith("zero") else []
+    candidate = [*ACCUMULATING[strategy], f"workers={workers}", f"batch_size={GLOBAL_BATCH // workers // 2}",
                  "grad_accum=2"]
-    assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
+    reference = ["strategy=single", "workers=1", f"batch_size={GLOBAL_BATCH}"]
+    workload = WORKLOADS["gpt2"] + STEPS + common
+    assert_same_training(*run_against_single(store, workload + reference, workload + candidate))
 
 
 def test_ddp_equivalence_lamb_checkpointing(store):

@@ -61,9 +61,9 @@ MALFORMED = {
                            "grad_compression.rank must be positive"),
     "bad checkpointing interval": (["activation_checkpointing=0"], "activation_checkpointing=0 is not none, every"),
     "no micro-batch to accumulate": (["grad_accum=0"], "grad_accum must be positive, got 0"),
-    "accumulation under zero": (["strategy=zero", "optimizer.name=adam", "grad_accum=2"],
-                                "strategy zero does not accumulate gradients (grad_accum=2); leave it 1 (single, ddp "
-                                "and fsdp accumulate)"),
+    "accumulation under horovod": (["strategy=horovod", "grad_accum=2"],
+                                   "strategy horovod does not accumulate gradients (grad_accum=2); leave it 1 (ddp, "
+                                   "fsdp, single, zero accumulate)"),
     "accumulation in a pipeline": (["strategy=1f1b", "workers=2", "grad_accum=2"],
                                    "a pipeline's micro-batches are its accumulation (strategy.micro_batches)"),
     "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits GPT-2's attention"),

@@ -125,10 +125,15 @@ def test_mapped_points_plan_and_a_planner_rejection_is_the_records_reason(planne
     assert rejected.point is None
     assert rejected.reasons == (Reason(mapping.PLANNER, "strategy gpipe does not train in precision=fp16 "
                                                         "(use fp32, bf16)"),)
-    record = planned[ZERO[0]].record  # ZeRO's accumulation is DeepSpeed's own, not run by the suite yet
+    record = planned[ZERO[0]].record  # DeepSpeed's gradient_accumulation_steps
+    (accumulating,) = plan_records([replace(record, training=replace(record.training, grad_accum=2,
+                                                                        micro_batch=None))])
+    assert (accumulating.point.cfg.batch_size, accumulating.point.cfg.grad_accum) == (2, 2)
+    record = planned[HYBRID_DP_TP[0]].record  # Megatron-LM's accumulation is not the suite's megatron's
     (rejected,) = plan_records([replace(record, training=replace(record.training, grad_accum=2, micro_batch=None))])
-    assert rejected.reasons == (Reason(mapping.PLANNER, "strategy zero does not accumulate gradients (grad_accum=2); "
-                                                        "leave it 1 (single, ddp and fsdp accumulate)"),)
+    assert rejected.reasons == (Reason(mapping.PLANNER, "strategy megatron does not accumulate gradients "
+                                                        "(grad_accum=2); leave it 1 (ddp, fsdp, single, zero "
+                                                        "accumulate)"),)
 
 
 def test_every_record_is_mapped_or_has_a_reason(records):

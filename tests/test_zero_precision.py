@@ -34,7 +34,7 @@ def cnn() -> nn.Module:
 
 def rank_config(precision: str, checkpointing: str = "none", workers: int = WORKERS):
     return OmegaConf.create({"optimizer": {"name": "adam", "lr": 0.01, "eps": 1e-8, "weight_decay": 0.0},
-                             "workers": workers, "batch_size": BATCH, "precision": precision,
+                             "workers": workers, "batch_size": BATCH, "grad_accum": 1, "precision": precision,
                              "activation_checkpointing": checkpointing})
 
 
@@ -79,7 +79,7 @@ def train(tmp_path, stage: int, precision: str) -> list[dict]:
 
 
 def test_mixed_precision_is_torch_autocast_not_half_parameters():
-    cfg = OmegaConf.create({"workers": 2, "batch_size": 4, "precision": "bf16",
+    cfg = OmegaConf.create({"workers": 2, "batch_size": 4, "grad_accum": 1, "precision": "bf16",
                             "optimizer": {"name": "adam", "lr": 0.1, "eps": 1e-8, "weight_decay": 0.0}})
     generated = Zero().generated_config(cfg, cnn())
     assert generated["torch_autocast"] == {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}

@@ -66,7 +66,7 @@ def rank_run(rank: int, init_file: str, out: str, stage: int, precision: str, ds
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORKERS)
     cpu = torch.device("cpu")
     cfg = OmegaConf.create({"optimizer": {"name": "adam", "lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0},
-                            "workers": WORKERS, "batch_size": BATCH, "precision": precision,
+                            "workers": WORKERS, "batch_size": BATCH, "grad_accum": 1, "precision": precision,
                             "activation_checkpointing": "none"})
     strategy = Zero(zero_stage=stage, ds_config=ds_config)
     context = RankContext(cfg, DistEnv(rank, WORKERS, rank, WORKERS, cpu, "gloo"), strategy.layout(cfg),

@@ -8,17 +8,31 @@ and attn.proj / mlp.proj by rows.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# network.attention (suite.vocabulary.AttentionKernel) as torch names its kernels; auto: torch chooses
-SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+try:  # torch 2.3+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    _BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "math": SDPBackend.MATH}
+
+    def _only(kernel: str) -> AbstractContextManager:
+        return sdpa_kernel(_BACKENDS[kernel])
+except ImportError:  # torch 2.1 and 2.2 (Lassen's Open-CE build): the same switch under its earlier name
+
+    def _only(kernel: str) -> AbstractContextManager:
+        return torch.backends.cuda.sdp_kernel(enable_flash=kernel == "flash", enable_math=kernel == "math",
+                                              enable_mem_efficient=kernel == "efficient")
+
+
+def attention_kernel(kernel: str) -> AbstractContextManager:
+    """Where scaled_dot_product_attention runs only `kernel` (network.attention); auto: torch's choice."""
+    return nullcontext() if kernel == "auto" else _only(kernel)
 
 
 @dataclass(frozen=True)
@@ -48,7 +62,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float, attention: str = "auto") -> None:
         super().__init__()
         self.head_dim = n_embd // n_head
-        self.backend = SDPA_BACKENDS.get(attention)
+        self.attention = attention
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
         self.attn_dropout = dropout
@@ -61,7 +75,7 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(batch, time, -1, 3, self.head_dim).transpose(1, 2)
         q, k, v = qkv.unbind(3)
         dropout = self.attn_dropout if self.training else 0.0
-        with sdpa_kernel(self.backend) if self.backend is not None else nullcontext():
+        with attention_kernel(self.attention):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(batch, time, -1)))
 

@@ -177,7 +177,8 @@ def sharded(w: Workload, variant: str) -> StepTime:
     parameters all-gathered after the step, the optimizer steps 1/shard of them. zero 3 and fsdp: each unit's
     parameters gathered just before it runs (one unit prefetched ahead; FSDP's root unit, the layers that are not
     blocks, first), gradients reduce-scattered per unit as backward produces them, on a stream of their own; with
-    gradient accumulation (FSDP) all of it for every micro-batch.
+    gradient accumulation (FSDP, ZeRO-3) all of it for every micro-batch; ZeRO-2 reduces into its partitions every
+    micro-batch, ZeRO-1 only in the last one's backward (DeepSpeed's `reduce_ready_partitions_and_remove_grads`).
     Parameters are gathered again for backward by FSDP with `reshard_after_forward` (its blocks; the root stays
     gathered), and by ZeRO-3 only for a network larger than its reuse distance (`stage3_max_reuse_distance`): below
     it DeepSpeed keeps what it gathered in forward for backward. ZeRO-3 never gathers a layer smaller than
@@ -188,11 +189,13 @@ def sharded(w: Workload, variant: str) -> StepTime:
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
     params = w.profile.param_bytes
     optimizer = w.profile.optimizer_s / shard
+    micro = w.layout.micro_batches
     if isinstance(w.strategy, Zero) and w.strategy.zero_stage < 3:
         comm, sent = _zero_reduction(w, bwd)
-        comm += w.links.collective("all_gather", params, shard)
-        sent += sent_bytes("all_gather", params, shard)
-        return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
+        reductions = micro if w.strategy.zero_stage == 2 else 1
+        comm = reductions * comm + w.links.collective("all_gather", params, shard)
+        sent = reductions * sent + sent_bytes("all_gather", params, shard)
+        return StepTime(compute=micro * (fwd + bwd), comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
     regather = regathers(w)
     fsdp = isinstance(w.strategy, FSDP)
     threshold = 0 if fsdp else w.zero_config["stage3_param_persistence_threshold"] * PARAM_BYTES
@@ -223,7 +226,6 @@ def sharded(w: Workload, variant: str) -> StepTime:
         comm = (fwd_end - fwd) + (ends[-1] - bwd) + tail
     else:
         comm = sum(gathered + regathered_s + scattered_s)
-    micro = w.layout.micro_batches
     return StepTime(compute=micro * (fwd + bwd), comm=micro * comm + after_step, optimizer=optimizer, data=w.data_s,
                     sent=micro * sent + sent_bytes("all_gather", kept_whole, shard))
 

@@ -17,7 +17,14 @@ except ImportError:
 
 # TF32 on GPUs: newer torch sets it per backend and operator through `fp32_precision`, and once anything in the
 # process does, reading the legacy flags (`allow_tf32`, `get_float32_matmul_precision`) raises RuntimeError.
-MATMUL_FP32_PRECISION = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+def _has_fp32_precision(backend) -> bool:
+    try:
+        return getattr(backend, "fp32_precision") is not None  # noqa: B009 (hasattr would not catch the below)
+    except (AttributeError, AssertionError):  # torch 2.1's cuda.matmul raises AssertionError for a name it lacks
+        return False
+
+
+MATMUL_FP32_PRECISION = _has_fp32_precision(torch.backends.cuda.matmul)
 CONV_FP32_PRECISION = hasattr(torch.backends.cudnn, "conv") and hasattr(torch.backends.cudnn.conv, "fp32_precision")
 
 # init_process_group(device_id=) binds the process group to the rank's GPU at once (torch 2.2, pytorch#114916).

@@ -109,8 +109,9 @@ class Strategy:
     def check(self, cfg) -> None:
         """Before launch: raise ConfigError for a point this strategy cannot run."""
 
-    # What a point that asks this strategy for gradient accumulation is told instead, where it does not accumulate.
-    accumulation_hint: ClassVar[str] = "leave it 1 (single, ddp and fsdp accumulate)"
+    # What a point that asks this strategy for gradient accumulation is told instead, where it does not accumulate
+    # (None: to leave it 1, and which strategies do).
+    accumulation_hint: ClassVar[str | None] = None
 
     def layout(self, cfg) -> Layout:
         """Data-parallel rule (Studies N and J): every worker is a replica with a fixed batch per worker, trained in

@@ -12,9 +12,10 @@ DeepSpeed integration sizes them ("auto"), not DeepSpeed's 5e8-element defaults,
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -131,8 +132,17 @@ class ZeroEngine(DataParallel):
     reduce-scatter into its partitions) and the step (skipped on overflow); `precision` only autocasts, and
     DeepSpeed autocasts again inside the engine (its `torch_autocast` section)."""
 
+    @contextlib.contextmanager
+    def gradient_sync(self, last: bool) -> Iterator[None]:
+        """DeepSpeed counts micro-batches in its engine's step(): called after each but the last, it only counts,
+        and backward reduces (stage 1) or reduces into the partitions every micro-batch (stages 2, 3) as the count
+        says (`gradient_accumulation_steps`)."""
+        yield
+        if not last:
+            self.model.step()
+
     def backward(self, loss: torch.Tensor) -> None:
-        self.model.backward(loss)
+        self.model.backward(loss, scale_wrt_gas=False)  # the loss comes scaled by 1/micro-batches
 
     def step(self) -> None:
         self.model.step()
@@ -199,7 +209,8 @@ class Zero(Strategy):
     label: ClassVar[str] = "ZeRO"
     base_memory_of: ClassVar[str] = "zero"  # its library's rank, not DDP's
     # Optimizers: those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
-    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=tuple(DS_OPTIMIZERS))
+    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=tuple(DS_OPTIMIZERS),
+                                            grad_accum=True)
     requires: ClassVar[tuple[Library, ...]] = (Library("DeepSpeed", "deepspeed", "setup"),)
     # What the pinned DeepSpeed (0.19.8) calls: torch.autograd.graph._get_grad_fn_or_grad_acc in every backward (torch
     # 2.3; on 2.1 every stage fails there), and at stage 3 torch.get_autocast_dtype (torch 2.4; on 2.3.1 stages 1
@@ -245,7 +256,7 @@ class Zero(Strategy):
         generated = {
             "train_batch_size": self.layout(cfg).global_batch,
             "train_micro_batch_size_per_gpu": cfg.batch_size,
-            "gradient_accumulation_steps": 1,
+            "gradient_accumulation_steps": cfg.grad_accum,
             "gradient_clipping": 0.0,  # DeepSpeed's default clips at norm 1.0; the other strategies do not clip
             "optimizer": {"type": DS_OPTIMIZERS[opt.name],
                           "params": {"lr": opt.lr, "eps": opt.eps, "weight_decay": opt.weight_decay, "torch_adam": True,
@@ -261,7 +272,7 @@ class Zero(Strategy):
         return {CONFIG_FILE: self.generated_config(cfg)}
 
     def layout(self, cfg) -> Layout:
-        return Layout(dp=cfg.workers, mini_batch=cfg.batch_size, shard=cfg.workers)
+        return replace(super().layout(cfg), shard=cfg.workers)
 
     def setup(self, model: nn.Module, rank: RankContext) -> ZeroEngine:
         env = rank.env

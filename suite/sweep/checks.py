@@ -17,7 +17,7 @@ from suite.models import check_network
 from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
-from suite.strategies import Strategy, build_strategy, older_torch
+from suite.strategies import Strategy, build_strategy, older_torch, strategy_class, strategy_names
 from suite.sweep import catalog
 from suite.vocabulary import AttentionKernel, MathDtype
 
@@ -207,8 +207,10 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
         raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
                           f"{cfg.activation_checkpointing}; leave it none")
     if cfg.grad_accum > 1 and not supports.grad_accum:
+        accumulating = [name for name in strategy_names() if strategy_class(name).supports.grad_accum]
+        hint = strategy.accumulation_hint or f"leave it 1 ({', '.join(accumulating)} accumulate)"
         raise ConfigError(f"strategy {strategy.name} does not accumulate gradients (grad_accum={cfg.grad_accum}); "
-                          f"{strategy.accumulation_hint}")
+                          f"{hint}")
     compression = cfg.grad_compression.name
     if compression not in supports.grad_compressions:
         raise ConfigError(f"strategy {strategy.name} does not compress gradients (grad_compression.name="
