@@ -113,6 +113,18 @@ def test_1f1b_interleaved_equivalence(store):
     assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
 
 
+@pytest.mark.parametrize("virtual_stages", [1, 2])
+def test_1f1b_zero_bubble_equivalence(store, virtual_stages):
+    """torch's ScheduleInterleavedZeroBubble: each backward split into the inputs' gradient and the weights', run
+    later; the order changes, not the math. Its ideal bubble is ZB-H1's, a fill slot costing a third."""
+    candidate = [*pipeline_point("1f1b"), "strategy.schedule=zero_bubble",
+                 f"strategy.virtual_stages={virtual_stages}"]
+    reference, zero_bubble = train_pipeline_pair(store, WORKLOADS["gpt2"], candidate)
+    assert_same_training(reference, zero_bubble)
+    ideal = zero_bubble.summary()["strategy_metrics"]["bubble_fraction_ideal"]
+    assert ideal == pytest.approx((1 / 3) / (4 + 1 / 3))  # p 2, m 4
+
+
 def test_1f1b_checkpointed_equivalence(store):
     """Each stage's blocks run their forward again in backward (Megatron-LM's 1F1B with full recomputation)."""
     candidate = [*pipeline_point("1f1b"), "activation_checkpointing=every"]

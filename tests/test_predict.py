@@ -24,7 +24,7 @@ from suite.predict.links import LinkModel, Measured, calibrated_links, link_mode
 from suite.predict.memory import _input_bytes as input_bytes
 from suite.predict.memory import _workspace as memory_workspace
 from suite.predict.memory import rank_memory
-from suite.predict.predictor import crowding, workload
+from suite.predict.predictor import crowding, predict, workload
 from suite.predict.step import Workload, step_time
 from suite.profiling.cache import _median_times, network_profile
 from suite.profiling.profiles import LayerProfile, Profile
@@ -123,6 +123,19 @@ def test_bubble_formula():
     assert step.total / (12 * 4) == pytest.approx(0.3125)
     uneven = flushed_schedule([DeviceWork(1.0, 0.1), DeviceWork(2.0, 0.1)], micro_batches=4)
     assert (uneven.compute, uneven.comm, uneven.bubble) == pytest.approx((8.0, 0.4, 1.1))
+    # Zero bubble (ZB-H1): forward, inputs' and weights' gradients a third each; a fill slot costs the forward
+    thirds = flushed_schedule([DeviceWork(3.0, 0.0, weight_grads=1.0)] * 4, micro_batches=12, zero_bubble=True)
+    assert thirds.bubble == pytest.approx(3 * 1.0) and thirds.total == pytest.approx(12 * 3.0 + 3.0)
+
+
+def test_a_zero_bubble_pipeline_is_priced_with_the_weights_gradients_in_its_bubble():
+    common = ["dataset=tokens", "dataset.seq_len=128", "dataset.vocab_size=512", "network=gpt2_mini",
+              "cluster=dgx_a100_80gb", "cluster.job.account=x", "precision=bf16", "strategy=1f1b", "workers=4",
+              "batch_size=16", "strategy.micro_batches=8"]
+    one_f_one_b, zero_bubble = (predict(plan([[*common, *extra]])[0])
+                                for extra in ([], ["strategy.schedule=zero_bubble"]))
+    assert zero_bubble.step.compute == pytest.approx(one_f_one_b.step.compute)
+    assert 0 < zero_bubble.step.bubble < 0.6 * one_f_one_b.step.bubble
 
 
 def test_overlap_of_communication_with_compute():

@@ -109,16 +109,21 @@ class DeviceWork:
     compute: float  # forward and backward of its chunks (recomputation included)
     sends: float  # activations out in forward, their gradients out in backward: seconds
     sent: float = 0.0  # and their bytes
+    weight_grads: float = 0.0  # the part of its backward that computes its weights' gradients
 
 
-def flushed_schedule(devices: Sequence[DeviceWork], micro_batches: int, virtual_stages: int = 1) -> StepTime:
+def flushed_schedule(devices: Sequence[DeviceWork], micro_batches: int, virtual_stages: int = 1,
+                     zero_bubble: bool = False) -> StepTime:
     """GPipe's and 1F1B's step (all micro-batches forward and backward, then a flush): the busiest device works
     m times, and the others' work fills and drains the pipeline around it (1 / v of it when each device holds
-    v interleaved chunks). Sends are not hidden (torch's pipelining waits for them between chunks)."""
+    v interleaved chunks). Sends are not hidden (torch's pipelining waits for them between chunks). A zero-bubble
+    schedule runs the weights' gradients where 1F1B waits: Qi et al.'s ZB-H1 bubble, (p - 1)(T_F + T_B - T_W)
+    against 1F1B's (p - 1)(T_F + T_B + T_W), T_B the inputs' gradients and T_W the weights'."""
     m = micro_batches
     per = [d.compute + d.sends for d in devices]
     busiest = max(range(len(devices)), key=per.__getitem__)
-    fill = (sum(per) - per[busiest]) / virtual_stages
+    waiting = [max(p - 2 * d.weight_grads, 0.0) if zero_bubble else p for p, d in zip(per, devices)]
+    fill = (sum(waiting) - waiting[busiest]) / virtual_stages
     return StepTime(compute=m * devices[busiest].compute, comm=m * devices[busiest].sends, bubble=fill,
                     sent=m * devices[busiest].sent)
 

@@ -42,6 +42,7 @@ from suite.strategies.fsdp import FSDP, HALF
 from suite.strategies.gpipe import GPipe
 from suite.strategies.horovod import Horovod
 from suite.strategies.megatron import megatron_bucket_size
+from suite.strategies.one_f_one_b import OneFOneB
 from suite.strategies.zero import Zero
 from suite.vocabulary import Family
 
@@ -342,7 +343,18 @@ def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
     sizes = ([] if chunk.last else [chunk.layers[-1].output_bytes]) + ([] if chunk.first else [chunk.input_bytes])
     again = sum(layer.forward_s for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if wrapped)
     compute = forward_s(chunk.layers) * (1 + recompute) + again + backward_s(chunk.layers)
-    return DeviceWork(compute, sum(w.links.send(n) for n in sizes), sum(sizes))
+    return DeviceWork(compute, sum(w.links.send(n) for n in sizes), sum(sizes),
+                      sum(map(weight_gradient_s, chunk.layers)))
+
+
+def weight_gradient_s(layer: LayerProfile) -> float:
+    """The part of a layer's backward that computes its weights' gradients: a GEMM's weight gradient costs its
+    forward, so the share of the backward's FLOPs its forward's are (at most half: the inputs' gradient costs as
+    much again; attention and elementwise work, which no weight takes part in, count on the inputs' side only
+    where they make the forward smaller than half the backward)."""
+    if not layer.param_bytes or not layer.backward_flops:
+        return 0.0
+    return layer.backward_s * min(layer.forward_flops / layer.backward_flops, 0.5)
 
 
 @dataclass(frozen=True)
@@ -358,7 +370,8 @@ def devices(w: Workload, recompute: float = 0.0) -> list[Device]:
     for d in range(p):
         mine = all_chunks[d::p]
         work = [_chunk_work(w, c, recompute) for c in mine]
-        out.append(Device(DeviceWork(*(sum(getattr(x, f) for x in work) for f in ("compute", "sends", "sent"))),
+        out.append(Device(DeviceWork(*(sum(getattr(x, f) for x in work)
+                                       for f in ("compute", "sends", "sent", "weight_grads"))),
                           sum(c.params for c in mine)))
     return out
 
@@ -391,7 +404,8 @@ def flushed_pipeline(w: Workload, variant: str) -> StepTime:
     if w.layout.stages_in_one_process and not w.stages_overlap:
         work = m * (sum(d.work.compute for d in stages) + (w.worker_forward_slowdown - 1) * forward_s(w.layers))
         return StepTime(compute=work, comm=0.0, optimizer=w.profile.optimizer_s, data=w.data_s)
-    schedule = flushed_schedule([d.work for d in stages], m, w.layout.virtual_stages)
+    zero_bubble = isinstance(w.strategy, OneFOneB) and w.strategy.schedule == "zero_bubble"
+    schedule = flushed_schedule([d.work for d in stages], m, w.layout.virtual_stages, zero_bubble)
     tied_ranks = 2 if w.layout.pp > 1 else 1
     sync, sent = max(_stage_sync(w, d, tied_ranks) for d in stages)
     per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)

@@ -16,7 +16,7 @@ class GPipeDist(ScheduledPipeline):
     label: ClassVar[str] = "GPipe-dist"
     forwards_all_first: ClassVar[bool] = True
 
-    def schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
+    def build_schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
         from torch.distributed.pipelining import ScheduleGPipe
 
         (stage,) = stages

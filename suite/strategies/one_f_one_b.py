@@ -1,11 +1,13 @@
 """One-forward-one-backward with a flush per mini-batch (PipeDream-Flush, Megatron-LM's schedule):
 the same math as GPipe with at most `stages` micro-batches of activations alive per stage.
-`virtual_stages > 1` gives each rank that many model chunks (ScheduleInterleaved1F1B)."""
+`virtual_stages > 1` gives each rank that many model chunks (ScheduleInterleaved1F1B). `schedule=zero_bubble`
+splits each backward into the inputs' gradient, sent on at once, and the weights', run where 1F1B would wait
+(torch's ScheduleInterleavedZeroBubble: ZB1P of Qi et al., arXiv 2401.10241), with or without chunks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from suite.errors import BadValue, ConfigError
 from suite.strategies.base import LossFn
@@ -17,6 +19,7 @@ class OneFOneB(ScheduledPipeline):
     name: str = "1f1b"
     label: ClassVar[str] = "1F1B"
     virtual_stages: int = 1
+    schedule: Literal["1f1b", "zero_bubble"] = "1f1b"
 
     def chunks_per_device(self) -> int:
         return self.virtual_stages
@@ -35,9 +38,17 @@ class OneFOneB(ScheduledPipeline):
             raise ConfigError(f"strategy 1f1b: interleaving needs micro_batches ({m}) divisible by the "
                               f"{stages} stages")
 
-    def schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
-        from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+    @property
+    def fill_share(self) -> float:
+        """Zero bubble: a fill slot costs the forward only (ZB-H1's (p - 1)(T_F + T_B - T_W), with the forward, the
+        inputs' and the weights' gradients taking equal time: a third of a micro-batch's work)."""
+        return 1 / 3 if self.schedule == "zero_bubble" else 1.0
 
+    def build_schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
+        from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
+
+        if self.schedule == "zero_bubble":
+            return ScheduleInterleavedZeroBubble(stages, micro_batches, loss_fn=loss_fn)
         if self.virtual_stages > 1:
             return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)
         (stage,) = stages

@@ -60,6 +60,12 @@ class Pipeline(Strategy):
     # GPipe's schedule: every micro-batch's forward before any backward, so a stage keeps all of their activations
     forwards_all_first: ClassVar[bool] = False
 
+    @property
+    def fill_share(self) -> float:
+        """What each of the p - 1 slots that fill and drain the pipeline costs, as a share of one micro-batch's work
+        on a stage: all of it (forward and backward) in GPipe's and 1F1B's schedules."""
+        return 1.0
+
     @staticmethod
     def micro_batch_counts(stages: int, batch: int) -> list[int]:
         """The micro-batch counts the recommender tries on `stages` stages: 1, 2 and 4 per stage, where they divide
@@ -107,9 +113,10 @@ def partition_settings(stage_layers: list[int]) -> dict[str, str]:
 
 
 def pipeline_metrics(timer: PhaseTimer, micro_batches: int, flushes: bool, stage_device: Callable[[int], int],
-                     stage_peaks: dict[int, float]) -> dict[str, float]:
+                     stage_peaks: dict[int, float], fill_share: float = 1.0) -> dict[str, float]:
     """Bubble and stage metrics from the stage timings of every rank (a collective every rank joins).
-    `flushes`: the schedule drains the pipeline every step (GPipe, 1F1B); PipeDream's does not."""
+    `flushes`: the schedule drains the pipeline every step (GPipe, 1F1B); PipeDream's does not. `fill_share`: the
+    schedule's (`Pipeline.fill_share`)."""
     steps = max(timer.steps, 1)
     mine = {k: v / steps for k, v in timer.totals.items() if k.startswith("stage") or k == "pipeline"}
     gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
@@ -124,13 +131,15 @@ def pipeline_metrics(timer: PhaseTimer, micro_batches: int, flushes: bool, stage
     step = max(t.get("pipeline", 0.0) for t in gathered)
     p, m = len(device_time), micro_batches
     metrics = {f"peak_memory_mb_stage{i}": mb for i, mb in stage_peaks.items()}
-    # GPipe's and 1F1B's idle fraction with balanced stages; none in PipeDream's steady state.
-    metrics["bubble_fraction_ideal"] = (p - 1) / (m + p - 1) if flushes else 0.0
+    # GPipe's and 1F1B's idle fraction with balanced stages, (p - 1) / (m + p - 1) (a zero-bubble schedule's fill
+    # slots cost less); none in PipeDream's steady state.
+    fill = (p - 1) * fill_share
+    metrics["bubble_fraction_ideal"] = fill / (m + fill) if flushes else 0.0
     if step > 0 and device_time:
         busiest = max(device_time.values())
         # Study J's model from measured stage times, T_seq(mb) x (p + m - 1) / p; in PipeDream's steady state,
         # one mini-batch per step of the slowest stage.
-        bound = sum(stage_time.values()) / m * (p + m - 1) / p if flushes else busiest
+        bound = sum(stage_time.values()) / m * (m + fill) / p if flushes else busiest
         metrics.update(bubble_fraction_measured=max(step - busiest, 0.0) / step, pipeline_step_s=step,
                        pipeline_bound_s=bound, pipeline_bound_ratio=step / bound)
         metrics.update({f"stage_compute_s_stage{s}": t for s, t in sorted(stage_time.items())})
@@ -177,6 +186,7 @@ class DistributedStages(Runtime):
         pp, total = layout.pp, layout.pp * layout.virtual_stages
         layers = flatten_layers(model)
         self.stage_layers = spec.stage_sizes(layers, rank)
+        self.fill_share = spec.fill_share
         groups = cut(layers, self.stage_layers)
         layer_stage = [stage for stage, group in enumerate(groups) for _ in group]
         ties = tied_parameters(layers) if sum_tied else []
@@ -230,7 +240,8 @@ class DistributedStages(Runtime):
         layout = self.rank.layout
         peaks = {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if layout.place(r).stage == i)
                  for i in range(layout.pp)}
-        return pipeline_metrics(self.rank.timer, layout.micro_batches, self.flushes, lambda s: s % layout.pp, peaks)
+        return pipeline_metrics(self.rank.timer, layout.micro_batches, self.flushes, lambda s: s % layout.pp, peaks,
+                                self.fill_share)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}

@@ -1,6 +1,6 @@
 """Synchronous pipelines across ranks on torch.distributed.pipelining: one schedule step per mini-batch
 (all its micro-batches), gradients averaged over micro-batches, a flush, then one optimizer step.
-`gpipe_dist` and `1f1b` differ only in the schedule class they hand to `Scheduled` (their `schedule`), and
+`gpipe_dist` and `1f1b` differ only in the schedule class they hand to `Scheduled` (their `build_schedule`), and
 suite.strategies.scheduled_pipeline.ScheduledPipeline imports this module in their `setup`: torch.distributed.pipelining
 came with torch 2.4, but a PipelineStage built without example inputs (shapes found on the first micro-batch,
 pytorch#136912), as here, only with torch 2.6, which they declare."""
@@ -68,6 +68,9 @@ class Scheduled(DistributedStages):
             # PipelineStage has no hook around one micro-batch's forward or backward: its methods are wrapped.
             stage.forward_one_chunk = self._timed(stage.forward_one_chunk, "forward", f"stage{index}.forward")
             stage.backward_one_chunk = self._timed(stage.backward_one_chunk, "backward", f"stage{index}.backward")
+            # a zero-bubble schedule's weights' gradients, computed apart from the inputs' (backward_one_chunk's)
+            stage.backward_weight_one_chunk = self._timed(stage.backward_weight_one_chunk, "backward",
+                                                          f"stage{index}.backward")
             stages.append(stage)
         self.schedule = make_schedule(stages, rank.layout.micro_batches, autocast_loss(rank.loss_fn, rank.precision))
 

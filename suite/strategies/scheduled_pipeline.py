@@ -26,11 +26,11 @@ class ScheduledPipeline(DistributedPipeline):
     supports: ClassVar[Supports] = replace(DistributedPipeline.supports, activation_checkpointing=True)
     needs_torch: ClassVar[str] = "2.6"
 
-    def schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
+    def build_schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
         """The schedule of this rank's stages (its one stage, or its `virtual_stages` chunks)."""
         raise NotImplementedError
 
     def setup(self, model: nn.Module, rank: RankContext) -> Runtime:
         from suite.strategies.scheduled import Scheduled
 
-        return Scheduled(self, model, rank, self.schedule)
+        return Scheduled(self, model, rank, self.build_schedule)
