@@ -87,17 +87,18 @@ class Layout:
         return (place.replica * self.rank_stages + place.stage) * self.tp + place.tp_rank
 
     def replica_subgroup(self, rank: int, stages: set[int]):
-        """The process group of the ranks of `rank`'s replica on `stages` (e.g. those holding copies of a tied
-        weight): one group per replica, all created by every rank; None when `rank` is not in its group."""
+        """The process group of the ranks of `rank`'s replica on `stages` at its tensor-parallel index (e.g. those
+        holding copies of a tied weight, split alike): one group per replica and index, all created by every rank;
+        None when `rank` is not in its group."""
         import torch.distributed as dist
 
         mine = None
         here = self.place(rank)
         for replica in range(self.dp):
-            ranks = sorted(self.rank_of(RankPlace(replica, s, t)) for s in stages for t in range(self.tp))
-            group = dist.new_group(ranks)
-            if replica == here.replica and here.stage in stages:
-                mine = group
+            for tp_rank in range(self.tp):
+                group = dist.new_group(sorted(self.rank_of(RankPlace(replica, s, tp_rank)) for s in stages))
+                if (replica, tp_rank) == (here.replica, here.tp_rank) and here.stage in stages:
+                    mine = group
         return mine
 
     def stage_channels(self, rank: int) -> dict[tuple[int, int], Any]:

@@ -231,6 +231,32 @@ def test_a_small_message_takes_the_low_latency_protocol_and_many_nodes_the_netwo
     assert many.collective("all_reduce", 2**30, 64) == pytest.approx(min(ring, tree))
 
 
+def test_a_group_of_one_gpu_a_node_has_one_nics_share_of_the_network():
+    """A data-parallel group of a 3D layout (one GPU a node, every 8th rank) all-reduces over its GPUs' own NICs,
+    beside the other seven groups of its nodes: one HDR NIC each, not the node's eight; a send between stages goes
+    out through its GPU's NIC."""
+    many = links("dgx_a100_80gb", 8, 64)
+    ring = (8.4 + 14 * 9.6) * 1.9e-6 + 2**30 / (25 * 0.96 * 8 / 14 * 1e9)
+    tree = 2 * (3 * 50) * 1e-6 + 2**30 / (25 * 0.96 * 0.9 * 0.5 * 1e9)
+    assert many.collective("all_reduce", 2**30, 8, stride=8) == pytest.approx(min(ring, tree))
+    assert many.collective("all_reduce", 2**30, 8) == links("dgx_a100_80gb", 1, 8).collective("all_reduce", 2**30, 8)
+    assert many.send(2**30) == pytest.approx((8.4 + 9.6) * 1e-6 + 2**30 / (25 * 0.96 * 1e9))
+    assert many.send(2**30, senders=8) == pytest.approx(many.send(2**30))
+
+
+def test_a_3d_layouts_stages_split_their_layers_and_wait_for_their_collectives(results):
+    """1F1B over 2 stages, each split over 2 tensor-parallel ranks (Megatron-LM's 3D layout), against the same
+    pipeline unsplit: half the parameters and activations a rank keeps, less compute but more than half (the
+    split blocks' all-reduces on the critical path), more bytes sent."""
+    common = ("strategy=1f1b", "strategy.pp=2", "strategy.micro_batches=4", "precision=bf16", "optimizer.name=adam")
+    whole, split = predict(point("workers=2", *common)), predict(point("workers=4", "strategy.tp=2", *common))
+    assert split.point.layout.tp == 2 and split.point.layout.dp == 1
+    assert split.memory.params == pytest.approx(whole.memory.params / 2)
+    assert split.memory.activations == pytest.approx(whole.memory.activations / 2)
+    assert whole.step.compute / 2 < split.step.compute < whole.step.compute
+    assert split.step.sent > whole.step.sent
+
+
 def test_nvlink_pairs_reach_each_other_over_nvlink_and_the_rest_over_pcie():
     lassen = links("lassen", 1, 4)
     assert lassen.collective("all_gather", 2**28, 2) < lassen.collective("all_gather", 2**28, 4) / 3

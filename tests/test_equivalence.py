@@ -140,6 +140,22 @@ def test_dp_x_pp_equivalence(store, strategy):
     assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], candidate))
 
 
+@pytest.mark.parametrize("workers,knobs", [(4, []), (8, []), (4, ["strategy.schedule=zero_bubble"]),
+                                           (4, ["strategy.virtual_stages=2"])])
+def test_dp_x_pp_x_tp_equivalence(store, workers, knobs):
+    """Megatron-LM's 3D layout: 2 stages of 2 tensor-parallel ranks each (every block split as megatron splits it,
+    the tied embedding and head by vocabulary, the loss on the split logits), in 1 or 2 replicas (8 ranks: 2 x 2 x
+    2); zero-bubble and interleaved schedules over the same split stages."""
+    dp = workers // 4
+    candidate = ["strategy=1f1b", f"workers={workers}", "strategy.pp=2", "strategy.tp=2",
+                 f"batch_size={GLOBAL_BATCH // dp}", "strategy.micro_batches=2", *knobs]
+    reference, pp_tp = train_pipeline_pair(store, WORKLOADS["gpt2"], candidate)
+    assert_same_training(reference, pp_tp)
+    # A rank holds half its stage's share of the network: under half of the whole network (a stage whole, the
+    # embedding or the tied head with one block, would be two thirds of it).
+    assert pp_tp.summary()["mem_params_mb"] < 0.5 * reference.summary()["mem_params_mb"]
+
+
 # Study N's ZeRO optimizer. GPT-2's key bias has a gradient that is zero in exact arithmetic (softmax ignores
 # it), which Adam with the default eps=1e-8 turns into steps of +-lr from float noise that differs with the
 # reduction order; a larger eps keeps that noise from being amplified.

@@ -17,7 +17,8 @@ CHOSEN = ("megatron-readme2020-mp-dgxa100-1b", "llmfoundry-a100-40-mpt125m-s2048
 
 @pytest.fixture
 def records(tmp_path):
-    """Three records of the open set (one the suite cannot express: a 3D layout), the second with a memory
+    """Three records of the open set (one the suite cannot express: an interleaved schedule of unstated chunks and
+    micro-batches), the second with a memory
     figure added as a source would state it."""
     by_id = {e["id"]: e for e in yaml.safe_load(RECORDS.read_text())}
     entries = [by_id[i] for i in CHOSEN]
@@ -41,7 +42,7 @@ def test_validate_published_prices_each_record_in_its_units_and_keeps_the_rest_w
     memory = rows[(CHOSEN[1], "memory_gb_per_gpu")]
     assert memory["published"] == pytest.approx(20 * 2**30 / 1e9) and memory["predicted"] > 1
     unexpressed = rows[(CHOSEN[2], "tflops_per_gpu")]
-    assert unexpressed["predicted"] is None and unexpressed["reason"].startswith("3D layouts")
+    assert unexpressed["predicted"] is None and unexpressed["reason"].startswith("not stated")
     assert not (results / "calibration").exists()
 
     table = run_make("validate-published", f"ARGS={records}")

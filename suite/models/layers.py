@@ -16,6 +16,7 @@ from torch import nn
 
 from suite.models.gpt2 import GPT2
 from suite.models.vision import CompactVGG
+from suite.runtime.torch_api import DTensor
 
 
 @dataclass
@@ -24,8 +25,10 @@ class Layer:
     module: nn.Module
 
     def named_state(self) -> dict[str, torch.Tensor]:
-        """This layer's weights and buffers on the host, under their names in the whole network."""
-        return {self.prefix + k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+        """This layer's weights and buffers on the host, under their names in the whole network; split ones
+        (tensor parallelism) gathered whole, a collective their ranks join."""
+        return {self.prefix + k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+                for k, v in self.module.state_dict().items()}
 
 
 class Stem(nn.Module):

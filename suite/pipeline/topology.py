@@ -1,20 +1,23 @@
-"""Where a rank sits in DP x PP, and its process groups: `pp` consecutive ranks form one pipeline,
-`dp = world / pp` replicas (the layout's `dp` and `pp` mesh dimensions).
+"""Where a rank sits in DP x PP x TP, and its process groups (the layout's `dp`, `pp` and `tp` mesh dimensions):
+`pp x tp` consecutive ranks form one pipeline, `dp = world / (pp x tp)` replicas; each stage is `tp` consecutive
+ranks, which split its blocks (tensor parallelism) and send to the ranks of the same tensor-parallel index on the
+neighbouring stages.
 
-Rank r is stage `r % pp` of replica `r // pp`. Each stage's replicas all-reduce their gradients in a
-data-parallel group; the ranks that hold copies of one tied weight (GPT-2's embedding on the first
-stage, the LM head on the last) sum its gradient in a tie group, as Megatron-LM does.
+Each stage's replicas all-reduce their gradients in a data-parallel group; the ranks that hold copies of one tied
+weight (GPT-2's embedding on the first stage, the LM head on the last) sum its gradient in a tie group, as
+Megatron-LM does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from suite.layout import Layout
+from suite.layout import Layout, RankPlace
 from suite.runtime.dist import all_reduce_flat
+from suite.runtime.memory import local_tensor
 
 
 def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -> None:
@@ -24,15 +27,15 @@ def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -
     for param in params:
         if param.grad is None:
             param.grad = torch.zeros_like(param)
-    all_reduce_flat([p.grad for p in params], group, average_over)
+    all_reduce_flat([local_tensor(p.grad) for p in params], group, average_over)
 
 
 @dataclass
 class Topology:
-    pp: int
-    dp: int
+    layout: Layout
     rank: int
-    pipe_group: object  # the stages of this replica
+    mesh: object  # the point's device mesh (`dp`, `pp`, `tp`)
+    pipe_group: object  # the stages of this replica (at this rank's tensor-parallel index)
     dp_group: object  # this stage's replicas
     tie_group: object = None  # the ranks of this replica holding a tied weight; None when not one of them
     channels: dict[tuple[int, int], object] = field(default_factory=dict)  # (sender, receiver) -> its own group
@@ -44,16 +47,28 @@ class Topology:
         `channels`: a group of its own for each direction between neighbouring stages (Layout.stage_channels)."""
         mesh = layout.mesh(device_type)
         tie_group = layout.replica_subgroup(rank, tie_stage_ranks) if len(tie_stage_ranks) > 1 else None
-        return cls(layout.pp, layout.dp, rank, mesh["pp"].get_group(), mesh["dp"].get_group(), tie_group,
+        return cls(layout, rank, mesh, mesh["pp"].get_group(), mesh["dp"].get_group(), tie_group,
                    layout.stage_channels(rank) if channels else {})
 
     @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def place(self) -> RankPlace:
+        return self.layout.place(self.rank)
+
+    @property
     def stage_rank(self) -> int:
-        return self.rank % self.pp
+        return self.place.stage
 
     @property
     def replica(self) -> int:
-        return self.rank // self.pp
+        return self.place.replica
 
     @property
     def is_first(self) -> bool:
@@ -64,8 +79,12 @@ class Topology:
         return self.stage_rank == self.pp - 1
 
     def peer(self, stage_rank: int) -> int:
-        """Global rank of a stage rank of this replica."""
-        return self.replica * self.pp + stage_rank
+        """Global rank of a stage rank of this replica, at this rank's tensor-parallel index."""
+        return self.layout.rank_of(replace(self.place, stage=stage_rank))
+
+    def replica0(self) -> int:
+        """Global rank of this rank's place in replica 0."""
+        return self.layout.rank_of(replace(self.place, replica=0))
 
     def channel(self, sender: int, receiver: int):
         """The process group messages from stage rank `sender` to stage rank `receiver` of this replica go on

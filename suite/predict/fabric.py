@@ -15,10 +15,13 @@ the algorithms and protocols every fabric has: time = latency + bytes / algorith
 Latencies in microseconds, `BASE_US` and `HOP_US`, are tuning.cc's `baseLat` and `hwLat`. The bus bandwidth is
 the slowest link a ring crosses: inside a node the GPU's NVLink (all of its links: NVSwitch, a full mesh, DGX-1's
 hybrid cube mesh) or, where GPUs are bridged in pairs or not at all, PCIe (a group of the two GPUs of a pair:
-their NVLink); between nodes the node's NICs
-together. NCCL counts NVLink at 20 GB/s per 25 GB/s link and PCIe Gen3 x16 at 12 GB/s (src/graph/topo.h,
-`SM70/SM80_NVLINK_BW`, `PCI_BW`, `NET_BW` 12 per 100 Gbit/s): those shares of the datasheet rates are
-`ACHIEVED`. A send between two GPUs is one ring step of Simple at the link between them.
+their NVLink); between nodes the node's NICs that the group's GPUs there use: all of them for a group of every GPU
+of its nodes, one NIC's share per GPU where the node has a NIC per GPU (DGX's rails) and the group has fewer GPUs
+there (a data-parallel group of a tensor- or pipeline-parallel layout: one GPU a node). A send between nodes goes
+out through its GPU's NIC, beside the sends of the other GPUs of its stage. NCCL counts NVLink at 20 GB/s per
+25 GB/s link and PCIe Gen3 x16 at 12 GB/s (src/graph/topo.h, `SM70/SM80_NVLINK_BW`, `PCI_BW`, `NET_BW` 12 per
+100 Gbit/s): those shares of the datasheet rates are `ACHIEVED`. A send between two GPUs is one ring step of
+Simple at the link between them.
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ class Fabric:
     pair_gbs: float | None  # NVLink pairs: the achieved bandwidth between the two GPUs of a pair
     net_gbs: float | None  # a node's NICs together, achieved; None: unknown
     gpus_per_node: int
+    nics: int = 1  # a node's NICs (the rails its GPUs send on)
+
+    def net_share(self, gpus: int) -> float:
+        """The network bandwidth (GB/s) that `gpus` GPUs of a node sending at once have together: the NICs they
+        use, one each where the node has a NIC per GPU."""
+        nics = max(self.nics, 1)
+        return (self.net_gbs or 0.0) * min(max(gpus, 1), nics) / nics
 
 
 def fabric_of(cluster) -> tuple[Fabric | None, list[str]]:
@@ -66,8 +76,9 @@ def fabric_of(cluster) -> tuple[Fabric | None, list[str]]:
         missing.append("intra_node_fabric, with nvlink_bandwidth_gbs (an NVLink fabric) or pcie_generation or "
                        "intra_node_bandwidth_gbs (PCIe, NVLink pairs)")
         intra, intra_gbs = "pcie", 0.0
+    nics = 1
     if hw.nics_per_node and hw.nic_bandwidth_gbs:
-        net = hw.nics_per_node * hw.nic_bandwidth_gbs * ACHIEVED["net"]
+        net, nics = hw.nics_per_node * hw.nic_bandwidth_gbs * ACHIEVED["net"], hw.nics_per_node
     elif hw.inter_node_bandwidth_gbs:
         net = hw.inter_node_bandwidth_gbs * ACHIEVED["net"]
     else:
@@ -76,7 +87,7 @@ def fabric_of(cluster) -> tuple[Fabric | None, list[str]]:
         return None, missing
     pair = (hw.nvlink_bandwidth_gbs * ACHIEVED["nvlink"] if fabric == IntraNodeFabric.nvlink_pairs
             and hw.nvlink_bandwidth_gbs else None)
-    return Fabric(intra, intra_gbs, pair, net, max(cluster.workers_per_node, 1)), []
+    return Fabric(intra, intra_gbs, pair, net, max(cluster.workers_per_node, 1), nics), []
 
 
 @dataclass(frozen=True)
@@ -89,20 +100,23 @@ class NcclLinks:
     world_size: int = 0
     missing: str = ""
 
-    def _span(self, ranks: int) -> int:
-        """Nodes a group of `ranks` spans: as few as hold it (tensor-parallel groups inside a node, data-parallel
-        groups over whole nodes)."""
-        return min(self.nodes, max(1, math.ceil(ranks / self.fabric.gpus_per_node)))
+    def _span(self, ranks: int, stride: int) -> int:
+        """Nodes a group of `ranks`, each `stride` ranks from the next, spans: as few as hold it (tensor-parallel
+        groups inside a node, data-parallel groups over whole nodes, a group of one rank per stage or tensor-parallel
+        group over as many nodes as those fill)."""
+        per_node = max(1, self.fabric.gpus_per_node // max(stride, 1))
+        return min(self.nodes, max(1, math.ceil(ranks / per_node)))
 
-    def _bus_gbs(self, nodes: int) -> float:
+    def _bus_gbs(self, nodes: int, per_node: float) -> float:
         if nodes == 1:
             return self.fabric.intra_gbs
-        return min(self.fabric.intra_gbs, self.fabric.net_gbs or self.fabric.intra_gbs)
+        net = self.fabric.net_share(math.ceil(per_node)) if self.fabric.net_gbs else self.fabric.intra_gbs
+        return min(self.fabric.intra_gbs, net)
 
-    def collective(self, kind: str, nbytes: float, ranks: int) -> float:
+    def collective(self, kind: str, nbytes: float, ranks: int, stride: int = 1) -> float:
         if ranks <= 1 or nbytes <= 0:
             return 0.0
-        nodes = self._span(ranks)
+        nodes = self._span(ranks, stride)
         per_node = ranks / nodes
         if kind == "all_reduce":
             steps, inter_steps = 2 * (ranks - 1), 2 * (nodes - 1)
@@ -110,7 +124,7 @@ class NcclLinks:
             steps, inter_steps = ranks - 1, nodes - 1
         else:  # broadcast: pipelined along the ring, one hop's latency
             steps, inter_steps = 1, 1 if nodes > 1 else 0
-        bus = self._bus_gbs(nodes)
+        bus = self._bus_gbs(nodes, per_node)
         intra_hops = self.fabric.intra
         if ranks == 2 and nodes == 1 and self.fabric.pair_gbs:  # the two GPUs of an NVLink pair
             bus, intra_hops = self.fabric.pair_gbs, "nvlink"
@@ -131,12 +145,13 @@ class NcclLinks:
             times.append(latency * 1e-6 + nbytes / (tree_bus * 0.5 * 1e9))
         return min(times)
 
-    def send(self, nbytes: float) -> float:
+    def send(self, nbytes: float, senders: int = 1) -> float:
+        """One of `senders` GPUs of a node sending `nbytes` at once (a pipeline stage's tensor-parallel ranks)."""
         if nbytes <= 0:
             return 0.0
         crosses = self.nodes > 1 and self.fabric.net_gbs is not None
         link = "net" if crosses else self.fabric.intra
-        bandwidth = self.fabric.net_gbs if crosses else self.fabric.intra_gbs
+        bandwidth = self.fabric.net_share(senders) / senders if crosses else self.fabric.intra_gbs
         latency = BASE_US[("ring", SIMPLE)] + HOP_US[link][("ring", SIMPLE)]
         return latency * 1e-6 + nbytes / (bandwidth * 1e9)
 

@@ -121,8 +121,9 @@ class LinkModel:
             raise ConfigError(self.missing or f"links from {self.source} have no {kind} curve")
         return self.curves[kind]
 
-    def collective(self, kind: str, nbytes: float, ranks: int) -> float:
-        """Seconds for one collective of an `nbytes` buffer among `ranks` ranks (0 for one rank or no bytes)."""
+    def collective(self, kind: str, nbytes: float, ranks: int, stride: int = 1) -> float:
+        """Seconds for one collective of an `nbytes` buffer among `ranks` ranks (0 for one rank or no bytes), each
+        `stride` ranks from the next (measured curves hold the ranks they were measured among: stride aside)."""
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         curve = self.curve(kind)
@@ -132,8 +133,9 @@ class LinkModel:
         return (latency * ring_steps(kind, ranks) / ring_steps(kind, n)
                 + transfer * bus_factor(kind, ranks) / bus_factor(kind, n))
 
-    def send(self, nbytes: float) -> float:
-        """Seconds to send `nbytes` from one rank to another."""
+    def send(self, nbytes: float, senders: int = 1) -> float:
+        """Seconds to send `nbytes` from one rank to another (beside `senders` - 1 others of its node: measured
+        curves are of one send)."""
         return self.curve(P2P).time(nbytes) if nbytes > 0 else 0.0
 
     @classmethod

@@ -43,11 +43,15 @@ class Memory:
         return self.base + self.params + self.grads + self.optimizer + self.activations + self.transient
 
 
-def kept_for_backward(layers: Sequence[LayerProfile], wrapped: Sequence[bool], input_bytes: float = 0.0) -> float:
+def kept_for_backward(layers: Sequence[LayerProfile], wrapped: Sequence[bool], input_bytes: float = 0.0,
+                      ways: Sequence[int] | None = None) -> float:
     """Bytes autograd keeps for one batch through `layers` (whose first reads `input_bytes`): each layer's saved
-    tensors, or for a checkpointed (`wrapped`) block only its input."""
+    tensors (1/ways[i] of them where tensor parallelism splits the layer), or for a checkpointed (`wrapped`) block
+    only its input, whole."""
     inputs = [input_bytes, *(layer.output_bytes for layer in layers[:-1])]
-    return sum(read if again else layer.saved_bytes for layer, again, read in zip(layers, wrapped, inputs))
+    ways = ways or [1] * len(layers)
+    return sum(read if again else layer.saved_bytes / n
+               for layer, again, read, n in zip(layers, wrapped, inputs, ways))
 
 
 def _state_ratio(w: Workload) -> float:
@@ -163,7 +167,8 @@ def pipeline(w: Workload, base: float) -> Memory:
 def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:
     """A chunk's activations at its device's peak. torchgpipe's `checkpoint` keeps only the chunk's input for
     the micro-batches it recomputes (all, all but the last, none)."""
-    full = kept_for_backward(chunk.layers, chunk.checkpointed, chunk.input_bytes)
+    full = kept_for_backward(chunk.layers, chunk.checkpointed, chunk.input_bytes,
+                             [chunk.ways(layer) for layer in chunk.layers])
     in_flight = _in_flight(w, device)
     if not isinstance(w.strategy, GPipe):
         return full * in_flight

@@ -135,11 +135,11 @@ def _filled_buckets(sizes: list[float], ready: list[float], cap: float,
 
 
 def _exposed_reduction(w: Workload, kind: str, ranks: int, sizes: list[float], starts: list[float],
-                       backward: float) -> float:
-    """Buckets of gradients reduced by `kind` collectives among `ranks` on a stream of their own, each one issued
-    once it is ready (`starts`) and the previous one has ended, while backward runs on: what ends after backward is
-    exposed (all of it where compute does not hide it)."""
-    comm = [w.links.collective(kind, n, ranks) for n in sizes]
+                       backward: float, stride: int = 1) -> float:
+    """Buckets of gradients reduced by `kind` collectives among `ranks` (`stride` apart) on a stream of their own,
+    each one issued once it is ready (`starts`) and the previous one has ended, while backward runs on: what ends
+    after backward is exposed (all of it where compute does not hide it)."""
+    comm = [w.links.collective(kind, n, ranks, stride) for n in sizes]
     if not w.comm_hides:
         return sum(comm)
     return max(trailing_comm(starts, comm) - backward, 0.0)
@@ -275,28 +275,52 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     bwd = sum((layer.backward_s + (layer.forward_s if a else 0)) / n for layer, n, a in zip(layers, ways, again))
     blocks = [layer for layer in layers if layer.block]
     activation = blocks[0].output_bytes
-    sequence_parallel = w.strategy.sequence_parallel
-    kinds = ("reduce_scatter", "all_gather") if sequence_parallel else ("all_reduce",)
-    # Two in each block's forward and two in its backward; a checkpointed block's forward runs twice.
-    collectives = [(kind, activation, tp) for kind in kinds] * (4 * len(blocks) + 2 * sum(again))
+    collectives = split_block_collectives(w, len(blocks), sum(again), activation)
     if tp > 1:  # the group's first rank broadcasts the batch: its shape, then int64 inputs and targets
         collectives += [("broadcast", 16, tp), ("broadcast", 2 * w.profile.batch * w.cfg.dataset.seq_len * 8, tp)]
     if vocab:
-        per_token = w.profile.batch * w.cfg.dataset.seq_len * 4
-        head_input = ["all_gather", "reduce_scatter"] if sequence_parallel else ["all_reduce"]
-        collectives += [("all_reduce", activation, tp), *[(kind, activation, tp) for kind in head_input],
-                        *[("all_reduce", per_token, tp)] * 3]
+        collectives += vocab_collectives(w, activation, embedding=True, head=True)
     held = sum(layer.param_bytes / n for layer, n in zip(layers, ways))
     comm = sum(w.links.collective(*c) for c in collectives)
     sent = sum(sent_bytes(*c) for c in collectives) + sent_bytes("all_reduce", held, dp)  # bucketed or not
     if w.strategy.overlap_grad_reduce and dp > 1:
         sizes, ready = _grads_in_backward_order(w, ways)
         cap = (w.strategy.bucket_size or megatron_bucket_size(dp)) * PARAM_BYTES
-        comm += _exposed_reduction(w, "all_reduce", dp, *_filled_buckets(sizes, ready, cap), bwd)
+        comm += _exposed_reduction(w, "all_reduce", dp, *_filled_buckets(sizes, ready, cap), bwd, stride=tp)
     else:
-        comm += w.links.collective("all_reduce", held, dp)
+        comm += w.links.collective("all_reduce", held, dp, tp)
     optimizer = w.profile.optimizer_s * held / max(w.profile.param_bytes, 1)
     return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
+
+
+def split_block_collectives(w: Workload, blocks: int, recomputed: int,
+                            activation: float) -> list[tuple[str, float, int]]:
+    """The collectives of `blocks` GPT-2 blocks split over the layout's `tp` ranks, `recomputed` of them checkpointed,
+    for a batch whose block output is `activation` bytes: two in each block's forward and two in its backward (all-
+    reduces, or under sequence parallelism a reduce-scatter and an all-gather each); a checkpointed block's forward
+    runs twice. What is reduced is a row-parallel layer's output (or its input's gradient), in the compute dtype
+    under autocast; what is gathered, a LayerNorm's output (or its input's gradient), in fp32."""
+    reduced = activation * (0.5 if w.cfg.precision in HALF else 1.0)
+    kinds = ((("reduce_scatter", reduced), ("all_gather", activation))
+             if getattr(w.strategy, "sequence_parallel", False) else (("all_reduce", reduced),))
+    return [(kind, n, w.layout.tp) for kind, n in kinds] * (4 * blocks + 2 * recomputed)
+
+
+def vocab_collectives(w: Workload, activation: float, embedding: bool, head: bool) -> list[tuple[str, float, int]]:
+    """The collectives of the embedding and the head split by vocabulary over the layout's `tp` ranks: the
+    embedding's output all-reduced in forward, the head's input gradient in backward (under sequence parallelism
+    the head's input all-gathered in forward and its gradient reduce-scattered), and the loss on the split logits,
+    which are never gathered: three all-reduces of one fp32 value per token (the max, the sum of exponentials, the
+    target's logit)."""
+    tp = w.layout.tp
+    out = [("all_reduce", activation, tp)] if embedding else []
+    if head:
+        per_token = w.profile.batch * w.cfg.dataset.seq_len * 4
+        sequence_parallel = getattr(w.strategy, "sequence_parallel", False)
+        out += [(kind, activation, tp) for kind in (("all_gather", "reduce_scatter") if sequence_parallel
+                                                    else ("all_reduce",))]
+        out += [("all_reduce", per_token, tp)] * 3
+    return out
 
 
 def stage_sizes(w: Workload) -> list[int]:
@@ -318,12 +342,16 @@ class Chunk:
     first: bool
     last: bool
     checkpointed: tuple[bool, ...]  # per layer: activation checkpointing wraps it (counted over the whole network)
+    tp: int = 1  # ranks that split its layers (a 3D layout's tensor parallelism: blocks, embedding, head)
+
+    def ways(self, layer: LayerProfile) -> int:
+        return self.tp
 
     @property
-    def params(self) -> int:
-        """Parameter bytes the chunk's rank holds: a tied weight on another stage is a copy of its own."""
-        held = sum(layer.param_bytes for layer in self.layers)
-        return held + (sum(layer.tied_bytes for layer in self.layers) if not self.first else 0)
+    def params(self) -> float:
+        """Parameter bytes one of the chunk's ranks holds: a tied weight on another stage is a copy of its own."""
+        held = sum(layer.param_bytes / self.ways(layer) for layer in self.layers)
+        return held + (sum(layer.tied_bytes / self.ways(layer) for layer in self.layers) if not self.first else 0)
 
 
 def chunks(w: Workload) -> list[Chunk]:
@@ -332,19 +360,31 @@ def chunks(w: Workload) -> list[Chunk]:
     last = len(sizes) - 1
     inputs = [w.profile.input_bytes, *(layer.output_bytes for layer in w.layers)]
     wrapped = checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing))
-    return [Chunk(tuple(w.layers[a:b]), inputs[a], i == 0, i == last, tuple(wrapped[a:b]))
+    return [Chunk(tuple(w.layers[a:b]), inputs[a], i == 0, i == last, tuple(wrapped[a:b]), w.layout.tp)
             for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
-    """A chunk's compute per micro-batch and its sends: its output forward, its input's gradient backward.
-    `recompute`: the share of micro-batches whose whole forward torchgpipe runs again; checkpointed blocks run
-    theirs again in every micro-batch's backward."""
+    """A chunk's compute per micro-batch and its sends: its output forward, its input's gradient backward (by each
+    of its stage's tensor-parallel ranks at once, whole). `recompute`: the share of micro-batches whose whole forward
+    torchgpipe runs again; checkpointed blocks run theirs again in every micro-batch's backward. Layers split over
+    tp ranks (blocks as megatron splits them, the embedding and head by vocabulary) compute 1/tp of their work and
+    wait for their collectives."""
     sizes = ([] if chunk.last else [chunk.layers[-1].output_bytes]) + ([] if chunk.first else [chunk.input_bytes])
-    again = sum(layer.forward_s for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if wrapped)
-    compute = forward_s(chunk.layers) * (1 + recompute) + again + backward_s(chunk.layers)
-    return DeviceWork(compute, sum(w.links.send(n) for n in sizes), sum(sizes),
-                      sum(map(weight_gradient_s, chunk.layers)))
+    ways = [chunk.ways(layer) for layer in chunk.layers]
+    again = sum(layer.forward_s / n for layer, wrapped, n in zip(chunk.layers, chunk.checkpointed, ways) if wrapped)
+    compute = again + sum((layer.forward_s * (1 + recompute) + layer.backward_s) / n
+                          for layer, n in zip(chunk.layers, ways))
+    split = []
+    if chunk.tp > 1:
+        blocks = [wrapped for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if layer.block]
+        activation = next(layer.output_bytes for layer in w.layers if layer.block)
+        split = (split_block_collectives(w, len(blocks), sum(blocks), activation)
+                 + vocab_collectives(w, activation, chunk.first, chunk.last))
+    compute += sum(w.links.collective(*c) for c in split)
+    return DeviceWork(compute, sum(w.links.send(n, chunk.tp) for n in sizes),
+                      sum(sizes) + sum(sent_bytes(*c) for c in split),
+                      sum(weight_gradient_s(layer) / n for layer, n in zip(chunk.layers, ways)))
 
 
 def weight_gradient_s(layer: LayerProfile) -> float:
@@ -388,8 +428,11 @@ def _stage_sync(w: Workload, device: Device, tied_ranks: int) -> tuple[float, fl
     """(seconds, bytes sent) of a stage's gradient sync: an all-reduce over the replicas, and one of a tied
     weight's copies among the stages that hold one."""
     tied = sum(layer.tied_bytes for c in chunks(w) for layer in c.layers)
-    collectives = [("all_reduce", device.params, w.layout.dp), ("all_reduce", tied, tied_ranks)]
-    return sum(w.links.collective(*c) for c in collectives), sum(sent_bytes(*c) for c in collectives)
+    replica, tp = w.layout.pp * w.layout.tp, w.layout.tp  # ranks of a replica; of a stage
+    collectives = [("all_reduce", device.params, w.layout.dp, replica),
+                   ("all_reduce", tied, tied_ranks, max(w.layout.pp - 1, 1) * tp)]
+    return (sum(w.links.collective(*c) for c in collectives),
+            sum(sent_bytes(kind, n, ranks) for kind, n, ranks, _ in collectives))
 
 
 def flushed_pipeline(w: Workload, variant: str) -> StepTime:

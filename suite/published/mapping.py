@@ -31,6 +31,7 @@ from suite.models import network_names
 from suite.models.gpt2 import GPT2_SIZES, GPT2Dims
 from suite.paths import CONF_DIR
 from suite.published.records import Record
+from suite.strategies import strategy_class
 from suite.sweep import catalog
 from suite.sweep.checks import OlderTorch
 from suite.sweep.plan import Point, make_point
@@ -113,17 +114,25 @@ class _Draft:
 # --- the catalog's clusters -------------------------------------------------------------------------------------
 
 
-def _cluster_key(conf_dir: Path, name: str, key: str) -> object:
-    """A top-level key of conf/cluster/<name>.yaml, or of the same-group parent its defaults list."""
-    config = yaml.safe_load((conf_dir / "cluster" / f"{name}.yaml").read_text()) or {}
+def _cluster_key(conf_dir: Path, name: str, key: str, folder: str = "cluster") -> object:
+    """A top-level key of conf/<folder>/<name>.yaml (a cluster, or with folder cluster/gpu a GPU type), or of the
+    same-group parent its defaults list."""
+    config = yaml.safe_load((conf_dir / folder / f"{name}.yaml").read_text()) or {}
     if key in config:
         return config[key]
     for entry in config.get("defaults") or []:
-        if isinstance(entry, str) and (conf_dir / "cluster" / f"{entry}.yaml").exists():
-            found = _cluster_key(conf_dir, entry, key)
+        if isinstance(entry, str) and (conf_dir / folder / f"{entry}.yaml").exists():
+            found = _cluster_key(conf_dir, entry, key, folder)
             if found is not None:
                 return found
     return None
+
+
+def _runs_bf16(gpu: str | None) -> bool:
+    """Whether a catalog GPU type has a bfloat16 peak (Ampere and later)."""
+    if gpu is None or not (CONF_DIR / "cluster" / "gpu" / f"{gpu}.yaml").exists():
+        return False
+    return "bf16" in (_cluster_key(CONF_DIR, gpu, "peak_tflops", "cluster/gpu") or {})
 
 
 @functools.cache
@@ -249,21 +258,30 @@ def _network(record: Record, draft: _Draft) -> bool:
 # --- precision, recomputation, optimizer ------------------------------------------------------------------------
 
 
-def _precision(record: Record, draft: _Draft) -> None:
+def _precision(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.precision
     if word is None:
         draft.assume("precision not stated: fp32, the frameworks' default")
         return
     text = word.lower()
+    half = "fp16"
+    spec = strategy_class(strategy)
+    if (spec and "fp16" not in spec.supports.precisions and _runs_bf16(record.hardware.gpu)
+            and (text in ("fp16", "amp_fp16") or text.startswith("mixed"))):
+        half = "bf16"
+        draft.assume(f"precision {word!r} run as bf16: strategy {strategy} has no fp16 loss scaling, and this GPU's "
+                     "tensor cores run bf16 at fp16's rate")
     if "fp8" in text:
         draft.cannot(PRECISION, f"{word}: the suite trains in fp32, bf16 or fp16")
     elif text in ("bf16", "amp_bf16"):
         draft.set("precision=bf16")
     elif text in ("fp16", "amp_fp16"):
-        draft.set("precision=fp16")
+        draft.set(f"precision={half}")
     elif text.startswith("mixed"):
-        draft.set("precision=fp16")
-        draft.assume(f"precision {word!r} taken as fp16 with loss scaling (Megatron-LM's --fp16, DeepSpeed's fp16)")
+        draft.set(f"precision={half}")
+        if half == "fp16":
+            draft.assume(f"precision {word!r} taken as fp16 with loss scaling (Megatron-LM's --fp16, DeepSpeed's "
+                         "fp16)")
     elif text == "fp32":
         draft.set("precision=fp32")
     else:
@@ -399,10 +417,7 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
         if None in (dp, tp, pp):
             draft.cannot(NOT_STATED, "layout.dp, tp and pp of a hybrid layout")
             return None
-        if tp > 1 and pp > 1:
-            draft.cannot(LAYOUT_3D, f"dp={dp} x tp={tp} x pp={pp} (the 3D-layouts issue)")
-            return None
-        word = "megatron_tp" if tp > 1 else (schedule or "1f1b") if pp > 1 else "ddp"
+        word = (schedule or "1f1b") if pp > 1 else "megatron_tp" if tp > 1 else "ddp"
         if pp > 1 and schedule is None:
             draft.assume("pipeline schedule not stated: Megatron-LM's default 1F1B")
     dp = dp if dp is not None else total // ((tp or 1) * (pp or 1))
@@ -410,8 +425,7 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
     if dp * tp * pp != total:
         draft.cannot(INCONSISTENT, f"dp={dp} x tp={tp} x pp={pp} is not total_gpus={total}")
         return None
-    parallel = {"tp": tp, "pp": pp} if word in DATA_PARALLEL else {"pp": pp} if word == "megatron_tp" else \
-        {"tp": tp} if word in PIPELINES else {}
+    parallel = {"tp": tp, "pp": pp} if word in DATA_PARALLEL else {"pp": pp} if word == "megatron_tp" else {}
     beyond = [f"{k}={v}" for k, v in parallel.items() if v > 1]
     if beyond:
         draft.cannot(LAYOUT_3D, f"{word} with {' '.join(beyond)} (the 3D-layouts issue)")
@@ -446,7 +460,15 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
         else:
             strategy = {"gpipe": "gpipe_dist", "pipedream_async": "pipedream"}.get(word, "1f1b")
         draft.set(f"strategy={strategy}")
-        if dp > 1:
+        if tp > 1:  # 1F1B's and GPipe's stages across ranks split their blocks (Megatron-LM's 3D layout)
+            if strategy not in ("1f1b", "gpipe_dist"):
+                draft.cannot(LAYOUT_3D, f"{strategy} with tp={tp}: its stages are not split (the 3D-layouts issue)")
+            if not language:
+                draft.cannot(NETWORK, "Megatron tensor parallelism of a CNN's pipeline stages")
+            if layout.sequence_parallel:
+                draft.cannot(LAYOUT_3D, "sequence parallelism inside pipeline stages (the 3D-layouts issue)")
+            draft.set(f"strategy.tp={tp}")
+        if dp > 1 or tp > 1:
             draft.set(f"strategy.pp={pp}")
         if schedule == "interleaved_1f1b":
             if layout.virtual_stages is None:
@@ -475,7 +497,7 @@ def map_record(record: Record) -> Mapped:
     language = _network(record, draft)
     _cluster(record, draft)
     strategy = _layout(record, language, draft)
-    _precision(record, draft)
+    _precision(record, strategy or "", draft)
     _recompute(record, strategy or "", draft)
     _optimizer(record, language, draft)
     if record.layout.sequence_parallel and strategy not in (None, "megatron"):

@@ -83,11 +83,67 @@ def ends_plan(vocab_parallel: bool, sequence_parallel: bool) -> dict[str, Parall
     return plan
 
 
+def split_blocks(blocks, mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Split each GPT-2 block of `blocks` over the tensor-parallel `mesh` (`block_plan`)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    for block in blocks:  # inside a checkpoint wrapper, the block it wraps: the plan names its submodules
+        parallelize_module(getattr(block, "_checkpoint_wrapped_module", block), mesh, block_plan(sequence_parallel))
+
+
+def is_block(module: nn.Module) -> bool:
+    """A GPT-2 block, bare or in activation checkpointing's wrapper."""
+    from suite.models.gpt2 import Block
+
+    return isinstance(getattr(module, "_checkpoint_wrapped_module", module), Block)
+
+
+def split_stage(layers: list[nn.Module], mesh: DeviceMesh) -> None:
+    """A pipeline stage's layers split over its tensor-parallel `mesh`: its blocks, and the embedding or the head
+    it holds by vocabulary (`ends_plan`; the logits stay split for `loss_parallel`)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    split_blocks([layer for layer in layers if is_block(layer)], mesh, False)
+    ends = ends_plan(vocab_parallel=True, sequence_parallel=False)
+    for layer in layers:
+        plan = {name: style for name, style in ends.items() if hasattr(layer, name)}
+        if plan:
+            parallelize_module(layer, mesh, plan)
+
+
+def whole_logits(logits: torch.Tensor, group, tp: int) -> torch.Tensor:
+    """The whole logits, as the training loop's metrics read them, from logits split by vocabulary (a DTensor;
+    others are returned as they are). Each rank writes its split of the vocabulary into one zeroed tensor, which an
+    in-place all-reduce over the group sums: a rank holds the logits whole once, not also in a collective's
+    buffers, and gloo, which has no all-gather of GPU tensors (it crashed ranks sharing a GPU), all-reduces them."""
+    if not isinstance(logits, DTensor):
+        return logits
+    split = logits.to_local()
+    width = -(-logits.shape[-1] // tp)  # Shard(-1) splits as torch.chunk does
+    start = dist.get_rank(group) * width
+    whole = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)
+    whole[..., start:start + split.shape[-1]] = split
+    dist.all_reduce(whole, group=group)
+    return whole
+
+
+def check_tensor_split(strategy: str, cfg, tp: int, ranks: int) -> None:
+    """Before launch: `tp` ranks can split the point's network (GPT-2's attention heads), and `ranks` (the workers,
+    or a pipeline's ranks) into groups of `tp`."""
+    net = cfg.network
+    if tp < 1 or ranks % tp:
+        raise ConfigError(f"strategy {strategy}: tp={tp} does not divide {ranks} workers")
+    if tp > 1 and net.arch != "gpt2":
+        raise ConfigError(f"strategy {strategy}: tp={tp} splits GPT-2's attention and MLP; network {net.name} "
+                          f"({net.arch}) has no such layers")
+    if net.arch == "gpt2" and net.n_head % tp:
+        raise ConfigError(f"strategy {strategy}: tp={tp} does not divide n_head={net.n_head} of {net.name}")
+
+
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bool, sequence_parallel: bool) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
-    for block in model.blocks:  # inside a checkpoint wrapper, the block it wraps: the plan names its submodules
-        parallelize_module(getattr(block, "_checkpoint_wrapped_module", block), mesh, block_plan(sequence_parallel))
+    split_blocks(model.blocks, mesh, sequence_parallel)
     parallelize_module(model, mesh, ends_plan(vocab_parallel, sequence_parallel))
     if vocab_parallel:  # splitting gave the head its own Parameter around the embedding's shard: tie them again
         model.head.weight = model.tok_emb.weight
@@ -195,20 +251,8 @@ class TensorParallel(DataParallel):
             return local_tensor(super().train_step(inputs, targets))  # the loss, a DTensor when split
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Evaluation: the whole logits, as the training loop's metrics read them. Each rank writes its split of the
-        vocabulary into one zeroed tensor, which an in-place all-reduce over the group sums: a rank holds the logits
-        whole once, not also in a collective's buffers, and gloo, which has no all-gather of GPU tensors (it crashed
-        ranks sharing a GPU), all-reduces them."""
-        logits = self.model(inputs)
-        if not isinstance(logits, DTensor):
-            return logits
-        split = logits.to_local()
-        width = -(-logits.shape[-1] // self.rank.layout.tp)  # Shard(-1) splits as torch.chunk does
-        start = dist.get_rank(self.tp_group) * width
-        whole = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)
-        whole[..., start:start + split.shape[-1]] = split
-        dist.all_reduce(whole, group=self.tp_group)
-        return whole
+        """Evaluation: the whole logits (`whole_logits`)."""
+        return whole_logits(self.model(inputs), self.tp_group, self.rank.layout.tp)
 
     def backward(self, loss: torch.Tensor) -> None:
         super().backward(loss)
@@ -268,14 +312,10 @@ class Megatron(Strategy):
         return [[f"strategy.tp={tp}"] for tp in divisors(workers)]
 
     def check(self, cfg) -> None:
-        net = cfg.network
-        if net.arch != "gpt2":
-            raise ConfigError(f"strategy megatron splits GPT-2's attention and MLP; network {net.name} ({net.arch}) "
-                              "has no such layers")
-        if self.tp < 1 or cfg.workers % self.tp:
-            raise ConfigError(f"strategy megatron: tp={self.tp} does not divide workers={cfg.workers}")
-        if net.n_head % self.tp:
-            raise ConfigError(f"strategy megatron: tp={self.tp} does not divide n_head={net.n_head} of {net.name}")
+        if cfg.network.arch != "gpt2":
+            raise ConfigError(f"strategy megatron splits GPT-2's attention and MLP; network {cfg.network.name} "
+                              f"({cfg.network.arch}) has no such layers")
+        check_tensor_split(self.name, cfg, self.tp, cfg.workers)
         if self.sequence_parallel and cfg.dataset.seq_len % self.tp:
             raise ConfigError(f"strategy megatron: sequence_parallel needs tp={self.tp} to divide "
                               f"dataset.seq_len={cfg.dataset.seq_len}")

@@ -29,7 +29,9 @@ from suite.pipeline.topology import Topology
 from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.runtime.timing import PhaseTimer
+from suite.runtime.torch_api import DTensor
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
+from suite.strategies.megatron import param_groups, split_stage, whole_logits
 
 
 def layer_count(cfg) -> int:
@@ -195,9 +197,12 @@ class DistributedStages(Runtime):
         self.stage_ids = list(range(self.topology.stage_rank, total, pp))
         self.total_stages = total
         local = nn.ModuleList(StageModule(groups[s]) for s in self.stage_ids).to(env.device)
+        if layout.tp > 1:  # before the tied weights are found: splitting replaces the parameters
+            split_stage([layer.module for s in self.stage_ids for layer in groups[s]], self.topology.mesh["tp"])
         tied_ids = {id(layers[i].module.get_parameter(name)) for places in ties for i, name in places}
         self.tied = [p for p in local.parameters() if id(p) in tied_ids]
-        super().__init__(rank, local, build_optimizer(local.parameters(), rank.cfg.optimizer))
+        params = param_groups(local) if layout.tp > 1 else local.parameters()
+        super().__init__(rank, local, build_optimizer(params, rank.cfg.optimizer))
 
     @property
     def holds_output(self) -> bool:
@@ -211,7 +216,11 @@ class DistributedStages(Runtime):
         return {**super().effective_settings(), **partition_settings(self.stage_layers)}
 
     def sync_grads(self) -> None:
-        """Sum the gradients of tied copies across stages, then average over the data-parallel replicas."""
+        """Sum the gradients of tied copies across stages, then average over the data-parallel replicas. A split
+        parameter's gradient is first given its placement (the split embedding's comes back whole from backward)."""
+        for param in self.model.parameters():
+            if isinstance(param.grad, DTensor) and param.grad.placements != param.placements:
+                param.grad = param.grad.redistribute(param.device_mesh, param.placements)
         self.topology.sum_tied_grads(self.tied)
         self.topology.average_grads([p for p in self.model.parameters() if p.requires_grad])
 
@@ -228,13 +237,13 @@ class DistributedStages(Runtime):
             x = local(x)
             if stage < self.total_stages - 1:
                 p2p.wait_all(p2p.isend(x, topo.peer((stage + 1) % topo.pp)))
-        return x if topo.is_last else None
+        return whole_logits(x, topo.mesh["tp"].get_group(), topo.layout.tp) if topo.is_last else None
 
     def before_evaluate(self) -> None:
         """Replicas evaluate with replica 0's buffers (BatchNorm statistics drift apart per replica)."""
         if self.topology.dp > 1:
             for buffer in self.model.buffers():
-                dist.broadcast(buffer, self.topology.stage_rank, group=self.topology.dp_group)
+                dist.broadcast(buffer, self.topology.replica0(), group=self.topology.dp_group)
 
     def summary_metrics(self, memory_by_rank: list[dict[str, float]]) -> dict[str, float]:
         layout = self.rank.layout
@@ -244,10 +253,13 @@ class DistributedStages(Runtime):
                                 self.fill_share)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Replica 0's stages; the blocks split over a stage's ranks gathered whole (a collective they join)."""
         state: dict[str, torch.Tensor] = {}
         if self.topology.replica == 0:
             for local in self.model:
                 state.update(local.named_state())
+        if self.topology.place.tp_rank:
+            state = {}
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(state, gathered, dst=0)
         return {k: v for part in gathered or [] for k, v in part.items()}

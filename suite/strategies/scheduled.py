@@ -7,6 +7,7 @@ pytorch#136912), as here, only with torch 2.6, which they declare."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from functools import wraps
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
+from suite.runtime.memory import local_tensor
 from suite.runtime.precision import AutocastForward, Precision
 from suite.strategies.base import LossFn, RankContext
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages
@@ -84,7 +86,7 @@ class Scheduled(DistributedStages):
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         topo, timer = self.topology, self.rank.timer
-        with timer.phase("pipeline"):
+        with timer.phase("pipeline"), self.loss_context():
             args = (inputs,) if topo.is_first else ()
             kwargs = {"target": targets, "losses": losses} if topo.is_last else {}
             self.schedule.step(*args, **kwargs)
@@ -93,4 +95,13 @@ class Scheduled(DistributedStages):
             self.optimizer_step()
         if not losses:
             return torch.zeros((), device=inputs.device)
-        return torch.stack([loss.detach().float() for loss in losses]).mean()
+        return torch.stack([local_tensor(loss).detach().float() for loss in losses]).mean()
+
+    def loss_context(self) -> contextlib.AbstractContextManager:
+        """Stages split over tensor-parallel ranks leave the logits split by vocabulary: the loss and its backward
+        run under `loss_parallel`, on the split logits."""
+        if self.rank.layout.tp == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()

@@ -1,6 +1,8 @@
 """The spec of a flushed pipeline across ranks that a torch.distributed.pipelining schedule runs (`gpipe_dist`,
 `1f1b`): each names its schedule; suite.strategies.scheduled, imported in `setup` (it needs torch 2.6, which these
-declare), runs it."""
+declare), runs it. With `tp > 1` each stage is `tp` ranks that split its GPT-2 blocks as `megatron` does (Megatron-
+LM's 3D layout: data x pipeline x tensor parallelism, `workers / (pp x tp)` replicas), the embedding and the head by
+vocabulary, the logits left split for the loss (`megatron`'s vocab_parallel)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from typing import ClassVar
 
 from torch import nn
 
+from suite.errors import ConfigError
+from suite.layout import Layout
 from suite.strategies.base import LossFn, RankContext, Runtime, Supports
+from suite.strategies.megatron import check_tensor_split
 from suite.strategies.pipeline import DistributedPipeline
 from suite.vocabulary import Family
 
@@ -25,6 +30,24 @@ class ScheduledPipeline(DistributedPipeline):
     # whose backward runs on stashed weights, does not take it.
     supports: ClassVar[Supports] = replace(DistributedPipeline.supports, activation_checkpointing=True)
     needs_torch: ClassVar[str] = "2.6"
+    tp: int = 1  # tensor-parallel ranks per stage
+
+    def stages(self, cfg) -> int:
+        return self.pp or cfg.workers // max(self.tp, 1)
+
+    def check(self, cfg) -> None:
+        check_tensor_split(self.name, cfg, self.tp, cfg.workers)
+        if self.tp > 1 and self.stages(cfg) == 1:
+            raise ConfigError(f"strategy {self.name}: tp={self.tp} in one stage is tensor parallelism alone: use "
+                              "strategy=megatron")
+        if cfg.workers % (self.stages(cfg) * self.tp):
+            raise ConfigError(f"strategy {self.name}: workers={cfg.workers} do not form pipelines of "
+                              f"{self.stages(cfg)} stages x tp={self.tp}")
+        super().check(cfg)
+
+    def layout(self, cfg) -> Layout:
+        layout = super().layout(cfg)
+        return replace(layout, dp=layout.dp // self.tp, tp=self.tp)
 
     def build_schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
         """The schedule of this rank's stages (its one stage, or its `virtual_stages` chunks)."""
