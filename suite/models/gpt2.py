@@ -35,6 +35,12 @@ def attention_kernel(kernel: str) -> AbstractContextManager:
     return nullcontext() if kernel == "auto" else _only(kernel)
 
 
+def flash_runs(half: bool, capability: float | None) -> bool:
+    """Whether torch's FlashAttention-2 kernel runs on a GPU of compute `capability` (None: not known, assumed able):
+    in bf16 or fp16, on Ampere (8.0) and later."""
+    return half and (capability is None or capability >= 8.0)
+
+
 @dataclass(frozen=True)
 class GPT2Dims:
     n_layer: int

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from suite.models.gpt2 import flash_runs
 from suite.profiling.counted import Kernel
 from suite.vocabulary import AttentionKernel
 
@@ -39,7 +40,7 @@ FLASH2_H100 = {(64, False): (215, 254, 274, 288, 294, 296), (128, False): (248, 
 # The figures' GPUs' dense fp16 peaks (conf/cluster/gpu/a100_sxm4_40gb.yaml, h100_sxm5_80gb.yaml)
 A100_PEAK = 312.0
 H100_PEAK = 989.4
-AMPERE, HOPPER = 8.0, 9.0
+HOPPER = 9.0
 
 
 def _share(curves: dict, peak: float, kernel: Kernel) -> float:
@@ -87,6 +88,5 @@ def attention_kernel(attention: str, capability: float, half: bool) -> Attention
     if attention == AttentionKernel.math:
         return None
     if attention == AttentionKernel.auto:
-        runs_flash = half and capability >= AMPERE
-        attention = AttentionKernel.flash if runs_flash else AttentionKernel.efficient
+        attention = AttentionKernel.flash if flash_runs(half, capability) else AttentionKernel.efficient
     return AttentionKernelCost(str(attention), capability)

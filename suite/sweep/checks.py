@@ -14,6 +14,7 @@ from suite.data import check_dataset, train_samples
 from suite.errors import BadValue, ConfigError
 from suite.layout import Layout
 from suite.models import check_network
+from suite.models.gpt2 import flash_runs
 from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
@@ -163,9 +164,8 @@ def _check_attention(cfg: DictConfig, uses_cuda: bool) -> None:
         return
     here = first_gpu() if cfg.cluster.scheduler == "local" else None
     capability = here.capability[0] + here.capability[1] / 10 if here else cfg.cluster.hardware.compute_capability
-    lacking = ("precision=fp32" if cfg.precision == "fp32" else
-               f"compute capability {capability}" if capability is not None and capability < 8 else None)
-    if lacking:
+    if not flash_runs(cfg.precision != "fp32", capability):
+        lacking = "precision=fp32" if cfg.precision == "fp32" else f"compute capability {capability}"
         raise ConfigError("network.attention=flash needs bf16 or fp16 on a GPU of compute capability 8.0+ (torch's "
                           f"FlashAttention-2), not {lacking}; use auto, efficient or math")
 
