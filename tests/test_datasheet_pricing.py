@@ -257,6 +257,18 @@ def test_a_3d_layouts_stages_split_their_layers_and_wait_for_their_collectives(r
     assert split.step.sent > whole.step.sent
 
 
+def test_fsdp_over_tensor_parallel_groups_shards_one_ranks_share_and_waits_for_its_collectives(results):
+    """FSDP2 x TP on 8 GPUs (4 replicas of 2 tensor-parallel ranks) against FSDP on 4, each replica on the same
+    batch: half the parameters and optimizer states a rank keeps (its tp share, sharded alike), less compute but
+    more than half (the split layers' all-reduces on the critical path)."""
+    common = ("strategy=fsdp", "precision=bf16", "optimizer.name=adam", "batch_size=8")
+    whole, split = predict(point("workers=4", *common)), predict(point("workers=8", "strategy.tp=2", *common))
+    assert (split.point.layout.dp, split.point.layout.tp, split.point.layout.shard) == (4, 2, 4)
+    assert split.memory.params == pytest.approx(whole.memory.params / 2, rel=0.01)
+    assert split.memory.optimizer == pytest.approx(whole.memory.optimizer / 2, rel=0.01)
+    assert whole.step.compute / 2 < split.step.compute < whole.step.compute
+
+
 def test_nvlink_pairs_reach_each_other_over_nvlink_and_the_rest_over_pcie():
     lassen = links("lassen", 1, 4)
     assert lassen.collective("all_gather", 2**28, 2) < lassen.collective("all_gather", 2**28, 4) / 3

@@ -156,6 +156,18 @@ def test_dp_x_pp_x_tp_equivalence(store, workers, knobs):
     assert pp_tp.summary()["mem_params_mb"] < 0.5 * reference.summary()["mem_params_mb"]
 
 
+@pytest.mark.parametrize("workers", [2, 4])
+def test_fsdp_x_tp_equivalence(store, workers):
+    """FSDP2 x TP (torchtitan's 2D layout): GPT-2 split over 2 tensor-parallel ranks as megatron splits it (embedding
+    and head by vocabulary, the loss on the split logits), each unit then sharded over the 1 or 2 replicas."""
+    dp = workers // 2
+    candidate = ["strategy=fsdp", "strategy.tp=2", f"workers={workers}", f"batch_size={GLOBAL_BATCH // dp}"]
+    reference, fsdp_tp = train_pipeline_pair(store, WORKLOADS["gpt2"], candidate)  # one replica's batch per tp group
+    assert_same_training(reference, fsdp_tp)
+    # split in two by tensor parallelism, then sharded over the replicas
+    assert fsdp_tp.summary()["mem_params_mb"] == pytest.approx(reference.summary()["mem_params_mb"] / workers, rel=0.1)
+
+
 # Study N's ZeRO optimizer. GPT-2's key bias has a gradient that is zero in exact arithmetic (softmax ignores
 # it), which Adam with the default eps=1e-8 turns into steps of +-lr from float noise that differs with the
 # reduction order; a larger eps keeps that noise from being amplified.

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from suite.predict.costs import checkpointed
-from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers
+from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers, tensor_split
 from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
@@ -87,6 +87,8 @@ def replicated(w: Workload, base: float) -> Memory:
 def sharded(w: Workload, base: float) -> Memory:
     """ZeRO and FSDP: what each stage shards; gathered units (FSDP's in half precision in a bf16 or fp16 point, its
     `param_dtype`); ZeRO-1/2's gradient buckets of `reduce_bucket_size` elements (two with `overlap_comm`)."""
+    if w.layout.tp > 1:  # FSDP x TP: one tensor-parallel rank's share of the network, sharded over the replicas
+        w = tensor_split(w)
     p, shard = w.profile, w.layout.shard
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     zero = isinstance(w.strategy, Zero)

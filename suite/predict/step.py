@@ -172,7 +172,39 @@ def _buffer_broadcast(w: Workload) -> float:
     return w.links.collective("broadcast", w.profile.buffer_bytes, w.layout.dp)
 
 
+def tensor_split(w: Workload) -> Workload:
+    """The workload of one of the `tp` ranks that split every layer of the network (FSDP x TP: the blocks as megatron
+    splits them, the embedding and head by vocabulary): 1/tp of each layer's time, FLOPs, parameters and kept
+    activations, and of the optimizer's step and states; each layer's output, which the group holds whole, as it
+    is. The split layers' collectives are not in it (`split_block_collectives`, `vocab_collectives`)."""
+    tp = w.layout.tp
+    layers = tuple(replace(layer, forward_s=layer.forward_s / tp, backward_s=layer.backward_s / tp,
+                           forward_flops=layer.forward_flops // tp, backward_flops=layer.backward_flops // tp,
+                           saved_bytes=layer.saved_bytes // tp, param_bytes=layer.param_bytes // tp,
+                           tied_bytes=layer.tied_bytes // tp) for layer in w.layers)
+    p = w.profile
+    profile = replace(p, layers=layers, optimizer_s=p.optimizer_s / tp,
+                      optimizer_state_bytes=p.optimizer_state_bytes // tp, train_bytes=p.train_bytes // tp)
+    return replace(w, profile=profile)
+
+
 def sharded(w: Workload, variant: str) -> StepTime:
+    """FSDP over tensor-parallel groups (`tp > 1`) is one tp rank's share of the network (`tensor_split`) sharded
+    over the replicas, with the split layers' collectives in every micro-batch on the critical path; the rest is
+    `_sharded`."""
+    if w.layout.tp == 1:
+        return _sharded(w, variant)
+    split = _sharded(tensor_split(w), variant)
+    blocks = [layer for layer in w.layers if layer.block]
+    recomputed = sum(checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing)))
+    collectives = (split_block_collectives(w, len(blocks), recomputed, blocks[0].output_bytes)
+                   + vocab_collectives(w, blocks[0].output_bytes, embedding=True, head=True))
+    micro = w.layout.micro_batches
+    return replace(split, compute=split.compute + micro * sum(w.links.collective(*c) for c in collectives),
+                   sent=split.sent + micro * sum(sent_bytes(*c) for c in collectives))
+
+
+def _sharded(w: Workload, variant: str) -> StepTime:
     """zero 1/2: gradients reduced in buckets of `reduce_bucket_size` elements as backward fills them (reduce-
     scattered with `reduce_scatter`, else all-reduced), behind backward with `overlap_comm`, else after it; updated
     parameters all-gathered after the step, the optimizer steps 1/shard of them. zero 3 and fsdp: each unit's
@@ -194,7 +226,7 @@ def sharded(w: Workload, variant: str) -> StepTime:
     if isinstance(w.strategy, Zero) and w.strategy.zero_stage < 3:
         comm, sent = _zero_reduction(w, bwd)
         reductions = micro if w.strategy.zero_stage == 2 else 1
-        comm = reductions * comm + w.links.collective("all_gather", params, shard)
+        comm = reductions * comm + w.links.collective("all_gather", params, shard, w.layout.tp)
         sent = reductions * sent + sent_bytes("all_gather", params, shard)
         return StepTime(compute=micro * (fwd + bwd), comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
     regather = regathers(w)
@@ -205,22 +237,22 @@ def sharded(w: Workload, variant: str) -> StepTime:
     gathers = [0.0 if kept else layer.param_bytes * gathered_share for layer, kept in zip(layers, persistent)]
     root = sum(n for layer, n in zip(layers, gathers) if not layer.block)
     units = [n if layer.block else 0.0 for layer, n in zip(layers, gathers)]
-    gathered = [w.links.collective("all_gather", n, shard) for n in units]
-    gathered[0] += w.links.collective("all_gather", root, shard)
+    gathered = [w.links.collective("all_gather", n, shard, w.layout.tp) for n in units]
+    gathered[0] += w.links.collective("all_gather", root, shard, w.layout.tp)
     fwd_end = prefetched_compute([layer.forward_s for layer in layers], gathered)[-1]
     back = list(reversed(layers))
     wrapped = list(reversed(checkpointed(list(layers), interval)))
     back_compute = [layer.backward_s + (layer.forward_s if again else 0.0) for layer, again in zip(back, wrapped)]
     regathered = list(reversed(units)) if regather else [0.0] * len(units)
     regathered[-1] += root if regather and not fsdp else 0.0
-    regathered_s = [w.links.collective("all_gather", n, shard) for n in regathered]
+    regathered_s = [w.links.collective("all_gather", n, shard, w.layout.tp) for n in regathered]
     ends = prefetched_compute(back_compute, regathered_s)
     scattered = [layer.param_bytes if layer.block else 0 for layer in back]
     scattered[-1] += sum(layer.param_bytes for layer in layers if not layer.block)  # the root's, with the first unit
-    scattered_s = [w.links.collective("reduce_scatter", n, shard) for n in scattered]
+    scattered_s = [w.links.collective("reduce_scatter", n, shard, w.layout.tp) for n in scattered]
     tail = max(trailing_comm(ends, scattered_s) - ends[-1], 0)
     kept_whole = sum(layer.param_bytes for layer, kept in zip(layers, persistent) if kept)
-    after_step = w.links.collective("all_gather", kept_whole, shard)
+    after_step = w.links.collective("all_gather", kept_whole, shard, w.layout.tp)
     sent = sum(sent_bytes("all_gather", n, shard) for n in (*units, root, *regathered))
     sent += sum(sent_bytes("reduce_scatter", n, shard) for n in scattered)
     if w.comm_hides:

@@ -410,14 +410,17 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     schedule = layout.schedule or ("interleaved_1f1b" if word == "interleaved_1f1b" else None)
     if word == "hybrid":
-        if layout.zero_stage or "fsdp" in framework:
+        if layout.zero_stage or ("fsdp" in framework and (pp or 1) > 1):
             sharded = f"ZeRO-{layout.zero_stage}" if layout.zero_stage else "FSDP"
             draft.cannot(LAYOUT_3D, f"{sharded} with model parallelism (tp={tp}, pp={pp}; the 3D-layouts issue)")
             return None
-        if None in (dp, tp, pp):
+        if "fsdp" in framework:  # FSDP over tensor-parallel groups (torchtitan's 2D)
+            word = "fsdp"
+        elif None in (dp, tp, pp):
             draft.cannot(NOT_STATED, "layout.dp, tp and pp of a hybrid layout")
             return None
-        word = (schedule or "1f1b") if pp > 1 else "megatron_tp" if tp > 1 else "ddp"
+        else:
+            word = (schedule or "1f1b") if pp > 1 else "megatron_tp" if tp > 1 else "ddp"
         if pp > 1 and schedule is None:
             draft.assume("pipeline schedule not stated: Megatron-LM's default 1F1B")
     dp = dp if dp is not None else total // ((tp or 1) * (pp or 1))
@@ -425,7 +428,8 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
     if dp * tp * pp != total:
         draft.cannot(INCONSISTENT, f"dp={dp} x tp={tp} x pp={pp} is not total_gpus={total}")
         return None
-    parallel = {"tp": tp, "pp": pp} if word in DATA_PARALLEL else {"pp": pp} if word == "megatron_tp" else {}
+    parallel = ({"pp": pp} if word in ("fsdp", "megatron_tp") else {"tp": tp, "pp": pp} if word in DATA_PARALLEL
+                else {})
     beyond = [f"{k}={v}" for k, v in parallel.items() if v > 1]
     if beyond:
         draft.cannot(LAYOUT_3D, f"{word} with {' '.join(beyond)} (the 3D-layouts issue)")
@@ -439,6 +443,8 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
             if layout.zero_stage not in (None, stage):
                 draft.cannot(INCONSISTENT, f"layout.strategy={word} but zero_stage={layout.zero_stage}")
             draft.set(f"strategy.zero_stage={stage}")
+        if strategy == "fsdp" and tp > 1:
+            draft.set(f"strategy.tp={tp}")
         if strategy == "fsdp":
             sharding = record.measured.also.get("fsdp_sharding_strategy")
             if sharding == "SHARD_GRAD_OP":
@@ -463,10 +469,6 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
         if tp > 1:  # 1F1B's and GPipe's stages across ranks split their blocks (Megatron-LM's 3D layout)
             if strategy not in ("1f1b", "gpipe_dist"):
                 draft.cannot(LAYOUT_3D, f"{strategy} with tp={tp}: its stages are not split (the 3D-layouts issue)")
-            if not language:
-                draft.cannot(NETWORK, "Megatron tensor parallelism of a CNN's pipeline stages")
-            if layout.sequence_parallel:
-                draft.cannot(LAYOUT_3D, "sequence parallelism inside pipeline stages (the 3D-layouts issue)")
             draft.set(f"strategy.tp={tp}")
         if dp > 1 or tp > 1:
             draft.set(f"strategy.pp={pp}")
@@ -501,7 +503,7 @@ def map_record(record: Record) -> Mapped:
     _recompute(record, strategy or "", draft)
     _optimizer(record, language, draft)
     if record.layout.sequence_parallel and strategy not in (None, "megatron"):
-        draft.cannot(LAYOUT_3D, "sequence parallelism without tensor parallelism")
+        draft.cannot(LAYOUT_3D, f"sequence parallelism in {strategy} (megatron's only)")
     return Mapped(record, tuple(draft.overrides), tuple(draft.assumptions), tuple(draft.reasons))
 
 

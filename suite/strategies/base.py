@@ -160,6 +160,18 @@ class Runtime:
         except in pipelines, where the last stage does."""
         return True
 
+    # Whether the network's logits stay split by vocabulary over the tensor-parallel ranks (its head split so)
+    split_logits: bool = False
+
+    def loss_context(self) -> contextlib.AbstractContextManager:
+        """Where the loss and its backward run: with the logits split by vocabulary, under `loss_parallel`, where
+        cross-entropy reads the split logits (they are never gathered)."""
+        if not self.split_logits:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
     @property
     def takes_inputs(self) -> bool:
         """Whether this rank's training step takes the batch's inputs from the loader (a pipeline's first stage): a
@@ -261,12 +273,12 @@ class DataParallel(Runtime):
         micro = self.rank.layout.micro_batches
         losses = []
         for i, (x, y) in enumerate(zip(inputs.chunk(micro), targets.chunk(micro))):
-            with self.gradient_sync(i == micro - 1):
+            with self.gradient_sync(i == micro - 1), self.loss_context():
                 with timer.phase("forward"), precision.autocast():
                     loss = self.rank.loss_fn(self.model(x), y)
                 with timer.phase("backward"):
                     self.backward(loss / micro if micro > 1 else loss)
-            losses.append(loss.detach())
+            losses.append(local_tensor(loss).detach())
         self.note_gradients()
         with timer.phase("optimizer"):
             self.step()

@@ -1,4 +1,6 @@
-"""Fully sharded data parallelism with torch FSDP2 (`fully_shard`), one unit per layer plus the root.
+"""Fully sharded data parallelism with torch FSDP2 (`fully_shard`), one unit per layer plus the root; with
+`tp > 1` over tensor-parallel groups (FSDP2 x TP, torchtitan's 2D layout: GPT-2 split as megatron splits it, the
+embedding and head by vocabulary, then each unit sharded over the `workers / tp` replicas).
 
 Each layer of the network (a GPT-2 block, a ResNet block, a VGG convolution; `suite.models.layers`)
 is its own unit, gathered just before it runs; the root unit holds what is left (GPT-2's embeddings,
@@ -26,11 +28,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from suite.errors import ConfigError
 from suite.layout import Layout
 from suite.models.layers import block_layers
 from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import fsdp_param_groups
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.strategies.megatron import apply_tensor_parallel, check_tensor_split, whole_logits
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
 
@@ -47,24 +51,37 @@ class FSDP(Strategy):
     # FSDP2's torch.distributed.fsdp.fully_shard is public from torch 2.6 (2.4 had it private, in _composable).
     needs_torch: ClassVar[str] = "2.6"
     reshard_after_forward: bool = True
+    tp: int = 1  # tensor-parallel ranks splitting GPT-2 as megatron does, sharded over the workers / tp replicas
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
         return [[f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
 
+    def check(self, cfg) -> None:
+        check_tensor_split(self.name, cfg, self.tp, cfg.workers)
+        if self.tp > 1 and cfg.precision == "fp16":
+            raise ConfigError(f"strategy fsdp: tp={self.tp} has no fp16 loss scaling over its 2D-sharded gradients; "
+                              "use precision=bf16 (or fp32)")
+
     def layout(self, cfg) -> Layout:
-        return replace(super().layout(cfg), shard=cfg.workers)
+        """`workers / tp` replicas, each a tensor-parallel group training on its `batch_size` samples, over which
+        the parameters are sharded."""
+        replicas = cfg.workers // self.tp
+        return replace(super().layout(cfg), dp=replicas, tp=self.tp, shard=replicas)
 
     def setup(self, model: nn.Module, rank: RankContext) -> DataParallel:
         from torch.distributed.fsdp import fully_shard  # here: the module imports on torch before 2.6
 
         model = model.to(rank.env.device)
-        mesh = rank.layout.mesh(rank.env.device.type)["dp"]
+        mesh = rank.layout.mesh(rank.env.device.type)
+        if self.tp > 1:  # torchtitan's order: tensor parallelism first, then FSDP over the data-parallel mesh
+            apply_tensor_parallel(model, mesh["tp"], vocab_parallel=True, sequence_parallel=False)
         policy = mixed_precision_policy(rank.cfg.precision)
         for layer in block_layers(model):
-            fully_shard(layer.module, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
-        model = fully_shard(model, mesh=mesh, mp_policy=policy)  # the root: not resharded (torch's default)
-        return FSDPRuntime(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), sync_buffers=True)
+            fully_shard(layer.module, mesh=mesh["dp"], reshard_after_forward=self.reshard_after_forward,
+                        mp_policy=policy)
+        model = fully_shard(model, mesh=mesh["dp"], mp_policy=policy)  # the root: not resharded (torch's default)
+        return FSDPRuntime(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), mesh["tp"].get_group())
 
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -85,13 +102,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 class FSDPRuntime(DataParallel):
+    def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer, tp_group) -> None:
+        super().__init__(rank, model, optimizer, sync_buffers=True)
+        self.tp_group = tp_group
+        self.split_logits = rank.layout.tp > 1  # the head split by vocabulary
+
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Evaluation's forward, after which every unit is resharded: FSDP2 reshards the units it keeps gathered
         after forward (the root; every block with reshard_after_forward false) after their backward, and evaluation
         runs none, which would leave them gathered, held whole beside their shards, until the next step's backward."""
         from torch.distributed.fsdp import FSDPModule
 
-        output = self.model(inputs)
+        output = whole_logits(self.model(inputs), self.tp_group, self.rank.layout.tp)
         for module in self.model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()

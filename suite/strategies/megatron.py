@@ -20,7 +20,6 @@ Megatron-intra is dp=1, Megatron-data is tp=1.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -225,7 +224,7 @@ class TensorParallel(DataParallel):
                  vocab_parallel: bool, overlapped: OverlappedReduction | None = None) -> None:
         super().__init__(rank, model, optimizer)
         self.dp_group, self.tp_group = dp_group, tp_group
-        self.vocab_parallel, self.overlapped = vocab_parallel, overlapped
+        self.split_logits, self.overlapped = vocab_parallel, overlapped
         self.loads_batch = rank.layout.place(rank.env.rank).tp_rank == 0
 
     @property
@@ -236,19 +235,11 @@ class TensorParallel(DataParallel):
     def takes_targets(self) -> bool:
         return self.loads_batch
 
-    def loss_context(self) -> contextlib.AbstractContextManager:
-        """Where the loss and its backward run: with the logits split by vocabulary, under `loss_parallel`, where
-        cross-entropy reads the split logits (they are never gathered)."""
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
-
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.rank.layout.tp > 1:
             with self.rank.timer.phase("data"):
                 inputs, targets = broadcast_batch(inputs, targets, self.tp_group)
-        with self.loss_context():
-            return local_tensor(super().train_step(inputs, targets))  # the loss, a DTensor when split
+        return super().train_step(inputs, targets)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Evaluation: the whole logits (`whole_logits`)."""
@@ -279,7 +270,7 @@ class TensorParallel(DataParallel):
                          "all-reduced as they are ready")
         else:
             reduction = f"after backward: one flat all-reduce of the {grads} gradients"
-        if self.vocab_parallel:
+        if self.split_logits:
             vocabulary = "split: logits stay split by vocabulary, loss_parallel cross-entropy"
         elif layout.tp == 1:
             vocabulary = "whole (tp=1)"

@@ -201,6 +201,7 @@ class DistributedStages(Runtime):
             split_stage([layer.module for s in self.stage_ids for layer in groups[s]], self.topology.mesh["tp"])
         tied_ids = {id(layers[i].module.get_parameter(name)) for places in ties for i, name in places}
         self.tied = [p for p in local.parameters() if id(p) in tied_ids]
+        self.split_logits = layout.tp > 1  # the last stage's head is split by vocabulary
         params = param_groups(local) if layout.tp > 1 else local.parameters()
         super().__init__(rank, local, build_optimizer(params, rank.cfg.optimizer))
 

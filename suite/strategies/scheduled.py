@@ -7,7 +7,6 @@ pytorch#136912), as here, only with torch 2.6, which they declare."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from functools import wraps
@@ -96,12 +95,3 @@ class Scheduled(DistributedStages):
         if not losses:
             return torch.zeros((), device=inputs.device)
         return torch.stack([local_tensor(loss).detach().float() for loss in losses]).mean()
-
-    def loss_context(self) -> contextlib.AbstractContextManager:
-        """Stages split over tensor-parallel ranks leave the logits split by vocabulary: the loss and its backward
-        run under `loss_parallel`, on the split logits."""
-        if self.rank.layout.tp == 1:
-            return contextlib.nullcontext()
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel()
