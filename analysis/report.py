@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 import analysis.breakdown  # noqa: F401  (registers the breakdown view)
 import analysis.claims  # noqa: F401  (registers the claims view)
 import analysis.device  # noqa: F401  (registers the device view)
+import analysis.equivalence  # noqa: F401  (registers the same-losses view)
 import analysis.model_score  # noqa: F401  (registers the performance model's view)
 import analysis.study_j  # noqa: F401  (registers Study J's views)
 import analysis.study_n  # noqa: F401  (registers Study N's views)

@@ -55,6 +55,8 @@ TESTED: dict[str, tuple[str, ...]] = {
     r"make mlflow-server HOST=0\.0\.0\.0": (
         "tests/test_tracking_server.py::test_make_mlflow_server_refuses_requests_without_its_credentials",
         "tests/test_tracking_server.py::test_the_server_answers_its_own_host_names_beyond_loopback_not_every_host"),
+    r"make sweep SWEEP=layouts_3d": (
+        "tests/test_layouts_3d.py::test_every_layout_of_the_sweep_trains_to_singles_losses",),
     r"make report SWEEP=": (
         "tests/test_predict_commands.py::test_bench_model_prints_its_scores",
         "tests/test_store_faults.py::test_make_report_of_an_unknown_sweep_names_the_known_ones_and_creates_nothing"),
