@@ -36,12 +36,24 @@ class Layout:
     micro_batches: int = 1  # a replica's mini-batch is cut into these (pipelines; gradient accumulation elsewhere)
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     stages_in_one_process: bool = False  # torchgpipe: one process drives the `pp` stage devices
+    v_shape: bool = False  # two chunks a rank in a V (ZBV, DualPipeV: rank r holds chunks r and 2 pp - 1 - r)
 
     def __post_init__(self) -> None:
         if min(self.dp, self.pp, self.tp, self.shard, self.micro_batches, self.virtual_stages, self.mini_batch) < 1:
             raise ValueError(f"every degree of a layout is positive: {self}")
         if self.mini_batch % self.micro_batches:
             raise ValueError(f"mini-batch {self.mini_batch} does not split into {self.micro_batches} micro-batches")
+
+    def chunk_stage(self, chunk: int) -> int:
+        """The pipeline stage (rank of a replica's pipeline) that holds model chunk `chunk`: chunk s on stage
+        s % pp (a loop, as interleaved 1F1B places them), or in a V."""
+        if self.v_shape and chunk >= self.pp:
+            return 2 * self.pp - 1 - chunk
+        return chunk % self.pp
+
+    def stage_chunks(self, stage: int) -> list[int]:
+        """The model chunks pipeline stage `stage` holds, in the order the network runs them."""
+        return [c for c in range(self.pp * self.virtual_stages) if self.chunk_stage(c) == stage]
 
     @property
     def rank_stages(self) -> int:

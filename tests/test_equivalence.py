@@ -125,6 +125,16 @@ def test_1f1b_zero_bubble_equivalence(store, virtual_stages):
     assert ideal == pytest.approx((1 / 3) / (4 + 1 / 3))  # p 2, m 4
 
 
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_1f1b_v_shaped_equivalence(store, schedule):
+    """torch's ScheduleZBVZeroBubble and ScheduleDualPipeV: two chunks a rank in a V (rank 0 holds GPT-2's first and
+    last chunks, the tied embedding and head on one rank); the order changes, not the math."""
+    candidate = [*pipeline_point("1f1b"), f"strategy.schedule={schedule}", "strategy.virtual_stages=2"]
+    reference, v_shaped = train_pipeline_pair(store, WORKLOADS["gpt2"], candidate)
+    assert_same_training(reference, v_shaped)
+    assert v_shaped.summary()["strategy_metrics"]["bubble_fraction_ideal"] == pytest.approx((1 / 3) / (4 + 1 / 3))
+
+
 def test_1f1b_checkpointed_equivalence(store):
     """Each stage's blocks run their forward again in backward (Megatron-LM's 1F1B with full recomputation)."""
     candidate = [*pipeline_point("1f1b"), "activation_checkpointing=every"]

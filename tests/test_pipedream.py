@@ -228,7 +228,7 @@ class ScalarReads(TorchDispatchMode):
 def single_stage_reads(record_versions: bool) -> int:
     """Scalar reads during steps of a one-stage PipeDream (no peers: no process group needed)."""
     module = StageModule(make_layers())
-    topology = Topology(pp=1, dp=1, rank=0, pipe_group=None, dp_group=None)
+    topology = Topology(Layout(dp=1, mini_batch=1), rank=0, mesh=None, pipe_group=None, dp_group=None)
     stage = PipeDreamStage(module, 0, topology, optimizer_for(module), lambda: None, torch.device("cpu"),
                            record_versions=record_versions)
     timer, precision = PhaseTimer(torch.device("cpu")), Precision("fp32", "cpu")

@@ -86,6 +86,15 @@ MALFORMED = {
                        "strategy gpipe_dist: tp=2 splits GPT-2's attention and MLP"),
     "3D tp in one stage": (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=2", "strategy.pp=1",
                             "strategy.tp=2"], "tp=2 in one stage is tensor parallelism alone: use strategy=megatron"),
+    "a V schedule without two chunks a rank": (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=2",
+                                                 "strategy.schedule=zbv"],
+                                                "schedule=zbv runs two chunks a rank, in a V: set "
+                                                "strategy.virtual_stages=2 (not 1)"),
+    "dualpipev with fewer micro-batches than chunks": (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b",
+                                                        "workers=2", "strategy.schedule=dualpipev",
+                                                        "strategy.virtual_stages=2", "strategy.micro_batches=2"],
+                                                       "schedule=dualpipev needs at least as many micro-batches as "
+                                                       "chunks, 4; micro_batches=2"),
     "memory-efficient attention on CPU": (["dataset=tokens", "network=gpt2_tiny", "network.attention=efficient"],
                                           "network.attention=efficient needs a GPU"),
     "flash attention on V100s": (["dataset=tokens", "network=gpt2_tiny", "cluster=lassen", "cluster.job.account=x",

@@ -76,7 +76,8 @@ class Topology:
 
     @property
     def is_last(self) -> bool:
-        return self.stage_rank == self.pp - 1
+        """Whether this rank holds the network's last chunk (the last stage; in a V, the first)."""
+        return self.layout.chunk_stage(self.pp * self.layout.virtual_stages - 1) == self.stage_rank
 
     def peer(self, stage_rank: int) -> int:
         """Global rank of a stage rank of this replica, at this rank's tensor-parallel index."""

@@ -148,7 +148,7 @@ def pipeline(w: Workload, base: float) -> Memory:
     all_chunks = chunks(w)
     per_device = []
     for d in range(p):
-        mine = all_chunks[d::p]
+        mine = [all_chunks[c] for c in w.layout.stage_chunks(d)]
         held = sum(c.params for c in mine)
         buffers = sum(w.profile.buffer_bytes * sum(x.param_bytes for x in c.layers) / max(w.profile.param_bytes, 1)
                       for c in mine)

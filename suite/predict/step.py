@@ -42,7 +42,7 @@ from suite.strategies.fsdp import FSDP, HALF
 from suite.strategies.gpipe import GPipe
 from suite.strategies.horovod import Horovod
 from suite.strategies.megatron import megatron_bucket_size
-from suite.strategies.one_f_one_b import OneFOneB
+from suite.strategies.one_f_one_b import ZERO_BUBBLE, OneFOneB
 from suite.strategies.zero import Zero
 from suite.vocabulary import Family
 
@@ -440,7 +440,7 @@ def devices(w: Workload, recompute: float = 0.0) -> list[Device]:
     p, all_chunks = w.layout.pp, chunks(w)
     out = []
     for d in range(p):
-        mine = all_chunks[d::p]
+        mine = [all_chunks[c] for c in w.layout.stage_chunks(d)]
         work = [_chunk_work(w, c, recompute) for c in mine]
         out.append(Device(DeviceWork(*(sum(getattr(x, f) for x in work)
                                        for f in ("compute", "sends", "sent", "weight_grads"))),
@@ -479,7 +479,7 @@ def flushed_pipeline(w: Workload, variant: str) -> StepTime:
     if w.layout.stages_in_one_process and not w.stages_overlap:
         work = m * (sum(d.work.compute for d in stages) + (w.worker_forward_slowdown - 1) * forward_s(w.layers))
         return StepTime(compute=work, comm=0.0, optimizer=w.profile.optimizer_s, data=w.data_s)
-    zero_bubble = isinstance(w.strategy, OneFOneB) and w.strategy.schedule == "zero_bubble"
+    zero_bubble = isinstance(w.strategy, OneFOneB) and w.strategy.schedule in ZERO_BUBBLE
     schedule = flushed_schedule([d.work for d in stages], m, w.layout.virtual_stages, zero_bubble)
     tied_ranks = 2 if w.layout.pp > 1 else 1
     sync, sent = max(_stage_sync(w, d, tied_ranks) for d in stages)

@@ -24,9 +24,10 @@ from suite.models import build_model
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline import p2p
 from suite.pipeline.microbatch import MicroBatching, micro_batching
-from suite.pipeline.partition import StageModule, check_balance, cut, stage_sizes
+from suite.pipeline.partition import StageModule, check_balance, cut, stage_sizes, untie
 from suite.pipeline.topology import Topology
 from suite.placement import will_use_cuda
+from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
 from suite.runtime.timing import PhaseTimer
 from suite.runtime.torch_api import DTensor
@@ -82,6 +83,11 @@ class Pipeline(Strategy):
         """Model chunks per device (interleaved schedules)."""
         return 1
 
+    @property
+    def v_shaped(self) -> bool:
+        """Whether a device's two chunks sit in a V (`Layout.v_shape`) rather than a loop."""
+        return False
+
     def batching(self, cfg) -> MicroBatching:
         return micro_batching(self.preset, self.micro_batches, self.micro_batch_size, cfg.batch_size,
                               self.stages(cfg), cfg.dataset.name)
@@ -96,7 +102,8 @@ class Pipeline(Strategy):
     def layout(self, cfg) -> Layout:
         stages, batching = self.stages(cfg), self.batching(cfg)
         return Layout(dp=cfg.workers // stages, pp=stages, mini_batch=batching.mini_batch,
-                      micro_batches=batching.micro_batches, virtual_stages=self.chunks_per_device())
+                      micro_batches=batching.micro_batches, virtual_stages=self.chunks_per_device(),
+                      v_shape=self.v_shaped)
 
     def stage_sizes(self, layers: list[Layer], rank: RankContext) -> list[int]:
         """Layers per stage, decided on rank 0 (so `by_time` gives every rank the same cut)."""
@@ -175,8 +182,8 @@ class DistributedPipeline(Pipeline):
 class DistributedStages(Runtime):
     """The stages of a pipeline across ranks that this rank holds, trained by a schedule of the subclass.
 
-    Stage s of replica d runs on the rank at (d, s % pp) of the layout. Tied weights on different stages
-    (GPT-2's embedding and LM head) sum their gradients when `sum_tied` holds; every stage averages its
+    Chunk s of replica d runs on the rank at (d, `layout.chunk_stage(s)`) of the layout. Tied weights on different
+    stages (GPT-2's embedding and LM head) sum their gradients when `sum_tied` holds; every stage averages its
     gradients over the replicas."""
 
     flushes = True  # the schedule drains the pipeline every step (see `pipeline_metrics`)
@@ -185,22 +192,24 @@ class DistributedStages(Runtime):
 
     def __init__(self, spec: Pipeline, model: nn.Module, rank: RankContext, sum_tied: bool) -> None:
         layout, env = rank.layout, rank.env
-        pp, total = layout.pp, layout.pp * layout.virtual_stages
+        total = layout.pp * layout.virtual_stages
         layers = flatten_layers(model)
         self.stage_layers = spec.stage_sizes(layers, rank)
         self.fill_share = spec.fill_share
         groups = cut(layers, self.stage_layers)
         layer_stage = [stage for stage, group in enumerate(groups) for _ in group]
         ties = tied_parameters(layers) if sum_tied else []
-        tie_ranks = {layer_stage[index] % pp for places in ties for index, _ in places}
+        untie(layers, ties)  # a copy in each place: two chunks of one rank (in a V) must not step one tensor twice
+        tie_ranks = {layout.chunk_stage(layer_stage[index]) for places in ties for index, _ in places}
         self.topology = Topology.build(layout, env.rank, tie_ranks, env.device.type, self.p2p_channels)
-        self.stage_ids = list(range(self.topology.stage_rank, total, pp))
+        self.stage_ids = layout.stage_chunks(self.topology.stage_rank)
         self.total_stages = total
         local = nn.ModuleList(StageModule(groups[s]) for s in self.stage_ids).to(env.device)
         if layout.tp > 1:  # before the tied weights are found: splitting replaces the parameters
             split_stage([layer.module for s in self.stage_ids for layer in groups[s]], self.topology.mesh["tp"])
-        tied_ids = {id(layers[i].module.get_parameter(name)) for places in ties for i, name in places}
-        self.tied = [p for p in local.parameters() if id(p) in tied_ids]
+        held = {id(p) for p in local.parameters()}
+        self.tied = [[p for i, name in places if id(p := layers[i].module.get_parameter(name)) in held]
+                     for places in ties]  # per tie, the copies this rank holds
         self.split_logits = layout.tp > 1  # the last stage's head is split by vocabulary
         params = param_groups(local) if layout.tp > 1 else local.parameters()
         super().__init__(rank, local, build_optimizer(params, rank.cfg.optimizer))
@@ -222,7 +231,15 @@ class DistributedStages(Runtime):
         for param in self.model.parameters():
             if isinstance(param.grad, DTensor) and param.grad.placements != param.placements:
                 param.grad = param.grad.redistribute(param.device_mesh, param.placements)
-        self.topology.sum_tied_grads(self.tied)
+        for copies in self.tied:  # the copies of one rank (a V's first and last chunks) sum theirs here
+            if len(copies) > 1:
+                for p in copies:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                total = torch.stack([local_tensor(p.grad) for p in copies]).sum(0)
+                for p in copies:
+                    local_tensor(p.grad).copy_(total)
+        self.topology.sum_tied_grads([p for copies in self.tied for p in copies[:1]])
         self.topology.average_grads([p for p in self.model.parameters() if p.requires_grad])
 
     def optimizer_step(self) -> None:
@@ -232,12 +249,13 @@ class DistributedStages(Runtime):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor | None:
         """Plain (unpipelined) forward through the stages in order, for evaluation."""
         topo, x = self.topology, inputs
+        layout, me = topo.layout, topo.stage_rank
         for local, stage in zip(self.model, self.stage_ids):
-            if stage > 0:
-                x = p2p.recv(topo.peer((stage - 1) % topo.pp), self.rank.env.device)
+            if stage > 0 and layout.chunk_stage(stage - 1) != me:
+                x = p2p.recv(topo.peer(layout.chunk_stage(stage - 1)), self.rank.env.device)
             x = local(x)
-            if stage < self.total_stages - 1:
-                p2p.wait_all(p2p.isend(x, topo.peer((stage + 1) % topo.pp)))
+            if stage < self.total_stages - 1 and layout.chunk_stage(stage + 1) != me:
+                p2p.wait_all(p2p.isend(x, topo.peer(layout.chunk_stage(stage + 1))))
         return whole_logits(x, topo.mesh["tp"].get_group(), topo.layout.tp) if topo.is_last else None
 
     def before_evaluate(self) -> None:
@@ -250,7 +268,7 @@ class DistributedStages(Runtime):
         layout = self.rank.layout
         peaks = {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if layout.place(r).stage == i)
                  for i in range(layout.pp)}
-        return pipeline_metrics(self.rank.timer, layout.micro_batches, self.flushes, lambda s: s % layout.pp, peaks,
+        return pipeline_metrics(self.rank.timer, layout.micro_batches, self.flushes, layout.chunk_stage, peaks,
                                 self.fill_share)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
