@@ -47,5 +47,6 @@ def same_losses(ctx: Context) -> Section:
                    f"same losses (rtol {RTOL:g})", "bubble measured", "bubble ideal"], rows,
                   ["Each point against the `single` run of its network on the same global batch, over every step. "
                    "Bubble measured: the busiest device's idle share of the step; ideal: the schedule's "
-                   "(p - 1) f / (m + (p - 1) f), f = 1 (GPipe, 1F1B) or 1/3 (zero bubble)."])
+                   "(p - 1) f / (m + (p - 1) f), f = 1 (GPipe, 1F1B) or 1/3 (zero bubble) over the chunks a device "
+                   "holds."])
     return table_section(table, ctx)

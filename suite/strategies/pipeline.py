@@ -124,8 +124,9 @@ def partition_settings(stage_layers: list[int]) -> dict[str, str]:
 def pipeline_metrics(timer: PhaseTimer, micro_batches: int, flushes: bool, stage_device: Callable[[int], int],
                      stage_peaks: dict[int, float], fill_share: float = 1.0) -> dict[str, float]:
     """Bubble and stage metrics from the stage timings of every rank (a collective every rank joins).
-    `flushes`: the schedule drains the pipeline every step (GPipe, 1F1B); PipeDream's does not. `fill_share`: the
-    schedule's (`Pipeline.fill_share`)."""
+    `flushes`: the schedule drains the pipeline every step (GPipe, 1F1B); PipeDream's does not. `fill_share`: what a
+    fill slot costs as a share of a device's work on one micro-batch (the schedule's `Pipeline.fill_share` over the
+    chunks a device holds: a slot is one chunk's)."""
     steps = max(timer.steps, 1)
     mine = {k: v / steps for k, v in timer.totals.items() if k.startswith("stage") or k == "pipeline"}
     gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
@@ -269,7 +270,7 @@ class DistributedStages(Runtime):
         peaks = {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if layout.place(r).stage == i)
                  for i in range(layout.pp)}
         return pipeline_metrics(self.rank.timer, layout.micro_batches, self.flushes, layout.chunk_stage, peaks,
-                                self.fill_share)
+                                self.fill_share / layout.virtual_stages)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Replica 0's stages; the blocks split over a stage's ranks gathered whole (a collective they join)."""
