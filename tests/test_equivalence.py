@@ -152,7 +152,8 @@ def test_dp_x_pp_equivalence(store, strategy):
 
 
 @pytest.mark.parametrize("workers,knobs", [(4, []), (8, []), (4, ["strategy.schedule=zero_bubble"]),
-                                           (4, ["strategy.virtual_stages=2"])])
+                                           (4, ["strategy.virtual_stages=2"]),
+                                           (4, ["strategy.virtual_stages=2", "strategy.schedule=zbv"])])
 def test_dp_x_pp_x_tp_equivalence(store, workers, knobs):
     """Megatron-LM's 3D layout: 2 stages of 2 tensor-parallel ranks each (every block split as megatron splits it,
     the tied embedding and head by vocabulary, the loss on the split logits), in 1 or 2 replicas (8 ranks: 2 x 2 x

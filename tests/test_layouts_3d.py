@@ -1,6 +1,6 @@
 """`make sweep SWEEP=layouts_3d`: data x tensor, FSDP2 x TP and data x pipeline x tensor layouts (under 1F1B,
-interleaved and zero-bubble schedules, with recomputation) each train to single's losses, which its report says
-per point, beside each pipeline's bubble measured and analytic."""
+interleaved, zero-bubble, ZB-V and DualPipeV schedules, with recomputation) each train to single's losses, which its
+report says per point, beside each pipeline's bubble measured and analytic."""
 
 import csv
 
@@ -16,10 +16,11 @@ def test_every_layout_of_the_sweep_trains_to_singles_losses(results):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(results / "reports" / "layouts_3d" / "same_losses.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 12  # every point but single
+    assert len(rows) == 14  # every point but single
     assert {row["same losses (rtol 0.0001)"] for row in rows} == {"same"}
     layouts = {row["layout"] for row in rows}
     assert {"dp 2 x pp 2 x tp 2", "dp 2 x pp 1 x tp 2", "dp 1 x pp 2 x tp 2"} <= layouts
     ideal = {row["strategy"]: row["bubble ideal"] for row in rows if row["workers"] == "4"}
     assert ideal["1f1b schedule=zero_bubble tp=2 virtual_stages=1 activation_checkpointing=none"] == "0.077"
+    assert ideal["1f1b schedule=zbv tp=2 virtual_stages=2 activation_checkpointing=none"] == "0.040"  # a chunk's third
     assert all(float(row["bubble measured"]) > 0 for row in rows if row["micro-batches"] != "-")
