@@ -169,8 +169,7 @@ def pipeline(w: Workload, base: float) -> Memory:
 def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:
     """A chunk's activations at its device's peak. torchgpipe's `checkpoint` keeps only the chunk's input for
     the micro-batches it recomputes (all, all but the last, none)."""
-    full = kept_for_backward(chunk.layers, chunk.checkpointed, chunk.input_bytes,
-                             [chunk.ways(layer) for layer in chunk.layers])
+    full = kept_for_backward(chunk.layers, chunk.checkpointed, chunk.input_bytes, [chunk.tp] * len(chunk.layers))
     in_flight = _in_flight(w, device)
     if not isinstance(w.strategy, GPipe):
         return full * in_flight

@@ -375,15 +375,13 @@ class Chunk:
     last: bool
     checkpointed: tuple[bool, ...]  # per layer: activation checkpointing wraps it (counted over the whole network)
     tp: int = 1  # ranks that split its layers (a 3D layout's tensor parallelism: blocks, embedding, head)
-
-    def ways(self, layer: LayerProfile) -> int:
-        return self.tp
+    sends: tuple[bool, bool] = (True, True)  # whether its output goes to another device; its input comes from one
 
     @property
     def params(self) -> float:
         """Parameter bytes one of the chunk's ranks holds: a tied weight on another stage is a copy of its own."""
-        held = sum(layer.param_bytes / self.ways(layer) for layer in self.layers)
-        return held + (sum(layer.tied_bytes / self.ways(layer) for layer in self.layers) if not self.first else 0)
+        held = sum(layer.param_bytes for layer in self.layers)
+        return (held + (sum(layer.tied_bytes for layer in self.layers) if not self.first else 0)) / self.tp
 
 
 def chunks(w: Workload) -> list[Chunk]:
@@ -392,21 +390,22 @@ def chunks(w: Workload) -> list[Chunk]:
     last = len(sizes) - 1
     inputs = [w.profile.input_bytes, *(layer.output_bytes for layer in w.layers)]
     wrapped = checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing))
-    return [Chunk(tuple(w.layers[a:b]), inputs[a], i == 0, i == last, tuple(wrapped[a:b]), w.layout.tp)
+    device = w.layout.chunk_stage
+    return [Chunk(tuple(w.layers[a:b]), inputs[a], i == 0, i == last, tuple(wrapped[a:b]), w.layout.tp,
+                  (i < last and device(i + 1) != device(i), i > 0 and device(i - 1) != device(i)))
             for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
-    """A chunk's compute per micro-batch and its sends: its output forward, its input's gradient backward (by each
-    of its stage's tensor-parallel ranks at once, whole). `recompute`: the share of micro-batches whose whole forward
-    torchgpipe runs again; checkpointed blocks run theirs again in every micro-batch's backward. Layers split over
-    tp ranks (blocks as megatron splits them, the embedding and head by vocabulary) compute 1/tp of their work and
-    wait for their collectives."""
-    sizes = ([] if chunk.last else [chunk.layers[-1].output_bytes]) + ([] if chunk.first else [chunk.input_bytes])
-    ways = [chunk.ways(layer) for layer in chunk.layers]
-    again = sum(layer.forward_s / n for layer, wrapped, n in zip(chunk.layers, chunk.checkpointed, ways) if wrapped)
-    compute = again + sum((layer.forward_s * (1 + recompute) + layer.backward_s) / n
-                          for layer, n in zip(chunk.layers, ways))
+    """A chunk's compute per micro-batch and its sends to other devices (not to a chunk of its own device, as in a
+    V): its output forward, its input's gradient backward (by each of its stage's tensor-parallel ranks at once,
+    whole). `recompute`: the share of micro-batches whose whole forward torchgpipe runs again; checkpointed blocks
+    run theirs again in every micro-batch's backward. Layers split over tp ranks (blocks as megatron splits them,
+    the embedding and head by vocabulary) compute 1/tp of their work and wait for their collectives."""
+    output, received = chunk.sends
+    sizes = ([chunk.layers[-1].output_bytes] if output else []) + ([chunk.input_bytes] if received else [])
+    again = sum(layer.forward_s for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if wrapped)
+    compute = (again + sum(layer.forward_s * (1 + recompute) + layer.backward_s for layer in chunk.layers)) / chunk.tp
     split = []
     if chunk.tp > 1:
         blocks = [wrapped for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if layer.block]
@@ -416,7 +415,7 @@ def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
     compute += sum(w.links.collective(*c) for c in split)
     return DeviceWork(compute, sum(w.links.send(n, chunk.tp) for n in sizes),
                       sum(sizes) + sum(sent_bytes(*c) for c in split),
-                      sum(weight_gradient_s(layer) / n for layer, n in zip(chunk.layers, ways)))
+                      sum(map(weight_gradient_s, chunk.layers)) / chunk.tp)
 
 
 def weight_gradient_s(layer: LayerProfile) -> float:
