@@ -44,14 +44,12 @@ class Memory:
 
 
 def kept_for_backward(layers: Sequence[LayerProfile], wrapped: Sequence[bool], input_bytes: float = 0.0,
-                      ways: Sequence[int] | None = None) -> float:
+                      split: int = 1) -> float:
     """Bytes autograd keeps for one batch through `layers` (whose first reads `input_bytes`): each layer's saved
-    tensors (1/ways[i] of them where tensor parallelism splits the layer), or for a checkpointed (`wrapped`) block
+    tensors (1/split of them where tensor parallelism splits the layers), or for a checkpointed (`wrapped`) block
     only its input, whole."""
     inputs = [input_bytes, *(layer.output_bytes for layer in layers[:-1])]
-    ways = ways or [1] * len(layers)
-    return sum(read if again else layer.saved_bytes / n
-               for layer, again, read, n in zip(layers, wrapped, inputs, ways))
+    return sum(read if again else layer.saved_bytes / split for layer, again, read in zip(layers, wrapped, inputs))
 
 
 def _state_ratio(w: Workload) -> float:
@@ -169,7 +167,7 @@ def pipeline(w: Workload, base: float) -> Memory:
 def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:
     """A chunk's activations at its device's peak. torchgpipe's `checkpoint` keeps only the chunk's input for
     the micro-batches it recomputes (all, all but the last, none)."""
-    full = kept_for_backward(chunk.layers, chunk.checkpointed, chunk.input_bytes, [chunk.tp] * len(chunk.layers))
+    full = kept_for_backward(chunk.layers, chunk.checkpointed, chunk.input_bytes, chunk.tp)
     in_flight = _in_flight(w, device)
     if not isinstance(w.strategy, GPipe):
         return full * in_flight

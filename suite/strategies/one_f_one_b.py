@@ -9,7 +9,6 @@ ranks) run two chunks a rank placed in a V: rank r holds chunks r and 2 pp - 1 -
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -48,13 +47,15 @@ class OneFOneB(ScheduledPipeline):
             raise BadValue(f"strategy 1f1b: virtual_stages must be positive, got {self.virtual_stages}")
         super().check(cfg)
         stages, m = self.stages(cfg), self.batching(cfg).micro_batches
-        if self.v_shaped and self.virtual_stages != 2:
-            raise ConfigError(f"strategy 1f1b: schedule={self.schedule} runs two chunks a rank, in a V: set "
-                              f"strategy.virtual_stages=2 (not {self.virtual_stages})")
-        if self.v_shaped and not hasattr(importlib.import_module("torch.distributed.pipelining"),
-                                         V_SCHEDULES[self.schedule]):
-            raise ConfigError(f"strategy 1f1b: schedule={self.schedule} needs torch's {V_SCHEDULES[self.schedule]}, "
-                              f"which torch {torch.__version__} lacks")
+        if self.v_shaped:
+            from torch.distributed import pipelining
+
+            if self.virtual_stages != 2:
+                raise ConfigError(f"strategy 1f1b: schedule={self.schedule} runs two chunks a rank, in a V: set "
+                                  f"strategy.virtual_stages=2 (not {self.virtual_stages})")
+            if not hasattr(pipelining, V_SCHEDULES[self.schedule]):
+                raise ConfigError(f"strategy 1f1b: schedule={self.schedule} needs torch's "
+                                  f"{V_SCHEDULES[self.schedule]}, which torch {torch.__version__} lacks")
         if self.schedule == "dualpipev" and m < 2 * stages:
             raise ConfigError(f"strategy 1f1b: schedule=dualpipev needs at least as many micro-batches as chunks, "
                               f"{2 * stages}; micro_batches={m}")
@@ -70,13 +71,12 @@ class OneFOneB(ScheduledPipeline):
 
     def build_schedule(self, stages: list, micro_batches: int, loss_fn: LossFn):
         from torch.distributed import pipelining
-        from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
 
         if self.v_shaped:
             return getattr(pipelining, V_SCHEDULES[self.schedule])(stages, micro_batches, loss_fn=loss_fn)
         if self.schedule == "zero_bubble":
-            return ScheduleInterleavedZeroBubble(stages, micro_batches, loss_fn=loss_fn)
+            return pipelining.ScheduleInterleavedZeroBubble(stages, micro_batches, loss_fn=loss_fn)
         if self.virtual_stages > 1:
-            return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)
+            return pipelining.ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=loss_fn)
         (stage,) = stages
-        return Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)
+        return pipelining.Schedule1F1B(stage, micro_batches, loss_fn=loss_fn)
