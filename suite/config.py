@@ -255,7 +255,8 @@ class PointConfig:
     warmup_steps: int = 2  # untimed training steps before the first epoch
     eval_batches: int | None = None  # None = the whole validation set
     precision: PrecisionName = PrecisionName.fp32
-    activation_checkpointing: str = "none"  # none | every (each block) | k (every k-th block: the k-th, 2k-th, ...)
+    # none | every (each block) | k (every k-th block) | selective (each block's attention core)
+    activation_checkpointing: str = "none"
     seed: int = 0
     repeat: int = 0  # index of a repeated measurement of the same point (a sweep's `repeats`); part of its identity
     timeout_s: int = 1800  # the driver kills a point that runs longer and records `timeout`

@@ -33,19 +33,19 @@ def test_checkpointed_blocks_recompute_and_keep_less():
     tokens = torch.randint(0, 512, (8, 32))
     kept_plain, grads_plain = train_step(plain, tokens)
     kept = {}
-    for interval, expected in (("every", 4), ("k=2", 2)):
+    for interval, expected in (("every", 4), ("2", 2)):
         model = copy.deepcopy(plain)
         blocks = list(model.blocks)
         calls = [0] * len(blocks)
         for i, block in enumerate(blocks):
             block.register_forward_pre_hook(lambda *_, i=i, calls=calls: calls.__setitem__(i, calls[i] + 1))
-        assert apply_activation_checkpointing(model, 1 if interval == "every" else 2, None) == expected
+        assert apply_activation_checkpointing(model, interval, None) == expected
         assert model.state_dict().keys() == plain.state_dict().keys()
         kept[interval], grads = train_step(model, tokens)
         # The k-th, 2k-th, ... block runs twice (forward, then again in backward); the others once.
         assert calls == ([2, 2, 2, 2] if interval == "every" else [1, 2, 1, 2])
         torch.testing.assert_close(grads, grads_plain, rtol=0, atol=0)
-    assert kept["every"] < kept["k=2"] < kept_plain
+    assert kept["every"] < kept["2"] < kept_plain
     assert kept["every"] < kept_plain / 2
 
 
@@ -54,5 +54,33 @@ def test_the_layer_that_reads_the_data_is_not_checkpointed():
     reentrant checkpoint, leave every convolution before the loss without a gradient."""
     model = vgg("vgg11", channels=3, classes=10, image_size=16, width=0.125, dropout=0.0)
     convolutions = block_layers(model)
-    assert apply_activation_checkpointing(model, 1, None) == len(convolutions) - 1
+    assert apply_activation_checkpointing(model, "every", None) == len(convolutions) - 1
     assert model.features[0] is convolutions[0].module
+
+
+def test_selective_recomputes_only_the_attention_cores_and_drops_their_scores():
+    """Megatron-LM's selective recomputation: each block's attention core runs again in backward, nothing else does;
+    under the math kernel it no longer keeps the scores, their softmax and its dropout mask (3 b h s^2 values a block,
+    dropout on), and the gradients are the same bits."""
+    torch.manual_seed(0)
+    layers, heads, batch, seq = 4, 2, 8, 32
+    plain = GPT2(vocab_size=512, block_size=seq, n_layer=layers, n_head=heads, n_embd=64, dropout=0.1,
+                 attention="math")
+    tokens = torch.randint(0, 512, (batch, seq))
+    torch.manual_seed(1)
+    kept_plain, grads_plain = train_step(plain, tokens)
+    model = copy.deepcopy(plain)
+    cores = [block.attn.core for block in model.blocks]
+    calls = {"core": 0, "mlp": 0}
+    for core in cores:
+        core.register_forward_pre_hook(lambda *_: calls.__setitem__("core", calls["core"] + 1))
+    for block in model.blocks:
+        block.mlp.register_forward_pre_hook(lambda *_: calls.__setitem__("mlp", calls["mlp"] + 1))
+    assert apply_activation_checkpointing(model, "selective", None) == layers
+    assert model.state_dict().keys() == plain.state_dict().keys()
+    torch.manual_seed(1)
+    kept, grads = train_step(model, tokens)
+    assert calls == {"core": 2 * layers, "mlp": layers}
+    torch.testing.assert_close(grads, grads_plain, rtol=0, atol=0)
+    scores = batch * heads * seq * seq
+    assert kept_plain - kept >= layers * scores * (4 + 4)  # the fp32 softmax and scores at least

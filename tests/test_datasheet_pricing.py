@@ -322,6 +322,30 @@ def test_recomputation_adds_to_the_flops_executed_not_to_the_models(results, str
     assert again.step.total > plain.step.total and again.memory.activations < plain.memory.activations
 
 
+@pytest.mark.parametrize("strategy", ["megatron", "1f1b"])
+def test_selective_recomputation_trades_the_attention_cores_forward_for_their_scores(results, strategy):
+    """Megatron-LM's selective recomputation (Korthikanti et al. 2022): each block's attention core runs again in
+    backward. Under torch's math kernel the core keeps the scores and their softmax, at least 2 a s^2 b bytes a block
+    in bf16 (a pipeline rank: for each micro-batch in flight), which selective recomputation frees for a few percent
+    more FLOPs, far fewer than full recomputation's; FlashAttention keeps no scores (its output is the projection's
+    input), so there it frees nothing and costs the kernel's forward."""
+    common = ("workers=2", f"strategy={strategy}", "precision=bf16", "optimizer.name=adam")
+    plain, selective, every = (predict(point(*common, "network.attention=math", f"activation_checkpointing={ac}"))
+                               for ac in ("none", "selective", "every"))
+    cfg = plain.point.cfg
+    assert selective.flops_per_sample == plain.flops_per_sample
+    ratio = selective.hardware_tflops_per_device / selective.model_tflops_per_device
+    assert 1.01 < ratio < every.hardware_tflops_per_device / every.model_tflops_per_device
+    assert plain.step.total < selective.step.total < every.step.total
+    scores = 2 * cfg.network.n_head * cfg.dataset.seq_len ** 2 * plain.point.layout.micro_batch_size
+    held = cfg.network.n_layer / (2 if strategy == "1f1b" else 2 * 2)  # blocks a rank holds; megatron: half its heads
+    in_flight = 2 if strategy == "1f1b" else 1  # the first stage's warm-up micro-batches
+    assert plain.memory.activations - selective.memory.activations >= held * in_flight * scores
+    fused, fused_selective = (predict(point(*common, f"activation_checkpointing={ac}")) for ac in ("none", "selective"))
+    assert fused_selective.memory.activations == fused.memory.activations
+    assert fused_selective.step.total > fused.step.total
+
+
 ACCUMULATING = {"ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"],
                 **{f"zero{stage}": ["strategy=zero", f"strategy.zero_stage={stage}"] for stage in (1, 2, 3)}}
 

@@ -153,11 +153,13 @@ def test_dp_x_pp_equivalence(store, strategy):
 
 @pytest.mark.parametrize("workers,knobs", [(4, []), (8, []), (4, ["strategy.schedule=zero_bubble"]),
                                            (4, ["strategy.virtual_stages=2"]),
+                                           (4, ["activation_checkpointing=selective"]),
                                            (4, ["strategy.virtual_stages=2", "strategy.schedule=zbv"])])
 def test_dp_x_pp_x_tp_equivalence(store, workers, knobs):
     """Megatron-LM's 3D layout: 2 stages of 2 tensor-parallel ranks each (every block split as megatron splits it,
     the tied embedding and head by vocabulary, the loss on the split logits), in 1 or 2 replicas (8 ranks: 2 x 2 x
-    2); zero-bubble and interleaved schedules over the same split stages."""
+    2); zero-bubble and interleaved schedules, and Megatron-LM's selective recomputation, over the same split
+    stages."""
     dp = workers // 4
     candidate = ["strategy=1f1b", f"workers={workers}", "strategy.pp=2", "strategy.tp=2",
                  f"batch_size={GLOBAL_BATCH // dp}", "strategy.micro_batches=2", *knobs]
@@ -197,12 +199,14 @@ def test_zero_equivalence(store, stage):
 
 
 @pytest.mark.parametrize("offload", [[*ZERO[2], "strategy.offload=cpu"],
-                                     [*ZERO[3], "strategy.offload=params", "activation_checkpointing=every"]],
-                         ids=["stage2_cpu", "stage3_params_checkpoint"])
+                                     [*ZERO[3], "strategy.offload=params", "activation_checkpointing=every"],
+                                     [*ZERO[3], "strategy.offload=params", "activation_checkpointing=selective"]],
+                         ids=["stage2_cpu", "stage3_params_checkpoint", "stage3_params_selective"])
 def test_zero_offload_equivalence(store, offload):
-    """Optimizer states on the host (ZeRO-Offload, stage 2), and parameters too (stage 3, with every block
-    checkpointed through DeepSpeed's checkpoint) train as single does. On a CPU machine the host is the device:
-    nothing moves and no memory figure changes; what this checks is that DeepSpeed's offload paths keep the math."""
+    """Optimizer states on the host (ZeRO-Offload, stage 2), and parameters too (stage 3, with every block, or
+    every attention core, checkpointed through DeepSpeed's reentrant checkpoint) train as single does. On a CPU
+    machine the host is the device: nothing moves and no memory figure changes; what this checks is that
+    DeepSpeed's offload paths keep the math."""
     reference, zero = train_pair(store, WORKLOADS["gpt2"], offload, workers=2, global_batch=8, common=ADAM)
     assert_same_training(reference, zero)
 
@@ -226,7 +230,8 @@ def megatron_point(tp: int) -> list[str]:
 
 MEGATRON = {"tp2": (2, []), "tp2_whole_vocabulary": (2, ["strategy.vocab_parallel=false"]), "tp1_dp2": (1, []),
             "tp1_dp2_overlapped": (1, ["strategy.overlap_grad_reduce=true", "strategy.bucket_size=20000"]),
-            "tp2_checkpointed": (2, ["activation_checkpointing=every"])}
+            "tp2_checkpointed": (2, ["activation_checkpointing=every"]),
+            "tp2_selective": (2, ["activation_checkpointing=selective"])}
 
 
 @pytest.mark.parametrize("mode", MEGATRON)
@@ -235,7 +240,7 @@ def test_megatron_equivalence(store, mode):
     with the embedding and head split by vocabulary and the loss on the split logits, or with them whole; tp=1 is
     Megatron-data (2 replicas average their gradients after backward, or in buckets during it); tp=2 with every
     block checkpointed recomputes its split forward, collectives included, in backward (Megatron-LM's full
-    recomputation)."""
+    recomputation), with selective recomputation only its heads' attention cores (no collective)."""
     tp, knobs = MEGATRON[mode]
     assert_same_training(*train_pipeline_pair(store, WORKLOADS["gpt2"], [*megatron_point(tp), *knobs]))
 

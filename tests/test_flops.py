@@ -71,16 +71,21 @@ def test_a_step_of_the_suites_gpt2_is_counted_on_the_meta_device_with_its_recomp
     sample = (torch.zeros(TOKENS.seq_len, dtype=torch.long),) * 2
     block, last, head = gpt_counts(batch)
     forward = GPT.n_layer * block + head
-    plain = step_flops(GPT, TOKENS, sample, batch, 0, 0.0, loss_fn)
+    plain = step_flops(GPT, TOKENS, sample, batch, "none", 0.0, loss_fn)
     assert plain == StepFlops(forward, 3 * forward, 3 * forward)
     # Every block checkpointed runs its forward again in backward, every second one half of them; torch's
     # checkpoint stops once backward has what it needs, before the block's last product, whose output it does not
     # keep (no dropout after it here).
     recomputed = block - last
-    assert step_flops(GPT, TOKENS, sample, batch, 1, 0.0, loss_fn) == StepFlops(forward, 3 * forward,
+    assert step_flops(GPT, TOKENS, sample, batch, "every", 0.0, loss_fn) == StepFlops(forward, 3 * forward,
                                                                                 3 * forward + 2 * recomputed)
-    assert step_flops(GPT, TOKENS, sample, batch, 2, 0.0, loss_fn).hardware == 3 * forward + recomputed
-    assert step_flops(GPT, TOKENS, sample, batch, 0, 0.75, loss_fn).hardware == 3 * forward + 0.75 * forward
+    assert step_flops(GPT, TOKENS, sample, batch, "2", 0.0, loss_fn).hardware == 3 * forward + recomputed
+    assert step_flops(GPT, TOKENS, sample, batch, "none", 0.75, loss_fn).hardware == 3 * forward + 0.75 * forward
+    # Selective recomputation runs each block's attention core again (the meta device's math kernel), up to the
+    # softmax it keeps: the scores' product, not the product with v.
+    scores = batch * TOKENS.seq_len * 2 * TOKENS.seq_len * GPT.n_embd
+    assert step_flops(GPT, TOKENS, sample, batch, "selective", 0.0, loss_fn).hardware == (3 * forward
+                                                                                          + GPT.n_layer * scores)
 
 
 @pytest.mark.parametrize("checkpoint, share", [("always", 1.0), ("except_last", 0.75), ("never", 0.0)])

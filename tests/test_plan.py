@@ -60,6 +60,12 @@ MALFORMED = {
     "powersgd of rank 0": (["strategy=ddp", "grad_compression.name=powersgd", "grad_compression.rank=0"],
                            "grad_compression.rank must be positive"),
     "bad checkpointing interval": (["activation_checkpointing=0"], "activation_checkpointing=0 is not none, every"),
+    "selective recomputation of a CNN": (["activation_checkpointing=selective"],
+                                         "activation_checkpointing=selective recomputes GPT-2's attention cores; "
+                                         "network resnet18 has none"),
+    "selective recomputation under torchgpipe": (["dataset=tokens", "network=gpt2_tiny", "strategy=gpipe", "workers=2",
+                                                  "activation_checkpointing=selective"],
+                                                 "strategy gpipe does not apply activation_checkpointing=selective"),
     "no micro-batch to accumulate": (["grad_accum=0"], "grad_accum must be positive, got 0"),
     "accumulation under horovod": (["strategy=horovod", "grad_accum=2"],
                                    "strategy horovod does not accumulate gradients (grad_accum=2); leave it 1 (ddp, "

@@ -407,6 +407,24 @@ def test_memory_of_a_known_network(calibrated):
 
 
 @pytest.mark.slow  # profiles in a child interpreter
+def test_selective_recomputation_is_priced_from_the_attention_cores_profiled_here(calibrated):
+    """The profile times each block's attention core alone and finds what it keeps that nothing else does (under
+    the math kernel, its scores' softmax at least: batch x heads x s^2 fp32 values); selective recomputation adds
+    the cores' forward to backward and drops those bytes from what a step keeps, its workspace unchanged."""
+    knobs = ("strategy=single", "network.attention=math", "network.n_head=2", "dataset.seq_len=16")
+    plain, _, _ = workload(tiny_point(*knobs))
+    selective, _, _ = workload(tiny_point(*knobs, "activation_checkpointing=selective"))
+    embedding, block, head = plain.profile.layers
+    assert block.core_forward_s > 0 and block.core_forward_flops > 0
+    assert block.core_saved_bytes >= 2 * 2 * 16 * 16 * 4
+    assert embedding.core_saved_bytes == head.core_saved_bytes == head.core_forward_s == 0
+    assert selective.profile.backward_s == pytest.approx(plain.profile.backward_s + block.core_forward_s)
+    plain_memory, selective_memory = rank_memory(plain, 0.0), rank_memory(selective, 0.0)
+    assert plain_memory.activations - selective_memory.activations == block.core_saved_bytes
+    assert selective_memory.transient == plain_memory.transient
+
+
+@pytest.mark.slow  # profiles in a child interpreter
 def test_profile_is_cached(results):
     point = tiny_point("strategy=single")
     import torch

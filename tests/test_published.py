@@ -90,8 +90,9 @@ def test_what_a_record_leaves_unstated_is_said_not_hidden(records):
     ("torchtitan-h100-llama3-8b-8gpu-fsdp", (
         Reason(mapping.NETWORK, "llama3 (Llama 3.1 8B): the suite builds GPT-2 and ResNet, VGG, MobileNetV2"),
         Reason(mapping.GPU, "h100_sxm5_96gb: no cluster of conf/cluster/ has this GPU type"),
-        Reason(mapping.RECOMPUTE, "attention-only recomputation (Korthikanti et al.); the suite checkpoints whole "
-                                  "blocks"))),
+        Reason(mapping.RECOMPUTE, "torchtitan (PyTorch FSDP2)'s selective checkpointing (torchtitan's: an operator "
+                                  "policy that keeps matmul outputs), not the attention-core recomputation the suite "
+                                  "runs"))),
 ])
 def test_a_record_the_suite_cannot_express_gets_its_reasons(records, ident, reasons):
     mapped = map_record(records[ident])

@@ -64,14 +64,28 @@ GPT2_SIZES = {
 }
 
 
+class AttentionCore(nn.Module):
+    """softmax(q k^T / sqrt(d)) v under the causal mask, one module so that it can be recomputed alone: Megatron-LM's
+    selective recomputation (`activation_checkpointing=selective`) runs it again in backward, where without a fused
+    kernel it keeps the scores, softmax and dropout mask, the activations that grow with the sequence squared."""
+
+    def __init__(self, dropout: float, attention: str = "auto") -> None:
+        super().__init__()
+        self.dropout, self.attention = dropout, attention
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with attention_kernel(self.attention):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  dropout_p=self.dropout if self.training else 0.0)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float, attention: str = "auto") -> None:
         super().__init__()
         self.head_dim = n_embd // n_head
-        self.attention = attention
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.core = AttentionCore(dropout, attention)
         self.proj = nn.Linear(n_embd, n_embd)
-        self.attn_dropout = dropout
         self.resid_drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,10 +93,7 @@ class CausalSelfAttention(nn.Module):
         # qkv's output is laid out head by head ([q k v] of head 0, then head 1, ...) as in Megatron-LM, and
         # heads are inferred from the width: a column shard of qkv holds the whole q, k and v of its heads.
         qkv = self.qkv(x).view(batch, time, -1, 3, self.head_dim).transpose(1, 2)
-        q, k, v = qkv.unbind(3)
-        dropout = self.attn_dropout if self.training else 0.0
-        with attention_kernel(self.attention):
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        y = self.core(*qkv.unbind(3))
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(batch, time, -1)))
 
 

@@ -32,7 +32,7 @@ from suite.predict.step import VARIANTS, Workload, step_time
 from suite.profiling.cache import data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.profiling.profiles import Profile
 from suite.records.calibration import DamagedRecord, record_path
-from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.runtime.activation_checkpointing import SELECTIVE, checkpoint_interval
 from suite.sweep.plan import Point
 from suite.vocabulary import PRICED_FROM
 
@@ -165,6 +165,8 @@ def workload(point: Point, fewer_ranks: bool = False) -> tuple[Workload, torch.d
         data_s = data_profile(cfg, layout.mini_batch, device, threads, together)[0].batch_s
         profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
         profiled_on = f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
+    if cfg.activation_checkpointing == SELECTIVE:
+        profile = attention_recomputed(profile)
     on_gpus = will_use_cuda(cfg.cluster)
     slowdown = 1.0
     if layout.stages_in_one_process and not on_gpus:
@@ -194,8 +196,22 @@ def predict(point: Point, variant: str = "suite", fewer_ranks: bool = False) -> 
     return with_library_overhead(prediction, w.profile, fewer_ranks) if variant == "suite" else prediction
 
 
+def attention_recomputed(profile: Profile) -> Profile:
+    """The profile as selective recomputation trains the network: each layer's backward runs its attention cores'
+    forward again, and keeps nothing of what they saved (its workspace unchanged). Every strategy's step and
+    memory model prices it as it is."""
+    layers = tuple(replace(layer, backward_s=layer.backward_s + layer.core_forward_s,
+                           saved_bytes=layer.saved_bytes - layer.core_saved_bytes) for layer in profile.layers)
+    return replace(profile, layers=layers,
+                   backward_s=profile.backward_s + sum(layer.core_forward_s for layer in profile.layers),
+                   train_bytes=profile.train_bytes - sum(layer.core_saved_bytes for layer in profile.layers))
+
+
 def recomputed_flops(profile: Profile, cfg) -> float:
-    """The forward FLOPs of the blocks activation checkpointing wraps, which backward runs again."""
+    """The forward FLOPs that activation checkpointing runs again in backward: of the blocks it wraps, or of the
+    attention cores (`selective`)."""
+    if cfg.activation_checkpointing == SELECTIVE:
+        return sum(layer.core_forward_flops for layer in profile.layers)
     again = checkpointed(list(profile.layers), checkpoint_interval(cfg.activation_checkpointing))
     return sum(layer.forward_flops for layer, a in zip(profile.layers, again) if a)
 

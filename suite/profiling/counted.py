@@ -22,12 +22,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from suite.models import build_model
+from suite.models.gpt2 import AttentionCore
 from suite.models.layers import flatten_layers
 
 MATMUL = "matmul"  # on the tensor cores (or the FP32 units): GEMMs
@@ -75,6 +77,8 @@ class CountedLayer:
     param_tensors: int
     tied_bytes: int
     block: bool
+    core_forward: tuple[Kernel, ...] = ()  # the forward kernels its attention cores launch (GPT-2's)
+    core_saved_bytes: int = 0  # what autograd keeps inside them and nowhere else, their inputs excluded
 
 
 @dataclass(frozen=True)
@@ -196,20 +200,43 @@ def _nbytes(t: torch.Tensor) -> int:
 
 class _Saved:
     """Bytes autograd keeps for backward (parameters excluded), each storage once, under the precision the
-    kernels gave it."""
+    kernels gave it; apart, what the watched attention cores keep, and the kernels they launch."""
 
-    def __init__(self, kernels: _Kernels, params: set[int]) -> None:
-        self.kernels, self.params, self.seen = kernels, params, {}
+    def __init__(self, kernels: _Kernels, params: set[int], cores: list[nn.Module]) -> None:
+        self.kernels, self.params, self.seen, self.in_core = kernels, params, {}, {}
+        self.inside, self.entered, self.core_inputs, self.core_kernels = False, 0, {}, []
+        self.hooks = [hook for core in cores for hook in (core.register_forward_pre_hook(self._enter),
+                                                          core.register_forward_hook(self._leave))]
+
+    @staticmethod
+    def _base(t: torch.Tensor) -> torch.Tensor:
+        return t._base if t._base is not None else t
+
+    def _enter(self, _module, inputs) -> None:
+        self.inside, self.entered = True, len(self.kernels.kernels)
+        self.core_inputs.update((id(self._base(t)), t) for t in inputs)
+
+    def _leave(self, *_) -> None:
+        self.inside = False
+        self.core_kernels += self.kernels.kernels[self.entered:]
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        base = t._base if t._base is not None else t
+        base = self._base(t)
         if id(base) not in self.params:
-            self.seen[id(base)] = (base, self.kernels.nbytes(base))
+            (self.in_core if self.inside else self.seen)[id(base)] = (base, self.kernels.nbytes(base))
         return t
+
+    def unwatch(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
 
     @property
     def total(self) -> int:
-        return sum(n for _, n in self.seen.values())
+        return sum(n for _, n in (self.in_core | self.seen).values())
+
+    @property
+    def core(self) -> int:
+        return sum(n for key, (_, n) in self.in_core.items() if key not in self.seen and key not in self.core_inputs)
 
 
 def count_network(cfg, batch: int) -> CountedNetwork:
@@ -241,12 +268,13 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         x_in = x.detach().requires_grad_(x.is_floating_point())
         if x_half:
             kernels.mark_half([x_in])
-        saved = _Saved(kernels, params)
+        saved = _Saved(kernels, params, [m for m in layer.module.modules() if isinstance(m, AttentionCore)])
         with fused(kernels), kernels, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             y = layer.module(x_in)
             output_bytes, x_half = kernels.nbytes(y), id(y) in kernels.half_ids
             if last:
                 y = loss_fn(y, targets)
+        saved.unwatch()
         forward = list(kernels.kernels)
         kernels.kernels.clear()
         with fused(kernels), kernels:
@@ -261,6 +289,7 @@ def count_network(cfg, batch: int) -> CountedNetwork:
             name=layer.prefix.removesuffix(".") or type(layer.module).__name__, forward=tuple(forward),
             backward=tuple(backward), output_bytes=output_bytes, saved_bytes=saved.total,
             param_bytes=sum(map(_nbytes, own)), param_tensors=len(own), tied_bytes=sum(map(_nbytes, tied)),
-            block=bool(layer.prefix) and any(True for _ in layer.module.parameters())))
+            block=bool(layer.prefix) and any(True for _ in layer.module.parameters()),
+            core_forward=tuple(saved.core_kernels), core_saved_bytes=saved.core))
         x = y.detach() if not last else x
     return CountedNetwork(tuple(counted), _nbytes(inputs), sum(_nbytes(b) for b in model.buffers()), largest)

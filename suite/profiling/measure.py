@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
+from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
 from suite.data import build_datasets
 from suite.models import build_model
+from suite.models.gpt2 import AttentionCore
 from suite.models.layers import flatten_layers
 from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, WINDOW_S, LayerProfile
 from suite.runtime.optim import build_optimizer
@@ -67,20 +69,41 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 class _SavedBytes:
-    """Bytes of the distinct storages autograd saves for backward while active, parameters excluded."""
+    """Bytes of the distinct storages autograd saves for backward while active, parameters excluded; apart, those
+    saved inside the watched attention cores, whose inputs it keeps (`core_inputs`: one tuple per core run)."""
 
-    def __init__(self, params: set[int]) -> None:
-        self.params, self.storages = params, {}
+    def __init__(self, params: set[int], cores: list[nn.Module]) -> None:
+        self.params, self.storages, self.in_core = params, {}, {}
+        self.inside, self.core_inputs = False, []
+        self.hooks = [hook for core in cores for hook in (core.register_forward_pre_hook(self._enter),
+                                                          core.register_forward_hook(self._leave))]
+
+    def _enter(self, _module, inputs) -> None:
+        self.inside = True
+        self.core_inputs.append(inputs)
+
+    def _leave(self, *_) -> None:
+        self.inside = False
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in self.params:
-            self.storages[storage.data_ptr()] = storage.nbytes()
+            (self.in_core if self.inside else self.storages)[storage.data_ptr()] = storage.nbytes()
         return tensor
+
+    def unwatch(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
 
     @property
     def total(self) -> int:
-        return sum(self.storages.values())
+        return sum(self.storages.values()) + sum(n for ptr, n in self.in_core.items() if ptr not in self.storages)
+
+    @property
+    def core(self) -> int:
+        """What the cores keep that nothing outside them does, their inputs excluded: what recomputing them frees."""
+        inputs = {t.untyped_storage().data_ptr() for args in self.core_inputs for t in args}
+        return sum(n for ptr, n in self.in_core.items() if ptr not in self.storages and ptr not in inputs)
 
 
 def _training_forward(cfg, batch: int, device: torch.device):
@@ -118,6 +141,7 @@ def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
     bwd_scale = backward_s / max(sum(r["backward_s"] for r in raw), 1e-12)
     for r in raw:
         r["forward_s"] *= fwd_scale
+        r["core_forward_s"] *= fwd_scale
         r["backward_s"] *= bwd_scale
     return {"layers": raw, "input_bytes": _nbytes(inputs), "forward_s": forward_s, "backward_s": backward_s,
             "optimizer_s": optimizer_s, "optimizer_state_bytes": state_bytes, "train_bytes": train_bytes,
@@ -145,12 +169,15 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
                     y = module(x_in)
                     return loss_fn(y, targets) if last else y
 
-            saved = _SavedBytes(param_storages)
+            cores = [module for module in layer.module.modules() if isinstance(module, AttentionCore)]
+            saved = _SavedBytes(param_storages, cores)
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
                 y = forward(None)
+            saved.unwatch()
             grad = torch.ones_like(y) if last else torch.randn_like(y)
             timed = _timed_steps([forward, lambda out, grad=grad: out.backward(grad)], device)
             forward_s, backward_s = map(statistics.median, timed)
+            core_s, core_flops = _time_cores(cores, saved.core_inputs, precision, device)
             with FlopCounterMode(display=False) as fwd_count:
                 y_counted = forward(None)
             with FlopCounterMode(display=False) as bwd_count:
@@ -162,12 +189,31 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
                 backward_flops=bwd_count.get_total_flops(), output_bytes=_nbytes(y), saved_bytes=saved.total,
                 param_bytes=sum(_nbytes(p) for p in params), param_tensors=len(params),
                 tied_bytes=sum(_nbytes(p) for p in tied),
-                block=bool(layer.prefix) and any(True for _ in layer.module.parameters()))))
+                block=bool(layer.prefix) and any(True for _ in layer.module.parameters()),
+                core_forward_s=core_s, core_forward_flops=core_flops, core_saved_bytes=saved.core)))
             x = y.detach()
     finally:
         for module in in_place:
             module.inplace = True
     return out
+
+
+def _time_cores(cores: list[nn.Module], inputs: list[tuple[torch.Tensor, ...]], precision,
+                device: torch.device) -> tuple[float, int]:
+    """The forward seconds (median of `STEPS`) and FLOPs of each attention core alone on the inputs it had in the
+    layer, summed over the layer's cores."""
+    seconds, flops = 0.0, 0
+    for core, args in zip(cores, inputs):
+        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in args]
+
+        def forward(_, core=core, leaves=leaves) -> torch.Tensor:
+            with precision.autocast():
+                return core(*leaves)
+        seconds += statistics.median(_timed_steps([forward], device)[0])
+        with FlopCounterMode(display=False) as counted:
+            forward(None)
+        flops += counted.get_total_flops()
+    return seconds, flops
 
 
 def _time_worker_forward(cfg, batch: int, device: torch.device) -> dict[str, Any]:

@@ -9,12 +9,13 @@ is timed over `STEPS` steps, their median. It holds, per layer of `suite.models.
 pipeline cuts between; the last one includes the loss): forward and backward seconds, forward and backward
 FLOPs (torch's FlopCounterMode, 2 per multiply-add), the bytes of its output (what a stage boundary after
 it sends, and the gradient that comes back), the bytes autograd keeps for its backward, and its parameters'
-bytes and count (a tied weight counted in its first layer, and as tied in the others). Layers are timed one
-at a time on the previous layer's output, which costs a little more than the same layers inside the whole
-network, so their times are scaled to add up to the whole network's forward and backward, timed in the same
-steps as its optimizer step; their sum is Study J's sequential measurement of a training step. Loading a batch
-is profiled apart (`data_profile`), at the batch a rank reads, which a pipeline's micro-batch is not. So is the
-forward on a worker thread (`worker_thread_profile`), where torchgpipe runs it. Taking one is
+bytes and count (a tied weight counted in its first layer, and as tied in the others); and of its attention
+cores, their forward's seconds and FLOPs and the bytes kept inside them (what selective recomputation trades).
+Layers are timed one at a time on the previous layer's output, which costs a little more than the same layers
+inside the whole network, so their times are scaled to add up to the whole network's forward and backward, timed
+in the same steps as its optimizer step; their sum is Study J's sequential measurement of a training step.
+Loading a batch is profiled apart (`data_profile`), at the batch a rank reads, which a pipeline's micro-batch is
+not. So is the forward on a worker thread (`worker_thread_profile`), where torchgpipe runs it. Taking one is
 suite.profiling.measure's; keeping them, suite.profiling.cache's.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-VERSION = 6  # of what a profile holds: a profile of another version is taken again
+VERSION = 7  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
 STEPS = 5  # timed steps at least
 WINDOW_S = 5.0  # of the whole network's timed steps, unless MAX_STEPS come first
@@ -43,6 +44,11 @@ class LayerProfile:
     param_tensors: int  # how many they are (what per-parameter hooks and messages scale with)
     tied_bytes: int  # parameters it shares with an earlier layer (GPT-2's LM head: the token embedding)
     block: bool  # one of the network's own submodules with parameters: an FSDP unit, a checkpointing candidate
+    # Its attention cores (GPT-2's softmax(q k^T) v), which selective recomputation runs again in backward: their
+    # forward's seconds and FLOPs, and what autograd keeps inside them and nowhere else (not their inputs).
+    core_forward_s: float = 0.0
+    core_forward_flops: int = 0
+    core_saved_bytes: int = 0
 
 
 @dataclass(frozen=True)

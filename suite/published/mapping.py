@@ -290,9 +290,12 @@ def _precision(record: Record, strategy: str, draft: _Draft) -> None:
 
 def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.activation_recompute
-    if word == "selective":
-        draft.cannot(RECOMPUTE, "attention-only recomputation (Korthikanti et al.); the suite checkpoints whole "
-                                "blocks")
+    framework = record.training.framework or ""
+    if word == "selective" and not framework.startswith("Megatron"):
+        draft.cannot(RECOMPUTE, f"{framework}'s selective checkpointing (torchtitan's: an operator policy that keeps "
+                                "matmul outputs), not the attention-core recomputation the suite runs")
+    elif word == "selective":
+        draft.set("activation_checkpointing=selective")
     elif strategy == "gpipe":  # torchgpipe's own recomputation
         if word is None:
             draft.assume("recomputation not stated: torchgpipe's default checkpoint=except_last")

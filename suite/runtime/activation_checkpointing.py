@@ -1,8 +1,12 @@
-"""Activation checkpointing (`activation_checkpointing`): a checkpointed block keeps only its input for
+"""Activation checkpointing (`activation_checkpointing`): a checkpointed module keeps only its input for
 backward and runs its forward again there, trading compute for activation memory.
 
 The unit is a block of `suite.models.layers` (a GPT-2 block, a ResNet block, a VGG convolution);
-`every` checkpoints each block, k every k-th one (the k-th, 2k-th, ..., as torchtitan counts). The
+`every` checkpoints each block (full recomputation), k every k-th one (the k-th, 2k-th, ..., as torchtitan counts).
+`selective` checkpoints only each GPT-2 block's attention core (softmax(q k^T) v: Megatron-LM's selective
+recomputation, Korthikanti et al. 2022), whose scores, softmax and dropout mask are the activations that grow with
+the sequence squared and cost few FLOPs to compute again; with a fused attention kernel, which keeps no scores,
+it saves little. The
 checkpoint function is the strategy's: torch.utils.checkpoint, or DeepSpeed's under `zero`. The network's
 first layer, which reads the data (a VGG's or MobileNetV2's first convolution), is not a candidate: it keeps
 its input for backward either way, and under DeepSpeed's reentrant checkpoint an output computed from inputs
@@ -19,30 +23,48 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from suite.errors import BadValue
+from suite.models.gpt2 import AttentionCore
 from suite.models.layers import block_layers, flatten_layers
+
+SELECTIVE = "selective"
 
 
 def checkpoint_interval(value: str) -> int:
-    """Every how many blocks one is checkpointed: 0 for `none`, 1 for `every`, else the k given."""
-    if value == "none":
+    """Every how many blocks one is checkpointed whole: 0 for `none` and `selective`, 1 for `every`, else the k
+    given."""
+    if value in ("none", SELECTIVE):
         return 0
     if value == "every":
         return 1
     if value.isdigit() and int(value) > 0:
         return int(value)
-    raise BadValue(f"activation_checkpointing={value} is not none, every or a block interval k >= 1")
+    raise BadValue(f"activation_checkpointing={value} is not none, every, selective or a block interval k >= 1")
 
 
-def apply_activation_checkpointing(model: nn.Module, interval: int, checkpoint_fn: Callable | None) -> int:
-    """Wrap every `interval`-th block of the plain model in place (0: none); return how many were wrapped.
-    `checkpoint_fn` runs a block with checkpointing (None: torch.utils.checkpoint, non-reentrant). Parameter
-    names in state dicts stay those of the plain model."""
+def recomputes(value: str) -> bool:
+    """Whether `activation_checkpointing=value` recomputes anything."""
+    return value == SELECTIVE or checkpoint_interval(value) > 0
+
+
+def attention_cores(model: nn.Module) -> list[str]:
+    """The qualified names of the model's attention cores, which `selective` recomputes."""
+    return [name for name, module in model.named_modules() if isinstance(module, AttentionCore)]
+
+
+def apply_activation_checkpointing(model: nn.Module, value: str, checkpoint_fn: Callable | None) -> int:
+    """Wrap what `activation_checkpointing=value` recomputes of the plain model, in place: every k-th block, or
+    (`selective`) every attention core; return how many modules were wrapped. `checkpoint_fn` runs a module with
+    checkpointing (None: torch.utils.checkpoint, non-reentrant). Parameter names in state dicts stay those of the
+    plain model."""
+    interval = checkpoint_interval(value)
     first = flatten_layers(model)[0]
-    candidates = [layer for layer in block_layers(model) if layer.prefix != first.prefix]
-    chosen = [layer for i, layer in enumerate(candidates, 1) if interval and i % interval == 0]
-    for layer in chosen:
-        parent, _, name = layer.prefix.removesuffix(".").rpartition(".")
-        wrapped = checkpoint_wrapper(layer.module, checkpoint_fn=checkpoint_fn)
+    candidates = [layer.prefix.removesuffix(".") for layer in block_layers(model) if layer.prefix != first.prefix]
+    chosen = [name for i, name in enumerate(candidates, 1) if interval and i % interval == 0]
+    if value == SELECTIVE:
+        chosen = attention_cores(model)
+    for qualified in chosen:
+        parent, _, name = qualified.rpartition(".")
+        wrapped = checkpoint_wrapper(model.get_submodule(qualified), checkpoint_fn=checkpoint_fn)
         model.get_submodule(parent).register_module(name, wrapped)
     return len(chosen)
 

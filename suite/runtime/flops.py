@@ -5,8 +5,8 @@ and the optimizer are not counted).
 The count runs once per point, on the meta device: a copy of the network built there computes no numbers,
 so counting costs a fraction of a second at any batch and touches neither the real model nor the timed steps.
 It is taken at one replica's mini-batch. The recomputation of activation checkpointing is counted apart, by
-counting the copy again with the point's blocks checkpointed: MFU divides model FLOPs (none recomputed),
-HFU the FLOPs the devices compute. Attention is counted as the math kernel's two batched products over the
+counting the copy again with the point's blocks (or attention cores) checkpointed: MFU divides model FLOPs (none
+recomputed), HFU the FLOPs the devices compute. Attention is counted as the math kernel's two batched products over the
 whole (uncausal) score matrix, whatever kernel the device runs.
 """
 
@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from suite.models import build_model
-from suite.runtime.activation_checkpointing import apply_activation_checkpointing
+from suite.runtime.activation_checkpointing import apply_activation_checkpointing, recomputes
 
 META = torch.device("meta")
 
@@ -64,19 +64,19 @@ def meta_batch(sample: tuple[torch.Tensor, torch.Tensor], batch: int) -> tuple[t
                  for t in sample)
 
 
-def step_flops(network, dataset, sample: tuple[torch.Tensor, torch.Tensor], batch: int, checkpoint_every: int,
+def step_flops(network, dataset, sample: tuple[torch.Tensor, torch.Tensor], batch: int, checkpointing: str,
                recomputed_share: float, loss_fn) -> StepFlops:
-    """FLOPs of one step of the point's network on `batch` items like `sample`. `checkpoint_every`: the
-    point's activation checkpointing (see suite.runtime.activation_checkpointing; 0: none); `recomputed_share`:
+    """FLOPs of one step of the point's network on `batch` items like `sample`. `checkpointing`: the
+    point's `activation_checkpointing` (see suite.runtime.activation_checkpointing); `recomputed_share`:
     the share of the forward pass a strategy's own recomputation runs again (torchgpipe's checkpoint)."""
     inputs, targets = meta_batch(sample, batch)
     with META:
         plain = build_model(network, dataset)
     forward, model = count_step(plain, inputs, targets, loss_fn)
     hardware = model
-    if checkpoint_every:
+    if recomputes(checkpointing):
         with META:
             checkpointed = build_model(network, dataset)
-        apply_activation_checkpointing(checkpointed, checkpoint_every, None)
+        apply_activation_checkpointing(checkpointed, checkpointing, None)
         _, hardware = count_step(checkpointed, inputs, targets, loss_fn)
     return StepFlops(forward, model, round(hardware + recomputed_share * forward))

@@ -24,7 +24,7 @@ from torch import nn
 from suite.errors import BadValue, ConfigError
 from suite.layout import Layout
 from suite.models import build_model
-from suite.runtime.activation_checkpointing import checkpoint_interval, recomputed_under_forward_autocast
+from suite.runtime.activation_checkpointing import recomputed_under_forward_autocast, recomputes
 from suite.runtime.memory import tensor_mb
 from suite.runtime.optim import optimizer_implementation
 from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports, optimizer_state
@@ -292,7 +292,7 @@ class Zero(Strategy):
         config = self.generated_config(rank.cfg, model)
         engine, _, _, _ = deepspeed.initialize(model=model.to(env.device), model_parameters=model.parameters(),
                                                config=config, dist_init_required=False)
-        if checkpoint_interval(rank.cfg.activation_checkpointing):
+        if recomputes(rank.cfg.activation_checkpointing):
             # Options such as cpu_checkpointing come from the ds_config's activation_checkpointing section.
             deepspeed.checkpointing.configure(None, deepspeed_config=config)
         return ZeroEngine(rank, engine, engine.optimizer, plain=engine.module)

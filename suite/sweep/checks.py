@@ -16,7 +16,7 @@ from suite.layout import Layout
 from suite.models import check_network
 from suite.models.gpt2 import flash_runs
 from suite.placement import will_use_cuda
-from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.runtime.activation_checkpointing import SELECTIVE, checkpoint_interval, recomputes
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import Strategy, build_strategy, older_torch, strategy_class, strategy_names
 from suite.sweep import catalog
@@ -203,9 +203,12 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
         if cfg.optimizer.name == OptimizerConfig.name:  # perhaps not chosen at all: say how to choose
             use = f"the default; set optimizer.name={' or '.join(supports.optimizers)} and an optimizer.lr for it"
         raise ConfigError(f"strategy {strategy.name} does not train with optimizer.name={cfg.optimizer.name} ({use})")
-    if checkpoint_interval(cfg.activation_checkpointing) and not supports.activation_checkpointing:
+    if recomputes(cfg.activation_checkpointing) and not supports.activation_checkpointing:
         raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
                           f"{cfg.activation_checkpointing}; leave it none")
+    if cfg.activation_checkpointing == SELECTIVE and cfg.network.arch != "gpt2":
+        raise ConfigError(f"activation_checkpointing=selective recomputes GPT-2's attention cores; network "
+                          f"{cfg.network.name} has none (use every or a block interval k)")
     if cfg.grad_accum > 1 and not supports.grad_accum:
         accumulating = [name for name in strategy_names() if strategy_class(name).supports.grad_accum]
         hint = strategy.accumulation_hint or f"leave it 1 ({', '.join(accumulating)} accumulate)"

@@ -30,7 +30,7 @@ from suite.models import build_model
 from suite.placement import node_threads
 from suite.records.manifest import rank_info
 from suite.records.point_dir import PointDir, error_line
-from suite.runtime.activation_checkpointing import apply_activation_checkpointing, checkpoint_interval
+from suite.runtime.activation_checkpointing import apply_activation_checkpointing
 from suite.runtime.comm import CommVolume
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
@@ -94,8 +94,7 @@ class Trainer:
         self.layout = strategy.layout(cfg)
         # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
         model = build_model(cfg.network, cfg.dataset)
-        apply_activation_checkpointing(model, checkpoint_interval(cfg.activation_checkpointing),
-                                       strategy.checkpoint_fn())
+        apply_activation_checkpointing(model, cfg.activation_checkpointing, strategy.checkpoint_fn())
         self.timer = PhaseTimer(env.device)
         rank = RankContext(cfg, env, self.layout, make_precision(cfg.precision, env.device), self.timer, loss_fn)
         self.parallel = strategy.setup(model, rank)
@@ -230,7 +229,7 @@ class Trainer:
         """FLOPs of one replica's step, counted on the meta device (suite.runtime.flops); else why not."""
         try:
             flops = step_flops(self.cfg.network, self.cfg.dataset, self.data.train[0], self.layout.mini_batch,
-                               checkpoint_interval(self.cfg.activation_checkpointing),
+                               self.cfg.activation_checkpointing,
                                self.strategy.recomputed_forward_share(self.layout), loss_fn)
         except Exception as e:  # a network the counter cannot run on the meta device: no MFU, and the run says why
             log.warning("%s FLOPs not counted: %s", self.label, error_line(e))
