@@ -12,7 +12,8 @@ import torch
 from conftest import edit_catalog_entry, run_make
 from suite.errors import ConfigError
 from suite.predict import fabric, roofline
-from suite.predict.predictor import predict
+from suite.predict.predictor import predict, workload
+from suite.predict.step import devices, split_block_collectives
 from suite.profiling.counted import ATTENTION, CONV, MATMUL, MEMORY, Kernel, count_network
 from suite.sweep.plan import plan
 
@@ -344,6 +345,21 @@ def test_selective_recomputation_trades_the_attention_cores_forward_for_their_sc
     fused, fused_selective = (predict(point(*common, f"activation_checkpointing={ac}")) for ac in ("none", "selective"))
     assert fused_selective.memory.activations == fused.memory.activations
     assert fused_selective.step.total > fused.step.total
+
+
+def test_sequence_parallel_pipeline_stages_send_each_other_slices_of_the_sequence(results):
+    """Under sequence parallelism each tensor-parallel rank of a stage sends its slice of the sequence, 1/tp of the
+    activation that each sends whole without it; the blocks' all-reduces become reduce-scatters and all-gathers."""
+    common = ("workers=4", "strategy=1f1b", "strategy.pp=2", "strategy.tp=2", "strategy.micro_batches=2",
+              "precision=bf16", "optimizer.name=adam")
+    (whole, _, _), (sliced, _, _) = (workload(point(*common, f"strategy.sequence_parallel={sp}"))
+                                     for sp in ("false", "true"))
+    activation = whole.layers[1].output_bytes
+    first_whole, first_sliced = devices(whole)[0].work, devices(sliced)[0].work
+    assert first_whole.sends == pytest.approx(whole.links.send(activation, 2))  # its output; it receives the data
+    assert first_sliced.sends == pytest.approx(sliced.links.send(activation / 2, 2))
+    kinds = {kind for kind, _, _ in split_block_collectives(sliced, 1, 0, activation)}
+    assert kinds == {"reduce_scatter", "all_gather"}
 
 
 ACCUMULATING = {"ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"],

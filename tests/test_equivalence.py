@@ -154,12 +154,13 @@ def test_dp_x_pp_equivalence(store, strategy):
 @pytest.mark.parametrize("workers,knobs", [(4, []), (8, []), (4, ["strategy.schedule=zero_bubble"]),
                                            (4, ["strategy.virtual_stages=2"]),
                                            (4, ["activation_checkpointing=selective"]),
+                                           (4, ["strategy.sequence_parallel=true"]),
                                            (4, ["strategy.virtual_stages=2", "strategy.schedule=zbv"])])
 def test_dp_x_pp_x_tp_equivalence(store, workers, knobs):
     """Megatron-LM's 3D layout: 2 stages of 2 tensor-parallel ranks each (every block split as megatron splits it,
     the tied embedding and head by vocabulary, the loss on the split logits), in 1 or 2 replicas (8 ranks: 2 x 2 x
-    2); zero-bubble and interleaved schedules, and Megatron-LM's selective recomputation, over the same split
-    stages."""
+    2); zero-bubble and interleaved schedules, Megatron-LM's selective recomputation and sequence parallelism (the
+    stages send each other slices of the sequence), over the same split stages."""
     dp = workers // 4
     candidate = ["strategy=1f1b", f"workers={workers}", "strategy.pp=2", "strategy.tp=2",
                  f"batch_size={GLOBAL_BATCH // dp}", "strategy.micro_batches=2", *knobs]
@@ -170,12 +171,13 @@ def test_dp_x_pp_x_tp_equivalence(store, workers, knobs):
     assert pp_tp.summary()["mem_params_mb"] < 0.5 * reference.summary()["mem_params_mb"]
 
 
-@pytest.mark.parametrize("workers", [2, 4])
-def test_fsdp_x_tp_equivalence(store, workers):
+@pytest.mark.parametrize("workers,knobs", [(2, []), (4, []), (4, ["strategy.sequence_parallel=true"])])
+def test_fsdp_x_tp_equivalence(store, workers, knobs):
     """FSDP2 x TP (torchtitan's 2D layout): GPT-2 split over 2 tensor-parallel ranks as megatron splits it (embedding
-    and head by vocabulary, the loss on the split logits), each unit then sharded over the 1 or 2 replicas."""
+    and head by vocabulary, the loss on the split logits; with sequence parallelism the LayerNorms and residual
+    stream by sequence), each unit then sharded over the 1 or 2 replicas."""
     dp = workers // 2
-    candidate = ["strategy=fsdp", "strategy.tp=2", f"workers={workers}", f"batch_size={GLOBAL_BATCH // dp}"]
+    candidate = ["strategy=fsdp", "strategy.tp=2", f"workers={workers}", f"batch_size={GLOBAL_BATCH // dp}", *knobs]
     reference, fsdp_tp = train_pipeline_pair(store, WORKLOADS["gpt2"], candidate)  # one replica's batch per tp group
     assert_same_training(reference, fsdp_tp)
     # split in two by tensor parallelism, then sharded over the replicas

@@ -1,6 +1,7 @@
 """`make sweep SWEEP=layouts_3d`: data x tensor, FSDP2 x TP and data x pipeline x tensor layouts (under 1F1B,
-interleaved, zero-bubble, ZB-V and DualPipeV schedules, with full and selective recomputation) each train to single's losses, which its
-report says per point, beside each pipeline's bubble measured and analytic."""
+interleaved, zero-bubble, ZB-V and DualPipeV schedules, with full and selective recomputation, with sequence
+parallelism) each train to single's losses, which its report says per point, beside each pipeline's bubble measured
+and analytic."""
 
 import csv
 
@@ -16,7 +17,7 @@ def test_every_layout_of_the_sweep_trains_to_singles_losses(results):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(results / "reports" / "layouts_3d" / "same_losses.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 15  # every point but single
+    assert len(rows) == 17  # every point but single
     assert {row["same losses (rtol 0.0001)"] for row in rows} == {"same"}
     layouts = {row["layout"] for row in rows}
     assert {"dp 2 x pp 2 x tp 2", "dp 2 x pp 1 x tp 2", "dp 1 x pp 2 x tp 2"} <= layouts

@@ -77,6 +77,10 @@ MALFORMED = {
                                                      "strategy=megatron", "workers=2",
                                                      "strategy.sequence_parallel=true"],
                                                     "sequence_parallel needs tp=2 to divide dataset.seq_len=33"),
+    "sequence parallel in fsdp without tp": (["dataset=tokens", "network=gpt2_tiny", "strategy=fsdp", "workers=2",
+                                              "strategy.sequence_parallel=true"],
+                                             "strategy fsdp: sequence_parallel splits the sequence over "
+                                             "tensor-parallel ranks; set strategy.tp > 1"),
     "megatron tp not dividing workers": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=3"],
                                          "tp=2 does not divide 3 workers"),
     "megatron tp not dividing heads": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=4",

@@ -399,11 +399,14 @@ def chunks(w: Workload) -> list[Chunk]:
 def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
     """A chunk's compute per micro-batch and its sends to other devices (not to a chunk of its own device, as in a
     V): its output forward, its input's gradient backward (by each of its stage's tensor-parallel ranks at once,
-    whole). `recompute`: the share of micro-batches whose whole forward torchgpipe runs again; checkpointed blocks
-    run theirs again in every micro-batch's backward. Layers split over tp ranks (blocks as megatron splits them,
-    the embedding and head by vocabulary) compute 1/tp of their work and wait for their collectives."""
+    whole, or under sequence parallelism each its slice of the sequence). `recompute`: the share of micro-batches
+    whose whole forward torchgpipe runs again; checkpointed blocks run theirs again in every micro-batch's backward.
+    Layers split over tp ranks (blocks as megatron splits them, the embedding and head by vocabulary) compute 1/tp
+    of their work and wait for their collectives."""
     output, received = chunk.sends
-    sizes = ([chunk.layers[-1].output_bytes] if output else []) + ([chunk.input_bytes] if received else [])
+    sliced = chunk.tp if getattr(w.strategy, "sequence_parallel", False) else 1
+    sizes = [n / sliced for n in ([chunk.layers[-1].output_bytes] if output else [])
+             + ([chunk.input_bytes] if received else [])]
     again = sum(layer.forward_s for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if wrapped)
     compute = (again + sum(layer.forward_s * (1 + recompute) + layer.backward_s for layer in chunk.layers)) / chunk.tp
     split = []

@@ -505,8 +505,10 @@ def map_record(record: Record) -> Mapped:
     _precision(record, strategy or "", draft)
     _recompute(record, strategy or "", draft)
     _optimizer(record, language, draft)
-    if record.layout.sequence_parallel and strategy not in (None, "megatron"):
-        draft.cannot(LAYOUT_3D, f"sequence parallelism in {strategy} (megatron's only)")
+    if record.layout.sequence_parallel and strategy in ("fsdp", "1f1b", "gpipe_dist") and (record.layout.tp or 1) > 1:
+        draft.set("strategy.sequence_parallel=true")
+    elif record.layout.sequence_parallel and strategy not in (None, "megatron"):
+        draft.cannot(LAYOUT_3D, f"sequence parallelism in {strategy} without tensor parallelism")
     return Mapped(record, tuple(draft.overrides), tuple(draft.assumptions), tuple(draft.reasons))
 
 

@@ -1,6 +1,7 @@
 """Fully sharded data parallelism with torch FSDP2 (`fully_shard`), one unit per layer plus the root; with
 `tp > 1` over tensor-parallel groups (FSDP2 x TP, torchtitan's 2D layout: GPT-2 split as megatron splits it, the
-embedding and head by vocabulary, then each unit sharded over the `workers / tp` replicas).
+embedding and head by vocabulary, with `sequence_parallel` the LayerNorms and residual stream by sequence, then each
+unit sharded over the `workers / tp` replicas).
 
 Each layer of the network (a GPT-2 block, a ResNet block, a VGG convolution; `suite.models.layers`)
 is its own unit, gathered just before it runs; the root unit holds what is left (GPT-2's embeddings,
@@ -52,13 +53,14 @@ class FSDP(Strategy):
     needs_torch: ClassVar[str] = "2.6"
     reshard_after_forward: bool = True
     tp: int = 1  # tensor-parallel ranks splitting GPT-2 as megatron does, sharded over the workers / tp replicas
+    sequence_parallel: bool = False  # with tp > 1: megatron's sequence parallelism inside each tensor-parallel group
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
         return [[f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
 
     def check(self, cfg) -> None:
-        check_tensor_split(self.name, cfg, self.tp, cfg.workers)
+        check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)
         if self.tp > 1 and cfg.precision == "fp16":
             raise ConfigError(f"strategy fsdp: tp={self.tp} has no fp16 loss scaling over its 2D-sharded gradients; "
                               "use precision=bf16 (or fp32)")
@@ -75,7 +77,7 @@ class FSDP(Strategy):
         model = model.to(rank.env.device)
         mesh = rank.layout.mesh(rank.env.device.type)
         if self.tp > 1:  # torchtitan's order: tensor parallelism first, then FSDP over the data-parallel mesh
-            apply_tensor_parallel(model, mesh["tp"], vocab_parallel=True, sequence_parallel=False)
+            apply_tensor_parallel(model, mesh["tp"], vocab_parallel=True, sequence_parallel=self.sequence_parallel)
         policy = mixed_precision_policy(rank.cfg.precision)
         for layer in block_layers(model):
             fully_shard(layer.module, mesh=mesh["dp"], reshard_after_forward=self.reshard_after_forward,

@@ -97,17 +97,23 @@ def is_block(module: nn.Module) -> bool:
     return isinstance(getattr(module, "_checkpoint_wrapped_module", module), Block)
 
 
-def split_stage(layers: list[nn.Module], mesh: DeviceMesh) -> None:
+def split_stage(layers: list[nn.Module], mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """A pipeline stage's layers split over its tensor-parallel `mesh`: its blocks, and the embedding or the head
-    it holds by vocabulary (`ends_plan`; the logits stay split for `loss_parallel`)."""
-    from torch.distributed.tensor.parallel import parallelize_module
+    it holds by vocabulary (`ends_plan`; the logits stay split for `loss_parallel`). Under sequence parallelism a
+    stage takes and sends this rank's slice of the sequence (Megatron-LM's pipelines send the split activations): the
+    embedding's output is sliced, the blocks and the head take slices."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleOutput, parallelize_module
 
-    split_blocks([layer for layer in layers if is_block(layer)], mesh, False)
-    ends = ends_plan(vocab_parallel=True, sequence_parallel=False)
+    split_blocks([layer for layer in layers if is_block(layer)], mesh, sequence_parallel)
+    ends = ends_plan(vocab_parallel=True, sequence_parallel=sequence_parallel)
     for layer in layers:
         plan = {name: style for name, style in ends.items() if hasattr(layer, name)}
         if plan:
             parallelize_module(layer, mesh, plan)
+        if sequence_parallel and hasattr(layer, "tok_emb"):
+            parallelize_module(layer, mesh, PrepareModuleOutput(output_layouts=Replicate(),
+                                                                desired_output_layouts=Shard(1), use_local_output=True))
 
 
 def whole_logits(logits: torch.Tensor, group, tp: int) -> torch.Tensor:
@@ -126,9 +132,9 @@ def whole_logits(logits: torch.Tensor, group, tp: int) -> torch.Tensor:
     return whole
 
 
-def check_tensor_split(strategy: str, cfg, tp: int, ranks: int) -> None:
+def check_tensor_split(strategy: str, cfg, tp: int, ranks: int, sequence_parallel: bool = False) -> None:
     """Before launch: `tp` ranks can split the point's network (GPT-2's attention heads), and `ranks` (the workers,
-    or a pipeline's ranks) into groups of `tp`."""
+    or a pipeline's ranks) into groups of `tp`; under `sequence_parallel`, its sequence too."""
     net = cfg.network
     if tp < 1 or ranks % tp:
         raise ConfigError(f"strategy {strategy}: tp={tp} does not divide {ranks} workers")
@@ -137,6 +143,12 @@ def check_tensor_split(strategy: str, cfg, tp: int, ranks: int) -> None:
                           f"({net.arch}) has no such layers")
     if net.arch == "gpt2" and net.n_head % tp:
         raise ConfigError(f"strategy {strategy}: tp={tp} does not divide n_head={net.n_head} of {net.name}")
+    if sequence_parallel and tp == 1:
+        raise ConfigError(f"strategy {strategy}: sequence_parallel splits the sequence over tensor-parallel ranks; "
+                          "set strategy.tp > 1")
+    if sequence_parallel and cfg.dataset.seq_len % tp:
+        raise ConfigError(f"strategy {strategy}: sequence_parallel needs tp={tp} to divide "
+                          f"dataset.seq_len={cfg.dataset.seq_len}")
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bool, sequence_parallel: bool) -> None:
@@ -306,10 +318,7 @@ class Megatron(Strategy):
         if cfg.network.arch != "gpt2":
             raise ConfigError(f"strategy megatron splits GPT-2's attention and MLP; network {cfg.network.name} "
                               f"({cfg.network.arch}) has no such layers")
-        check_tensor_split(self.name, cfg, self.tp, cfg.workers)
-        if self.sequence_parallel and cfg.dataset.seq_len % self.tp:
-            raise ConfigError(f"strategy megatron: sequence_parallel needs tp={self.tp} to divide "
-                              f"dataset.seq_len={cfg.dataset.seq_len}")
+        check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)
         if self.bucket_size is not None and self.bucket_size < 1:
             raise ConfigError(f"strategy megatron: bucket_size={self.bucket_size} must be a positive number of "
                               "gradient elements")

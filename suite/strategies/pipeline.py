@@ -207,7 +207,8 @@ class DistributedStages(Runtime):
         self.total_stages = total
         local = nn.ModuleList(StageModule(groups[s]) for s in self.stage_ids).to(env.device)
         if layout.tp > 1:  # before the tied weights are found: splitting replaces the parameters
-            split_stage([layer.module for s in self.stage_ids for layer in groups[s]], self.topology.mesh["tp"])
+            split_stage([layer.module for s in self.stage_ids for layer in groups[s]], self.topology.mesh["tp"],
+                        getattr(spec, "sequence_parallel", False))
         held = {id(p) for p in local.parameters()}
         self.tied = [[p for i, name in places if id(p := layers[i].module.get_parameter(name)) in held]
                      for places in ties]  # per tie, the copies this rank holds

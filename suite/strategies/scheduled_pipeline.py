@@ -2,7 +2,8 @@
 `1f1b`): each names its schedule; suite.strategies.scheduled, imported in `setup` (it needs torch 2.6, which these
 declare), runs it. With `tp > 1` each stage is `tp` ranks that split its GPT-2 blocks as `megatron` does (Megatron-
 LM's 3D layout: data x pipeline x tensor parallelism, `workers / (pp x tp)` replicas), the embedding and the head by
-vocabulary, the logits left split for the loss (`megatron`'s vocab_parallel)."""
+vocabulary, the logits left split for the loss (`megatron`'s vocab_parallel); with `sequence_parallel` the
+LayerNorms and residual stream by sequence, and the stages send each other slices of the sequence."""
 
 from __future__ import annotations
 
@@ -31,12 +32,13 @@ class ScheduledPipeline(DistributedPipeline):
     supports: ClassVar[Supports] = replace(DistributedPipeline.supports, activation_checkpointing=True)
     needs_torch: ClassVar[str] = "2.6"
     tp: int = 1  # tensor-parallel ranks per stage
+    sequence_parallel: bool = False  # with tp > 1: megatron's sequence parallelism in each stage
 
     def stages(self, cfg) -> int:
         return self.pp or cfg.workers // max(self.tp, 1)
 
     def check(self, cfg) -> None:
-        check_tensor_split(self.name, cfg, self.tp, cfg.workers)
+        check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)
         if self.tp > 1 and self.stages(cfg) == 1:
             raise ConfigError(f"strategy {self.name}: tp={self.tp} in one stage is tensor parallelism alone: use "
                               "strategy=megatron")
