@@ -22,15 +22,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from suite.models import build_model
-from suite.models.gpt2 import AttentionCore
 from suite.models.layers import flatten_layers
+from suite.profiling.cores import CoreWatch
 
 MATMUL = "matmul"  # on the tensor cores (or the FP32 units): GEMMs
 CONV = "conv"  # convolutions (cuDNN), forward and backward
@@ -94,13 +93,15 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 
 class _Kernels(TorchDispatchMode):
-    """Records one Kernel per aten operator; with `half`, tracks which tensors autocast would hold in half
-    precision."""
+    """Records one Kernel per aten operator (apart as well, those of the `watch`ed attention cores); with `half`,
+    tracks which tensors autocast would hold in half precision."""
 
-    def __init__(self, half: bool, state: set[int]) -> None:
+    def __init__(self, half: bool, state: set[int], watch: CoreWatch) -> None:
         super().__init__()
         self.half, self.state = half, state  # the ids of the model's parameters and buffers
+        self.watch = watch
         self.kernels: list[Kernel] = []
+        self.core_kernels: list[Kernel] = []  # those launched while an attention core runs
         self.half_ids: set[int] = set()
         self.alive: list[torch.Tensor] = []  # ids stay unique while their tensors live
         self.largest = 0
@@ -148,8 +149,13 @@ class _Kernels(TorchDispatchMode):
                 rows, cols = shape[0] * shape[2] * shape[3], shape[1]
         depth = round(flops / (2 * rows * cols)) if kind == MATMUL and rows * cols else 0
         aligned = kind != MATMUL or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
-        self.kernels.append(Kernel(kind, flops, moved, rows, cols, aligned))
+        self.record(Kernel(kind, flops, moved, rows, cols, aligned))
         return out
+
+    def record(self, kernel: Kernel) -> None:
+        self.kernels.append(kernel)
+        if self.watch.inside:
+            self.core_kernels.append(kernel)
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -190,7 +196,7 @@ class _Attention(TorchFunctionMode):
         if self.kernels.half:
             self.kernels.mark_half([q, k, v, out])
         moved = sum(map(self.kernels.nbytes, tensors))
-        self.kernels.kernels.append(Kernel(ATTENTION, flops, moved, q.numel() // head_dim, head_dim,
+        self.kernels.record(Kernel(ATTENTION, flops, moved, q.numel() // head_dim, head_dim,
                                            keys=k_len, causal=causal))
 
 
@@ -198,37 +204,23 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _base(t: torch.Tensor) -> torch.Tensor:
+    return t._base if t._base is not None else t
+
+
 class _Saved:
     """Bytes autograd keeps for backward (parameters excluded), each storage once, under the precision the
-    kernels gave it; apart, what the watched attention cores keep, and the kernels they launch."""
+    kernels gave it; apart, what it keeps while one of the kernels' watched attention cores runs."""
 
-    def __init__(self, kernels: _Kernels, params: set[int], cores: list[nn.Module]) -> None:
+    def __init__(self, kernels: _Kernels, params: set[int]) -> None:
         self.kernels, self.params, self.seen, self.in_core = kernels, params, {}, {}
-        self.inside, self.entered, self.core_inputs, self.core_kernels = False, 0, {}, []
-        self.hooks = [hook for core in cores for hook in (core.register_forward_pre_hook(self._enter),
-                                                          core.register_forward_hook(self._leave))]
-
-    @staticmethod
-    def _base(t: torch.Tensor) -> torch.Tensor:
-        return t._base if t._base is not None else t
-
-    def _enter(self, _module, inputs) -> None:
-        self.inside, self.entered = True, len(self.kernels.kernels)
-        self.core_inputs.update((id(self._base(t)), t) for t in inputs)
-
-    def _leave(self, *_) -> None:
-        self.inside = False
-        self.core_kernels += self.kernels.kernels[self.entered:]
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        base = self._base(t)
+        base = _base(t)
         if id(base) not in self.params:
-            (self.in_core if self.inside else self.seen)[id(base)] = (base, self.kernels.nbytes(base))
+            kept = self.in_core if self.kernels.watch.inside else self.seen
+            kept[id(base)] = (base, self.kernels.nbytes(base))
         return t
-
-    def unwatch(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
 
     @property
     def total(self) -> int:
@@ -236,7 +228,9 @@ class _Saved:
 
     @property
     def core(self) -> int:
-        return sum(n for key, (_, n) in self.in_core.items() if key not in self.seen and key not in self.core_inputs)
+        """What the cores keep that nothing outside them does, their inputs excluded: what recomputing them frees."""
+        inputs = {id(_base(t)) for args in self.kernels.watch.inputs for t in args}
+        return sum(n for key, (_, n) in self.in_core.items() if key not in self.seen and key not in inputs)
 
 
 def count_network(cfg, batch: int) -> CountedNetwork:
@@ -264,17 +258,17 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         own = [p for p in layer.module.parameters() if id(p) not in seen]
         tied = [p for p in layer.module.parameters() if id(p) in seen]
         seen.update(id(p) for p in own)
-        kernels = _Kernels(half, params | {id(b) for b in model.buffers()})
+        watch = CoreWatch(layer.module)
+        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch)
         x_in = x.detach().requires_grad_(x.is_floating_point())
         if x_half:
             kernels.mark_half([x_in])
-        saved = _Saved(kernels, params, [m for m in layer.module.modules() if isinstance(m, AttentionCore)])
-        with fused(kernels), kernels, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        saved = _Saved(kernels, params)
+        with (watch, fused(kernels), kernels, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)):
             y = layer.module(x_in)
             output_bytes, x_half = kernels.nbytes(y), id(y) in kernels.half_ids
             if last:
                 y = loss_fn(y, targets)
-        saved.unwatch()
         forward = list(kernels.kernels)
         kernels.kernels.clear()
         with fused(kernels), kernels:
@@ -290,6 +284,6 @@ def count_network(cfg, batch: int) -> CountedNetwork:
             backward=tuple(backward), output_bytes=output_bytes, saved_bytes=saved.total,
             param_bytes=sum(map(_nbytes, own)), param_tensors=len(own), tied_bytes=sum(map(_nbytes, tied)),
             block=bool(layer.prefix) and any(True for _ in layer.module.parameters()),
-            core_forward=tuple(saved.core_kernels), core_saved_bytes=saved.core))
+            core_forward=tuple(kernels.core_kernels), core_saved_bytes=saved.core))
         x = y.detach() if not last else x
     return CountedNetwork(tuple(counted), _nbytes(inputs), sum(_nbytes(b) for b in model.buffers()), largest)

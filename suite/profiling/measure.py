@@ -22,8 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from suite.data import build_datasets
 from suite.models import build_model
-from suite.models.gpt2 import AttentionCore
 from suite.models.layers import flatten_layers
+from suite.profiling.cores import CoreWatch
 from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, WINDOW_S, LayerProfile
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import make_precision
@@ -70,30 +70,16 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 class _SavedBytes:
     """Bytes of the distinct storages autograd saves for backward while active, parameters excluded; apart, those
-    saved inside the watched attention cores, whose inputs it keeps (`core_inputs`: one tuple per core run)."""
+    saved while one of the `watch`ed attention cores runs."""
 
-    def __init__(self, params: set[int], cores: list[nn.Module]) -> None:
-        self.params, self.storages, self.in_core = params, {}, {}
-        self.inside, self.core_inputs = False, []
-        self.hooks = [hook for core in cores for hook in (core.register_forward_pre_hook(self._enter),
-                                                          core.register_forward_hook(self._leave))]
-
-    def _enter(self, _module, inputs) -> None:
-        self.inside = True
-        self.core_inputs.append(inputs)
-
-    def _leave(self, *_) -> None:
-        self.inside = False
+    def __init__(self, params: set[int], watch: CoreWatch) -> None:
+        self.params, self.watch, self.storages, self.in_core = params, watch, {}, {}
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in self.params:
-            (self.in_core if self.inside else self.storages)[storage.data_ptr()] = storage.nbytes()
+            (self.in_core if self.watch.inside else self.storages)[storage.data_ptr()] = storage.nbytes()
         return tensor
-
-    def unwatch(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
 
     @property
     def total(self) -> int:
@@ -102,7 +88,7 @@ class _SavedBytes:
     @property
     def core(self) -> int:
         """What the cores keep that nothing outside them does, their inputs excluded: what recomputing them frees."""
-        inputs = {t.untyped_storage().data_ptr() for args in self.core_inputs for t in args}
+        inputs = {t.untyped_storage().data_ptr() for args in self.watch.inputs for t in args}
         return sum(n for ptr, n in self.in_core.items() if ptr not in self.storages and ptr not in inputs)
 
 
@@ -169,15 +155,14 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
                     y = module(x_in)
                     return loss_fn(y, targets) if last else y
 
-            cores = [module for module in layer.module.modules() if isinstance(module, AttentionCore)]
-            saved = _SavedBytes(param_storages, cores)
-            with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-                y = forward(None)
-            saved.unwatch()
+            with CoreWatch(layer.module) as watch:
+                saved = _SavedBytes(param_storages, watch)
+                with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+                    y = forward(None)
             grad = torch.ones_like(y) if last else torch.randn_like(y)
             timed = _timed_steps([forward, lambda out, grad=grad: out.backward(grad)], device)
             forward_s, backward_s = map(statistics.median, timed)
-            core_s, core_flops = _time_cores(cores, saved.core_inputs, precision, device)
+            core_s, core_flops = _time_cores(watch.cores, watch.inputs, precision, device)
             with FlopCounterMode(display=False) as fwd_count:
                 y_counted = forward(None)
             with FlopCounterMode(display=False) as bwd_count:
