@@ -1,32 +1,39 @@
 """Published claims checked against a sweep's runs: the report's "claims" section.
 
 A claims file (analysis/published/<name>.yaml, named by a sweep's `report.claims`) lists every number and
-checkable claim of a study, each with its source, the published value and the relation that counts as
-"holds". Each `check` kind below turns the runs into a measured value and a verdict: holds, does not hold, or
-not measured by this sweep (with what would measure it). Points are selected by `where`: dataset, network
+checkable claim of a study, each with its source, the published value, the band that counts as "holds", and the
+least evidence it needs (`needs`: `samples`, the fewest samples behind an interval; `gpu_memory`, memory the
+CUDA allocator measured, not a CPU process's resident set; `full_size`, the study's networks and inputs, not a
+sweep that declares itself a miniature in its `report.miniature`). Each `check` kind below turns the runs into
+measured values with their 95% intervals and a verdict: `holds` when every interval lies inside the band, `fails`
+when one lies wholly outside it, `inconclusive` when one straddles its edge; `not testable here` when the runs
+lack the evidence the claim needs (the reason in the caveats column, the value still shown); `not measured` when
+the sweep has no such point (with what would measure it). Points are selected by `where`: dataset, network
 (a glob: `gpt2*` is any GPT-2), framework (a strategy, or Study N's name such as ZeRO-1 or Megatron-intra),
 workers (a number, or `max`: the largest that ran), Study J's GPipe configuration.
 """
 
 from __future__ import annotations
 
-import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
 import yaml
 
-from analysis.measure import epoch_time, finished, speedup
+from analysis.measure import epoch_time, finished, samples, speedup
 from analysis.runs import Row
-from analysis.stats import ratio
+from analysis.stats import Estimate, estimate, ratio
 from analysis.study_j import eq_6_1, gpipe_config, single_node_workers
 from analysis.study_n import frameworks, memory_ratio, memory_reduction, series
 from analysis.tables import Table
 from analysis.views import Context, Section, table_section, view
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
-HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured"
+HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
+NOT_TESTABLE, NOT_MEASURED = "not testable here", "not measured"
+NEEDS = ("samples", "gpu_memory", "full_size")
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,37 @@ class Verdict:
     measured: str
     verdict: str
     note: str = ""
+    samples: int | None = None  # the fewest samples behind one of its intervals; None: no interval (a count, a status)
+
+
+def _band(claim: dict) -> tuple[float, float]:
+    if "tolerance" in claim:
+        return (claim["published"] * (1 - claim["tolerance"]), claim["published"] * (1 + claim["tolerance"]))
+    return claim.get("min", float("-inf")), claim.get("max", float("inf"))
+
+
+def judged(e: Estimate, claim: dict) -> str:
+    """An estimate against the claim's band: its whole interval inside holds, wholly outside fails."""
+    low, high = _band(claim)
+    if low <= e.low and e.high <= high:
+        return HOLDS
+    return FAILS if e.high < low or e.low > high else INCONCLUSIVE
+
+
+def compared(a: Estimate, b: Estimate) -> str:
+    """Whether a is below b: holds when a's interval lies below b's, fails when above, else inconclusive."""
+    return HOLDS if a.high < b.low else FAILS if a.low > b.high else INCONCLUSIVE
+
+
+def combined(verdicts: Iterable[str]) -> str:
+    """A claim over several values holds when each does and fails when one fails."""
+    verdicts = list(verdicts)
+    return FAILS if FAILS in verdicts else HOLDS if all(v == HOLDS for v in verdicts) else INCONCLUSIVE
+
+
+def exact(value: float) -> Estimate:
+    """A value that has no spread (a formula's, a count's)."""
+    return Estimate(value, value, value, None, 1)
 
 
 def _claims_file(name: str) -> tuple[Path, dict]:
@@ -51,11 +89,15 @@ def load_claims(name: str) -> list[dict]:
     path, content = _claims_file(name)
     claims = content["claims"]
     for claim in claims:
-        missing = {"id", "source", "claim", "check"} - claim.keys()
+        missing = {"id", "source", "claim", "check", "needs"} - claim.keys()
         if missing:
             raise ValueError(f"{path}: claim {claim.get('id', '?')} lacks {', '.join(sorted(missing))}")
         if claim["check"] not in CHECKS:
             raise ValueError(f"{path}: claim {claim['id']}: check {claim['check']} is not one of {', '.join(CHECKS)}")
+        unknown = set(claim["needs"] or {}) - set(NEEDS)
+        if unknown:
+            raise ValueError(f"{path}: claim {claim['id']}: needs {', '.join(sorted(unknown))} is not one of "
+                             f"{', '.join(NEEDS)}")
         if "control" in claim and (claim["check"] not in RATIOS or claim["control"] not in content.get("controls", {})
                                    or len(claim.get("effects", ())) != 2):
             raise ValueError(f"{path}: claim {claim['id']}: a control needs a ratio check ({', '.join(RATIOS)}), "
@@ -81,16 +123,17 @@ def select(ctx: Context, where: dict) -> list[Row]:
     return [r for r in rows if workers is None or r.workers == workers]
 
 
-def _time(ctx: Context, rows: list[Row]) -> float | None:
-    e = epoch_time(rows, ctx.histories, ctx.protocol) if rows else None
-    return e.value if e else None
+def _time(ctx: Context, rows: list[Row]) -> Estimate | None:
+    return epoch_time(rows, ctx.histories, ctx.protocol) if rows else None
 
 
-def _within(value: float, claim: dict) -> bool:
-    if "tolerance" in claim:
-        return abs(value - claim["published"]) <= claim["tolerance"] * claim["published"]
-    low, high = claim.get("min", float("-inf")), claim.get("max", float("inf"))
-    return low <= value <= high
+def _text(e: Estimate, spec: str = ".3g") -> str:
+    return format(e.value, spec) if e.low == e.high else f"{e.value:{spec}} [{e.low:{spec}}, {e.high:{spec}}]"
+
+
+def _fewest(estimates: Iterable[Estimate]) -> int | None:
+    counts = [e.n for e in estimates if e.cv is not None or e.n > 1]
+    return min(counts) if counts else None
 
 
 def check_speedup(ctx: Context, claim: dict) -> Verdict | None:
@@ -102,15 +145,14 @@ def check_speedup(ctx: Context, claim: dict) -> Verdict | None:
     s = speedup(point, base, ctx.histories, ctx.protocol) if base else None
     if s is None:
         return None
-    return Verdict(f"{s.value:.3g} ({point[0].network}, {point[0].workers} workers)",
-                   HOLDS if _within(s.value, claim) else FAILS)
+    return Verdict(f"{_text(s)} ({point[0].network}, {point[0].workers} workers)", judged(s, claim), samples=s.n)
 
 
 def check_epoch_time(ctx: Context, claim: dict) -> Verdict | None:
     t = _time(ctx, select(ctx, claim["where"]))
     if t is None:
         return None
-    return Verdict(f"{t:.4g} s", HOLDS if _within(t, claim) else FAILS)
+    return Verdict(f"{_text(t, '.4g')} s", judged(t, claim), samples=t.n)
 
 
 def _networks(ctx: Context, where: dict) -> list[str]:
@@ -119,27 +161,29 @@ def _networks(ctx: Context, where: dict) -> list[str]:
 
 def check_decreasing(ctx: Context, claim: dict) -> Verdict | None:
     """Per network, the epoch times of the listed points (`order`: `where`s merged over the claim's) fall
-    strictly; holds when they do for every network that ran them all."""
-    judged = {}
+    strictly, each interval below the one before; holds when they do for every network that ran them all."""
+    measured = {}
     for network in _networks(ctx, claim.get("where", {})):
         times = [_time(ctx, select(ctx, {**claim.get("where", {}), "network": network, **w})) for w in claim["order"]]
         if all(t is not None for t in times):
-            judged[network] = times
-    if not judged:
+            measured[network] = times
+    if not measured:
         return None
-    falling = [n for n, t in judged.items() if all(a > b for a, b in zip(t, t[1:]))]
-    text = "; ".join(f"{n} " + " / ".join(f"{t:.4g}" for t in times) for n, times in judged.items())
-    return Verdict(f"{len(falling)} of {len(judged)} networks: {text}", HOLDS if len(falling) == len(judged)
-                   else FAILS)
+    steps = {n: [compared(b, a) for a, b in zip(times, times[1:])] for n, times in measured.items()}
+    falling = [n for n, verdicts in steps.items() if combined(verdicts) == HOLDS]
+    text = "; ".join(f"{n} " + " / ".join(_text(t, ".4g") for t in times) for n, times in measured.items())
+    return Verdict(f"{len(falling)} of {len(measured)} networks: {text}",
+                   combined(v for verdicts in steps.values() for v in verdicts),
+                   samples=_fewest(t for times in measured.values() for t in times))
 
 
 def check_fastest(ctx: Context, claim: dict) -> Verdict | None:
     """The point `where` names is the fastest of `among` (frameworks, or `where`s merged over the claim's) in
-    every cell (dataset x network) where it finished; cells where it did not are exempt (the "unless memory runs
-    out")."""
+    every cell (dataset x network) where it finished, its interval below every other's; cells where it did not
+    finish are exempt (the "unless memory runs out")."""
     where, among = claim["where"], claim["among"]
     cells = sorted({(r.dataset, r.network) for r in select(ctx, where)})
-    wins, judged = 0, 0
+    verdicts, used = [], []
     for dataset, network in cells:
         cell = {**where, "dataset": dataset, "network": network}
         mine = _time(ctx, select(ctx, cell))
@@ -148,11 +192,13 @@ def check_fastest(ctx: Context, claim: dict) -> Verdict | None:
         others = [t for t in others if t is not None]
         if mine is None or not others:
             continue
-        judged += 1
-        wins += mine <= min(others)
-    if not judged:
+        verdicts.append(combined(compared(mine, other) for other in others))
+        used += [mine, *others]
+    if not verdicts:
         return None
-    return Verdict(f"fastest in {wins} of {judged} cells", HOLDS if wins == judged else FAILS)
+    return Verdict(f"fastest in {verdicts.count(HOLDS)} of {len(verdicts)} cells, slower in "
+                   f"{verdicts.count(FAILS)}, within the intervals in {verdicts.count(INCONCLUSIVE)}",
+                   combined(verdicts), samples=_fewest(used))
 
 
 def check_status(ctx: Context, claim: dict) -> Verdict | None:
@@ -170,10 +216,10 @@ def check_eq_6_1(ctx: Context, claim: dict) -> Verdict | None:
     if not rows:
         return None
     value = eq_6_1(rows[0].workers, int(rows[0].params["micro_batches"]))
-    return Verdict(f"{value:.4f}", HOLDS if _within(value, claim) else FAILS)
+    return Verdict(f"{value:.4f}", judged(exact(value), claim))
 
 
-def _time_ratios(ctx: Context, claim: dict) -> dict[tuple[str, int], float]:
+def _time_ratios(ctx: Context, claim: dict) -> dict[tuple[str, int], Estimate]:
     out = {}
     for network in _networks(ctx, claim["where"]):
         lines = series(ctx, network)
@@ -181,34 +227,33 @@ def _time_ratios(ctx: Context, claim: dict) -> dict[tuple[str, int], float]:
         for workers in sorted(set(a) & set(b)):
             if claim["where"].get("workers", workers) != workers:
                 continue
-            ta = [e.value for e in (epoch_time([r], ctx.histories, ctx.protocol) for r in finished(a[workers])) if e]
-            tb = [e.value for e in (epoch_time([r], ctx.histories, ctx.protocol) for r in finished(b[workers])) if e]
+            ta, tb = (samples(side[workers], ctx.histories, ctx.protocol) for side in (a, b))
             if ta and tb:
-                out[network, workers] = ratio(ta, tb).value
+                out[network, workers] = ratio(ta, tb, "mean" if len(finished(a[workers])) == 1 else "median")
     return out
 
 
-def _memory_ratios(ctx: Context, claim: dict) -> dict[tuple[str, int], float]:
+def _memory_ratios(ctx: Context, claim: dict) -> dict[tuple[str, int], Estimate]:
     values = {}
     for network in _networks(ctx, claim["where"]):
         for workers, value in memory_ratio(ctx, network, claim["framework"], claim["relative_to"]).items():
             if workers >= claim.get("min_workers", 2):
-                values[network, workers] = value
+                values[network, workers] = exact(value)
     return values
 
 
 RATIOS = {"time_ratio": (_time_ratios, "time ratio"), "memory_ratio": (_memory_ratios, "memory ratio")}
 
 
-def _ratio_text(values: dict[tuple[str, int], float], what: str) -> str:
-    return f"{what} " + ", ".join(f"{v:.3g} ({n} w{w})" for (n, w), v in sorted(values.items()))
+def _ratio_text(values: dict[tuple[str, int], Estimate], what: str) -> str:
+    return f"{what} " + ", ".join(f"{_text(v)} ({n} w{w})" for (n, w), v in sorted(values.items()))
 
 
-def _range_verdict(values: dict, claim: dict, what: str) -> Verdict | None:
+def _range_verdict(values: dict[tuple[str, int], Estimate], claim: dict, what: str) -> Verdict | None:
     if not values:
         return None
-    holds = all(_within(v, claim) for v in values.values())
-    return Verdict(_ratio_text(values, what), HOLDS if holds else FAILS)
+    return Verdict(_ratio_text(values, what), combined(judged(v, claim) for v in values.values()),
+                   samples=_fewest(values.values()))
 
 
 def check_time_ratio(ctx: Context, claim: dict) -> Verdict | None:
@@ -232,21 +277,21 @@ def check_memory_reduction(ctx: Context, claim: dict) -> Verdict | None:
                 values[f"{network} {name}", 0] = factor
     if not values:
         return None
-    holds = all(_within(v, claim) for v in values.values())
     return Verdict("reduction " + ", ".join(f"{v:.3g} ({k})" for (k, _), v in sorted(values.items())),
-                   HOLDS if holds else FAILS)
+                   combined(judged(exact(v), claim) for v in values.values()))
 
 
 def check_single_gpu_ratio(ctx: Context, claim: dict) -> Verdict | None:
     """1-GPU epoch time of `framework` over the fastest framework's on 1 GPU (of those `among`)."""
     where = {**claim["where"], "workers": 1}
-    mine = _time(ctx, select(ctx, {**where, "framework": claim["framework"]}))
-    others = [_time(ctx, select(ctx, {**where, "framework": f})) for f in claim["among"]]
-    others = [t for t in others if t is not None]
-    if mine is None or not others:
+    mine = select(ctx, {**where, "framework": claim["framework"]})
+    others = [rows for rows in (select(ctx, {**where, "framework": f}) for f in claim["among"]) if _time(ctx, rows)]
+    if not _time(ctx, mine) or not others:
         return None
-    value = mine / min(others)
-    return Verdict(f"{value:.3g}x the fastest", HOLDS if _within(value, claim) else FAILS)
+    fastest = min(others, key=lambda rows: _time(ctx, rows).value)
+    value = ratio(samples(mine, ctx.histories, ctx.protocol), samples(fastest, ctx.histories, ctx.protocol),
+                  "mean" if len(finished(mine)) == 1 else "median")
+    return Verdict(f"{_text(value)}x the fastest", judged(value, claim), samples=value.n)
 
 
 def check_comm_share(ctx: Context, claim: dict) -> Verdict | None:
@@ -255,9 +300,9 @@ def check_comm_share(ctx: Context, claim: dict) -> Verdict | None:
     rows = [r for r in finished(select(ctx, claim["where"])) if "comm_fraction" in r.metrics]
     if not rows:
         return None
-    value = statistics.median(r.metrics["comm_fraction"] for r in rows)
-    return Verdict(f"{value:.1%} ({rows[0].network}, {rows[0].workers} workers)",
-                   HOLDS if _within(value, claim) else FAILS)
+    share = estimate([r.metrics["comm_fraction"] for r in rows])
+    return Verdict(f"{share.value:.1%} ({rows[0].network}, {rows[0].workers} workers)", judged(share, claim),
+                   samples=share.n if share.n > 1 else None)
 
 
 def check_none(ctx: Context, claim: dict) -> Verdict | None:
@@ -271,11 +316,28 @@ CHECKS = {"speedup": check_speedup, "epoch_time": check_epoch_time, "decreasing"
           "status": check_status, "eq_6_1": check_eq_6_1, "comm_share": check_comm_share, "none": check_none}
 
 
+def untestable(ctx: Context, claim: dict, verdict: Verdict) -> str | None:
+    """Why this sweep's runs cannot test the claim, though they measured it: the evidence it `needs` that they lack."""
+    needs = claim["needs"] or {}
+    if needs.get("gpu_memory") and not any("peak_cuda_allocated_mb" in r.metrics for r in ctx.rows):
+        return "a claim on GPU memory: this sweep measured a CPU process's resident set"
+    if needs.get("full_size") and ctx.miniature:
+        return f"a claim on the study's full sizes: this sweep is a miniature ({ctx.miniature})"
+    fewest = needs.get("samples")
+    if fewest and verdict.samples is not None and verdict.samples < fewest:
+        return f"an interval from {verdict.samples} sample(s), fewer than the {fewest} the claim needs"
+    return None
+
+
 def evaluate(ctx: Context, claims: list[dict]) -> list[tuple[dict, Verdict]]:
     out = []
     for claim in claims:
         verdict = CHECKS[claim["check"]](ctx, claim)
-        out.append((claim, verdict or Verdict("-", NOT_MEASURED, claim.get("measure", ""))))
+        if verdict is None:
+            verdict = Verdict("-", NOT_MEASURED, claim.get("measure", ""))
+        elif (reason := untestable(ctx, claim, verdict)) is not None:
+            verdict = Verdict(verdict.measured, NOT_TESTABLE, reason, verdict.samples)
+        out.append((claim, verdict))
     return out
 
 
@@ -323,8 +385,11 @@ def claims_view(ctx: Context) -> Section:
     rows = [[c["id"], c["source"], c["claim"], published(c), relation(c), v.measured, v.verdict, v.note]
             for c, v in evaluate(ctx, claims)]
     table = Table("claims", f"{ctx.experiment}: published claims ({ctx.claims}) against this sweep",
-                  ["id", "source", "claim", "published", "holds if", "this sweep", "verdict",
-                   "what would measure it"], rows)
+                  ["id", "source", "claim", "published", "holds if", "this sweep", "verdict", "caveats"], rows,
+                  ["holds: every measured 95% interval inside the band; fails: one wholly outside it; inconclusive: "
+                   "one straddles its edge; not testable here: the runs lack the evidence the claim needs (caveats); "
+                   "not measured: no such point in this sweep (caveats: what would measure it). Times compare equal "
+                   "work: each epoch scaled to one pass over the whole training set."])
     section = table_section(table, ctx)
     parts = separated(ctx, claims)
     if parts:

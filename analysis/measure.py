@@ -1,12 +1,14 @@
 """Measured values of a cell (the repeats of one point) under a named timing protocol, with their uncertainty.
 
-Timing protocols (a report names its protocol in each table header):
+Under both timing protocols (a report names its protocol in each table header) an epoch is one pass over the whole
+training set: each epoch's time is scaled by the training set's size over the samples the epoch trained, so that
+every framework's epoch is the same work. Frameworks' batch rules give different global batches, so a sweep that
+fixes `steps_per_epoch` trains different numbers of samples per epoch (Study N's miniature: 2 steps of 8 or of 16
+samples), and a large batch drops more of the last partial batch (GPipe's 3072 on MNIST trains 2.6% fewer samples
+than Horovod's): raw epoch times of such runs compare unequal work.
 - `suite`: the suite's own: the mean epoch time after an untimed warm-up; a run that had no warm-up
   (warmup_steps=0) has its first epoch dropped, when it has more than one.
-- `study_j`: Study J's: the mean over all epochs, the first included (its runs have no warm-up either), each epoch
-  scaled to one pass over the whole training set. DDLBench's loaders kept the last partial batch; the suite's drop
-  it (every data-parallel rank and pipeline micro-batch needs the same count), so a large batch (GPipe's 3072 on
-  MNIST) trains fewer samples per epoch than a small one (2.6% fewer than Horovod's), and its raw epoch is shorter.
+- `study_j`: Study J's: the mean over all epochs, the first included (its runs have no warm-up either).
 A cell's value is the median over its repeats with a 95% bootstrap interval; with one repeat the interval is
 over that run's epochs.
 """
@@ -19,11 +21,11 @@ from analysis.runs import Row
 from analysis.stats import Estimate, estimate, ratio
 from suite.vocabulary import Status
 
+EQUAL_WORK = "each epoch scaled to one pass over the whole training set, the same samples for every framework"
 PROTOCOLS = {
     "suite": "s/epoch, suite protocol: mean over epochs after an untimed warm-up "
-             "(first epoch dropped when a run had none)",
-    "study_j": "s/epoch, Study J protocol: mean of all epochs, the first included, each scaled to one pass over "
-               "the whole training set",
+             f"(first epoch dropped when a run had none), {EQUAL_WORK}",
+    "study_j": f"s/epoch, Study J protocol: mean of all epochs, the first included, {EQUAL_WORK}",
 }
 
 
@@ -55,8 +57,8 @@ def protocol_epochs(row: Row, histories: Histories, protocol: str, metric: str =
         raise ValueError(f"timing protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
     times = [value for _, value in histories.get(row.run_id, metric)]
     if protocol == "suite" and int(row.params.get("warmup_steps", 0)) == 0 and len(times) > 1:
-        return times[1:]
-    if protocol == "study_j" and metric == "epoch_time_s":
+        times = times[1:]
+    if metric == "epoch_time_s":
         return [t * full_pass(row) for t in times]
     return times
 

@@ -1,10 +1,10 @@
 """The report of an experiment, from the store: `python -m analysis.report <experiment>`.
 
-Writes results/reports/<experiment>/: report.md (every section, in the order the sweep file's `report.views`
-names them) and each view's tables (md, CSV, LaTeX) and figures (PNG, PDF). The sweep file of the same name,
-when there is one, chooses the views, the timing protocol, the strategies shown as an extension and the
-published claims to check; without one the report has the DEFAULT_VIEWS. Its `study_settings` are the report's
-caption: a table under the title.
+Writes results/reports/<experiment>/: report.md (the sanity flags first, then every section in the order the sweep
+file's `report.views` names them) and each view's tables (md, CSV, LaTeX) and figures (PNG, PDF). The sweep file of
+the same name, when there is one, chooses the views, the timing protocol, the strategies shown as an extension, the
+published claims to check and whether it is a miniature; without one the report has the DEFAULT_VIEWS. Its
+`study_settings` are the report's caption: a table under the title.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import analysis.claims  # noqa: F401  (registers the claims view)
 import analysis.device  # noqa: F401  (registers the device view)
 import analysis.equivalence  # noqa: F401  (registers the same-losses view)
 import analysis.model_score  # noqa: F401  (registers the performance model's view)
+import analysis.sanity  # noqa: F401  (registers the sanity flags, every report's first section)
 import analysis.study_j  # noqa: F401  (registers Study J's views)
 import analysis.study_n  # noqa: F401  (registers Study N's views)
 from analysis.measure import PROTOCOLS, Histories
@@ -80,8 +81,9 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
     if runs:  # without, nothing is read: a store that does not exist is not created
         ctx = Context(experiment, latest_per_point(runs), Histories(store.client), store.client, directory,
                       settings.get("timing", "suite"), tuple(settings.get("extension", ())), settings.get("claims"),
-                      not_run or [])
-        sections = [VIEWS[name](ctx) for name in settings.get("views", DEFAULT_VIEWS)] if ctx.rows else []
+                      settings.get("miniature"), not_run or [])
+        views = ["sanity", *(v for v in settings.get("views", DEFAULT_VIEWS) if v != "sanity")]
+        sections = [VIEWS[name](ctx) for name in views] if ctx.rows else []
     caption = study_settings_table(experiment, sweep or experiment)
     index = directory / "report.md"
     index.write_text(f"# {experiment}\n\n" + (caption.markdown() + "\n\n" if caption else "")

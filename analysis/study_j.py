@@ -15,8 +15,9 @@ import matplotlib.pyplot as plt
 
 from analysis.measure import PROTOCOLS, cells, epoch_time, finished, speedup, status_of
 from analysis.runs import Row
+from analysis.sanity import flag_cell
 from analysis.stats import Estimate
-from analysis.tables import Table
+from analysis.tables import Table, interval_cell
 from analysis.views import Context, Section, save_figure, table_section, view
 
 STRATEGIES = ("horovod", "gpipe", "pipedream")  # the thesis' distribution models beside PyTorch on 1 GPU
@@ -72,11 +73,6 @@ def _strategies(ctx: Context) -> list[str]:
     return _order(present, [*STRATEGIES, *ctx.extension])
 
 
-def _fmt(e: Estimate | None, spec: str = ".3g") -> str:
-    return "-" if e is None else (format(e.value, spec) if e.n == 1 else
-                                  f"{e.value:{spec}} [{e.low:{spec}}, {e.high:{spec}}]")
-
-
 def _cv(e: Estimate | None) -> str:
     return "-" if e is None or e.cv is None else f"{100 * e.cv:.1f}%"
 
@@ -102,11 +98,11 @@ def epoch_table(ctx: Context) -> Section:
                 t = epoch_time(repeats, ctx.histories, ctx.protocol)
                 s = speedup(repeats, base, ctx.histories, ctx.protocol) if base else None
                 rows.append([dataset, network, strategy + (" (extension)" if strategy in ctx.extension else ""),
-                             str(repeats[0].workers), *_batch(repeats[0]), _fmt(t), _cv(t), _fmt(s),
-                             str(len(repeats)), status_of(repeats)])
+                             str(repeats[0].workers), *_batch(repeats[0]), interval_cell(t), _cv(t), interval_cell(s),
+                             str(len(repeats)), status_of(repeats), flag_cell(ctx, repeats)])
     table = Table("j_epoch_time", f"{ctx.experiment}: seconds per epoch ({PROTOCOLS[ctx.protocol]})",
                   ["dataset", "network", "strategy", "GPUs", "batch", "micro-batch", "micro-batches",
-                   "s/epoch [95% CI]", "CV", "speedup vs single [95% CI]", "repeats", "status"], rows,
+                   "s/epoch [95% CI]", "CV", "speedup vs single [95% CI]", "repeats", "status", "flags"], rows,
                   ["Interval: bootstrap over repeats (median), or over the epochs of one run (mean).",
                    "GPipe on ImageNet: configuration A (24 x 12 = 288 at 4 GPUs; study_j.md §1.6).",
                    "Under the Study J protocol, s/epoch is each epoch's time x training samples / samples it trained. "
@@ -181,7 +177,7 @@ def speedup_gpus(ctx: Context) -> Section:
         for workers, repeats in points:
             t = epoch_time(repeats, ctx.histories, ctx.protocol)
             s = speedup(repeats, base, ctx.histories, ctx.protocol) if base else None
-            rows.append([network, strategy, str(workers), _fmt(t), _fmt(s), status_of(repeats)])
+            rows.append([network, strategy, str(workers), interval_cell(t), interval_cell(s), status_of(repeats)])
             if s is not None:
                 xs.append(workers)
                 ys.append(s.value)
@@ -235,7 +231,7 @@ def gpipe_configs(ctx: Context) -> Section:
         for c in configs:
             repeats = by_cell.get((network, c))
             t = epoch_time(repeats, ctx.histories, ctx.protocol) if repeats else None
-            cells_.append(_fmt(t, ".4g") if t else (status_of(repeats).split(":")[0] if repeats else "-"))
+            cells_.append(interval_cell(t, ".4g") if t else (status_of(repeats).split(":")[0] if repeats else "-"))
         body.append([f"{network} (s/epoch)", *cells_])
     table = Table("j_table6_1_gpipe_configs", f"{ctx.experiment}: GPipe configurations, {dataset} (Table 6.1; "
                   f"{PROTOCOLS[ctx.protocol]})", ["", *(f"Config {c}" for c in configs)], header + body,

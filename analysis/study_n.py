@@ -18,8 +18,9 @@ import matplotlib.pyplot as plt
 from analysis.breakdown import fmt_number, percent, point_breakdown
 from analysis.measure import PROTOCOLS, epoch_time, finished, speedup, status_of
 from analysis.runs import Row
+from analysis.sanity import flag_cell
 from analysis.stats import Estimate, ratio
-from analysis.tables import Table
+from analysis.tables import Table, interval_cell
 from analysis.views import Context, Section, save_figure, table_section, view
 from suite.vocabulary import Status
 
@@ -65,11 +66,6 @@ def networks(ctx: Context) -> list[str]:
     return sorted({r.network for r in ctx.rows})
 
 
-def _fmt(e: Estimate | None, spec: str = ".3g") -> str:
-    return "-" if e is None else (format(e.value, spec) if e.n == 1 else
-                                  f"{e.value:{spec}} [{e.low:{spec}}, {e.high:{spec}}]")
-
-
 def _times(ctx: Context, repeats: list[Row]) -> list[float]:
     """Per-run mean epoch times of the finished repeats, for ratios between cells."""
     values = []
@@ -101,7 +97,8 @@ def epoch_time_vs_gpus(ctx: Context) -> Section:
                 t = epoch_time(repeats, ctx.histories, ctx.protocol)
                 own = speedup(repeats, points[1], ctx.histories, ctx.protocol) if 1 in points else None
                 to_ddp = _ratio(ctx, repeats, ddp.get(workers))
-                rows.append([network, name, str(workers), _fmt(t), _fmt(own), _fmt(to_ddp), status_of(repeats)])
+                rows.append([network, name, str(workers), interval_cell(t), interval_cell(own), interval_cell(to_ddp),
+                             status_of(repeats), flag_cell(ctx, repeats)])
                 if t is None:
                     failed.append((workers, status_of(repeats).split(":")[0]))
                 else:
@@ -120,7 +117,7 @@ def epoch_time_vs_gpus(ctx: Context) -> Section:
     files = save_figure(fig, ctx, "n_fig6_epoch_time")
     table = Table("n_epoch_time", f"{ctx.experiment}: epoch time against GPUs ({PROTOCOLS[ctx.protocol]})",
                   ["network", "framework", "GPUs", "s/epoch [95% CI]", "speedup vs own 1 GPU", "time / DDP's",
-                   "status"], rows)
+                   "status", "flags"], rows, ["flags: see the report's first section (analysis/sanity.py)."])
     section = table_section(table, ctx, files)
     section.markdown += f"\n\n![Figures 6/7]({files[0].name})"
     return section
@@ -146,7 +143,8 @@ def single_gpu(ctx: Context) -> Section:
             t = epoch_time(points[1], ctx.histories, ctx.protocol)
             gpus = speedup_gpus(points)
             s = speedup(points[gpus], points[1], ctx.histories, ctx.protocol) if gpus else None
-            rows.append([network, name, _fmt(t), f"x{gpus}: {_fmt(s)}" if s else "-", status_of(points[1])])
+            rows.append([network, name, interval_cell(t), f"x{gpus}: {interval_cell(s)}" if s else "-",
+                         status_of(points[1])])
             names.append(name)
             values.append(t.value if t else 0)
             labels.append(f"{s.value:.2f}x on {gpus}" if s else status_of(points[1]).split(":")[0]

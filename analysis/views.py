@@ -37,6 +37,7 @@ class Context:
     protocol: str = "suite"
     extension: tuple[str, ...] = ()  # strategies the study could not run: shown apart as an extension
     claims: str | None = None  # analysis/published/<claims>.yaml
+    miniature: str | None = None  # how the sweep scales its study down (`report.miniature`); None: full size
     not_run: list[NotRun] = field(default_factory=list)
 
 

@@ -1,11 +1,27 @@
 """Claims evaluated from rows as the store gives them: Study N's Megatron-intra communication share, and its
-ZeRO-vs-DDP ratios parted by the DDP+Adam control."""
+ZeRO-vs-DDP ratios parted by the DDP+Adam control; verdicts from intervals, on equal work, and only where the runs
+hold the evidence a claim needs."""
 
 import pytest
 
 import analysis.claims as claims_module
-from analysis.claims import FAILS, HOLDS, NOT_MEASURED, check_comm_share, claims_view, evaluate, load_claims, separated
+from analysis.claims import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    NOT_TESTABLE,
+    check_comm_share,
+    claims_view,
+    combined,
+    compared,
+    evaluate,
+    judged,
+    load_claims,
+    separated,
+)
 from analysis.runs import Row
+from analysis.stats import Estimate
 from analysis.study_n import frameworks
 from analysis.views import Context
 
@@ -72,8 +88,66 @@ def test_zero_vs_ddp_ratios_are_parted_into_sharding_and_optimizer_by_the_ddp_ad
 
 def test_a_control_needs_a_ratio_claim_and_a_named_control(tmp_path, monkeypatch):
     (tmp_path / "broken.yaml").write_text(
-        "controls: {X: a control}\nclaims:\n  - {id: c, source: s, claim: c, check: epoch_time, control: X, "
+        "controls: {X: a control}\nclaims:\n  - {id: c, source: s, claim: c, check: epoch_time, needs: {}, control: X, "
         "effects: [a, b]}\n")
     monkeypatch.setattr(claims_module, "PUBLISHED_DIR", tmp_path)
     with pytest.raises(ValueError, match="claim c: a control needs a ratio check"):
         load_claims("broken")
+
+
+def interval(low: float, high: float) -> Estimate:
+    return Estimate((low + high) / 2, low, high, 0.1, 5)
+
+
+def test_a_verdict_holds_only_when_the_whole_interval_is_inside_the_band():
+    band = {"min": 0.85, "max": 1.15}
+    assert judged(interval(0.9, 1.1), band) == HOLDS
+    assert judged(interval(1.2, 1.4), band) == FAILS
+    assert judged(interval(1.0, 1.3), band) == INCONCLUSIVE  # straddles the edge
+    assert judged(interval(95, 104), {"published": 100, "tolerance": 0.05}) == HOLDS
+    assert compared(interval(1, 2), interval(3, 4)) == HOLDS and compared(interval(3, 4), interval(1, 2)) == FAILS
+    assert compared(interval(1, 3), interval(2, 4)) == INCONCLUSIVE
+    assert combined([HOLDS, INCONCLUSIVE]) == INCONCLUSIVE and combined([INCONCLUSIVE, FAILS]) == FAILS
+
+
+class Epochs:
+    """Histories from a table of per-run epoch times."""
+
+    def __init__(self, times: dict[str, list[float]]) -> None:
+        self.times = times
+
+    def get(self, run_id: str, metric: str):
+        return tuple(enumerate(self.times[run_id], 1)) if metric == "epoch_time_s" else ()
+
+
+def gpt2_run(strategy: str, samples_per_epoch: int, **params: str) -> Row:
+    return Row(run_id=strategy, dataset="tokens", network="gpt2_medium", strategy=strategy, workers=2,
+               status="finished", epoch_time_s=1.0, throughput=1.0, peak_memory_mb=100.0, val_metric=None,
+               val_value=None, start_time=0, params={"warmup_steps": "1", "optimizer.name": "lamb", **params},
+               metrics={"samples_per_epoch": samples_per_epoch, "train_set_samples": 64})
+
+
+def test_time_claims_compare_equal_work_and_say_when_the_runs_cannot_test_them(tmp_path):
+    """ZeRO-1 trains 16 samples an epoch (its batch rule), DDP 8, each in about 1 s: per pass over the 64-sample
+    training set ZeRO-1 takes half DDP's time, which raw epoch times would call equal. Memory measured on CPU does
+    not test a GPU-memory claim; too few epochs do not test a time claim."""
+    rows = [gpt2_run("ddp", 8), gpt2_run("zero", 16, **{"strategy.zero_stage": "1", "optimizer.name": "adam"})]
+    times = {"ddp": [1.0, 1.02, 0.98, 1.01, 0.99], "zero": [1.0, 1.01, 0.99, 1.02, 0.98]}
+    ctx = Context("study_n", rows, Epochs(times), None, tmp_path, claims="study_n")
+    verdicts = {c["id"]: v for c, v in evaluate(ctx, load_claims("study_n"))}
+    zero1 = verdicts["zero1_time_vs_ddp"]
+    assert zero1.verdict == FAILS and zero1.measured.startswith("time ratio 0.5")
+    memory = verdicts["zero1_memory_vs_ddp"]
+    assert memory.verdict == NOT_TESTABLE and "CPU process's resident set" in memory.note
+    short = Context("study_n", rows, Epochs({k: v[:2] for k, v in times.items()}), None, tmp_path, claims="study_n")
+    verdicts = {c["id"]: v for c, v in evaluate(short, load_claims("study_n"))}
+    assert verdicts["zero1_time_vs_ddp"].verdict == NOT_TESTABLE
+    assert "2 sample(s), fewer than the 3" in verdicts["zero1_time_vs_ddp"].note
+
+
+def test_a_full_size_claim_is_not_testable_on_a_miniature(tmp_path):
+    (claim,) = [c for c in load_claims("study_j") if c["id"] == "table6_1_resnet18_config_a"]
+    ctx = Context("study_j", [], None, None, tmp_path, claims="study_j", miniature="2 CPU workers")
+    measured = claims_module.Verdict("1 s", FAILS, samples=3)
+    assert claims_module.untestable(ctx, claim, measured) == ("a claim on the study's full sizes: this sweep is a "
+                                                              "miniature (2 CPU workers)")

@@ -1,0 +1,86 @@
+"""Sanity flags: measured values a reader should not take at face value, marked beside them in the tables and
+listed on the report's first screen (the `sanity` section), never hidden.
+
+A point is flagged for
+- a superlinear speedup: its throughput over its workload's 1-worker `single` baseline above its worker count;
+- a coefficient of variation above `HIGH_CV` across the samples behind its epoch time (repeats, or epochs);
+- an interval from fewer than `FEW_SAMPLES` samples;
+- a phase time (data, forward, backward, optimizer, communication) below `TIMER_RESOLUTION_S` per step: a phase that
+  ran inside another (torchgpipe's backward runs in forward's autograd graph) measures nothing, not a fast phase;
+- training other samples per epoch than its workload's other points: its raw epoch time is other work (the report's
+  times are per pass over the training set, analysis.measure).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from analysis.measure import cells, epoch_time, finished, speedup
+from analysis.runs import Row
+from analysis.tables import Table
+from analysis.views import Context, Section, table_section, view
+
+HIGH_CV = 0.20
+FEW_SAMPLES = 5
+TIMER_RESOLUTION_S = 1e-4
+PHASES = ("time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s", "time_comm_s")
+
+
+def _baseline(ctx: Context, row: Row) -> list[Row]:
+    return [r for r in ctx.rows if r.workload == row.workload and r.strategy == "single" and r.workers == 1]
+
+
+def _usual_samples(ctx: Context) -> dict[tuple[str, str], float]:
+    """Per workload, the samples per epoch most of its finished points train."""
+    counts: dict[tuple[str, str], Counter] = {}
+    for r in finished(ctx.rows):
+        if "samples_per_epoch" in r.metrics:
+            counts.setdefault(r.workload, Counter())[r.metrics["samples_per_epoch"]] += 1
+    return {workload: c.most_common(1)[0][0] for workload, c in counts.items()}
+
+
+def point_flags(ctx: Context, repeats: list[Row], usual: dict[tuple[str, str], float] | None = None) -> list[str]:
+    """What is suspect about one point (its repeats), in words; [] when nothing is."""
+    done = finished(repeats)
+    if not done:
+        return []
+    row, flags = done[0], []
+    t = epoch_time(repeats, ctx.histories, ctx.protocol)
+    if t is not None and t.cv is not None and t.cv > HIGH_CV:
+        flags.append(f"CV {t.cv:.0%}")
+    if t is not None and t.n < FEW_SAMPLES:
+        flags.append(f"interval from {t.n} sample(s)")
+    base = _baseline(ctx, row)
+    if base and row.workers > 1:
+        s = speedup(repeats, base, ctx.histories, ctx.protocol)
+        if s is not None and s.value > row.workers:
+            flags.append(f"superlinear speedup {s.value:.3g}x on {row.workers} workers")
+    for phase in PHASES:
+        values = [r.metrics[phase] for r in done if phase in r.metrics]
+        if values and 0 < sum(values) / len(values) < TIMER_RESOLUTION_S:
+            flags.append(f"{phase.removeprefix('time_').removesuffix('_s')} {sum(values) / len(values):.1e} s/step, "
+                         "below the timer's resolution (measured inside another phase)")
+    usual = _usual_samples(ctx) if usual is None else usual
+    mine = row.metrics.get("samples_per_epoch")
+    if mine is not None and row.workload in usual and mine != usual[row.workload]:
+        flags.append(f"{mine:g} samples an epoch where its peers train {usual[row.workload]:g}")
+    return flags
+
+
+def flag_cell(ctx: Context, repeats: list[Row]) -> str:
+    """A table's `flags` cell: the point's flags joined, or empty."""
+    return "; ".join(point_flags(ctx, repeats))
+
+
+@view("sanity")
+def sanity_view(ctx: Context) -> Section:
+    usual = _usual_samples(ctx)
+    rows = [[d, n, label, str(w), "; ".join(flags)]
+            for (d, n, label, w), repeats in sorted(cells(ctx.rows).items())
+            if (flags := point_flags(ctx, repeats, usual))]
+    table = Table("sanity_flags", f"{ctx.experiment}: values not to take at face value",
+                  ["dataset", "network", "strategy", "workers", "flags"], rows,
+                  [f"Flagged: a speedup above the worker count, a CV above {HIGH_CV:.0%}, an interval from fewer than "
+                   f"{FEW_SAMPLES} samples, a phase below {TIMER_RESOLUTION_S:g} s per step, other samples per epoch "
+                   "than the workload's other points. The tables mark the same points in their `flags` column."])
+    return table_section(table, ctx)
