@@ -19,11 +19,11 @@ from analysis.measure import cells, epoch_time, finished, speedup
 from analysis.runs import Row
 from analysis.tables import Table
 from analysis.views import Context, Section, table_section, view
+from suite.vocabulary import PHASE_TIMES
 
 HIGH_CV = 0.20
 FEW_SAMPLES = 5
 TIMER_RESOLUTION_S = 1e-4
-PHASES = ("time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s", "time_comm_s")
 
 
 def _baseline(ctx: Context, row: Row) -> list[Row]:
@@ -55,7 +55,7 @@ def point_flags(ctx: Context, repeats: list[Row], usual: dict[tuple[str, str], f
         s = speedup(repeats, base, ctx.histories, ctx.protocol)
         if s is not None and s.value > row.workers:
             flags.append(f"superlinear speedup {s.value:.3g}x on {row.workers} workers")
-    for phase in PHASES:
+    for phase in (*PHASE_TIMES, "time_comm_s"):
         values = [r.metrics[phase] for r in done if phase in r.metrics]
         if values and 0 < sum(values) / len(values) < TIMER_RESOLUTION_S:
             flags.append(f"{phase.removeprefix('time_').removesuffix('_s')} {sum(values) / len(values):.1e} s/step, "

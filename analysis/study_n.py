@@ -15,17 +15,16 @@ from collections import defaultdict
 
 import matplotlib.pyplot as plt
 
-from analysis.breakdown import fmt_number, percent, point_breakdown
+from analysis.breakdown import COLOURS, SLICES, fmt_number, percent, point_breakdown
 from analysis.measure import PROTOCOLS, epoch_time, finished, speedup, status_of
 from analysis.runs import Row
-from analysis.sanity import flag_cell
+from analysis.sanity import TIMER_RESOLUTION_S, flag_cell
 from analysis.stats import Estimate, ratio
 from analysis.tables import Table, interval_cell
 from analysis.views import Context, Section, save_figure, table_section, view
-from suite.vocabulary import Status
+from suite.vocabulary import PHASE_TIMES, Status
 
 PIPELINES = ("gpipe", "pipedream", "1f1b", "gpipe_dist")
-PHASES = ("time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s", "time_comm_s")
 DDP_ADAM = "DDP+Adam"  # DDP with ZeRO's optimizer, where the study's DDP runs SGD (VGG-16) or LAMB (GPT-2)
 
 
@@ -164,14 +163,16 @@ def single_gpu(ctx: Context) -> Section:
 
 @view("n_breakdown")
 def breakdown(ctx: Context) -> Section:
-    """Figure 5: mean per-step data / forward / backward / optimizer time as stacked bars per framework and GPU
-    count, for the language model (the paper's GPT-2 medium), else every network; beside each, where the traces
-    (`profile.steps`) have it, the communication slice: all communication, and the part of it compute did not
-    hide (exposed)."""
+    """Figure 5: per framework and GPU count, for the language model (the paper's GPT-2 medium), else every
+    network, two stacks of disjoint parts that each sum to a step: the timed phases (data, forward, backward,
+    optimizer; the communication done in a phase is inside it), and beside them, where the traces (`profile.steps`)
+    have it, the traced step split into compute, exposed communication and idle time (a pipeline's bubble, the
+    framework between operators). A phase below the timer's resolution ran inside another (torchgpipe's backward,
+    in forward's autograd graph) and is labelled so, not drawn as a number."""
     language = [n for n in networks(ctx) if any(r.network == n and r.dataset in ("tokens", "wikitext103")
                                                  for r in ctx.rows)]
     nets = language or networks(ctx)
-    phases = [p for p in PHASES if any(p in r.metrics for r in ctx.rows)]
+    phases = [p for p in PHASE_TIMES if any(p in r.metrics for r in ctx.rows)]
     fig, axes = plt.subplots(len(nets), 1, figsize=(12, 4.5 * len(nets)), squeeze=False)
     rows = []
     for ax, network in zip(axes[:, 0], nets):
@@ -182,20 +183,27 @@ def breakdown(ctx: Context) -> Section:
                 values = [sum(r.metrics.get(p, 0.0) for r in done) / len(done) if done else 0.0 for p in phases]
                 comm = point_breakdown(repeats)
                 bars.append((f"{name} {workers}", values, comm, status_of(repeats)))
-                rows.append([network, name, str(workers), *(f"{v:.4g}" for v in values),
+                rows.append([network, name, str(workers),
+                             *("inside forward" if 0 < v < TIMER_RESOLUTION_S else f"{v:.4g}" for v in values),
                              *(fmt_number(comm[k]) for k in ("time_comm_s", "time_comm_exposed_s")),
                              percent(comm["comm_fraction"]),
                              status_of(repeats)])
         bottom = [0.0] * len(bars)
         for i, phase in enumerate(phases):
             heights = [b[1][i] for b in bars]
-            ax.bar(range(len(bars)), heights, width=0.6, bottom=bottom,
+            ax.bar([x - 0.2 for x in range(len(bars))], heights, width=0.4, bottom=bottom,
                    label=phase.removeprefix("time_").removesuffix("_s"))
+            for x, height in enumerate(heights):
+                if 0 < height < TIMER_RESOLUTION_S:
+                    ax.text(x - 0.2, bottom[x], f"{phase.removeprefix('time_').removesuffix('_s')} inside forward",
+                            rotation=90, fontsize=6, ha="center", va="bottom")
             bottom = [a + h for a, h in zip(bottom, heights)]
-        for key, style in (("time_comm_s", {"color": "none", "edgecolor": "k", "hatch": "//"}),
-                           ("time_comm_exposed_s", {"color": "k", "alpha": 0.6})):
-            ax.bar([x + 0.3 for x in range(len(bars))], [b[2][key] or 0.0 for b in bars], width=0.2, align="edge",
-                   label="communication" if key == "time_comm_s" else "of which exposed", **style)
+        bottom = [0.0] * len(bars)
+        for key, name in SLICES:
+            heights = [b[2][key] or 0.0 for b in bars]
+            ax.bar([x + 0.2 for x in range(len(bars))], heights, width=0.4, bottom=bottom, label=f"traced: {name}",
+                   color=COLOURS[name], hatch="//", edgecolor="white")
+            bottom = [a + h for a, h in zip(bottom, heights)]
         for x, (_, _, _, status) in enumerate(bars):
             if status != Status.finished:
                 ax.text(x, 0, status.split(":")[0], rotation=90, fontsize=6, color="C3", ha="center", va="bottom")
@@ -208,7 +216,9 @@ def breakdown(ctx: Context) -> Section:
                   ["network", "framework", "GPUs", *phases, "comm", "exposed comm", "comm % of step", "status"], rows,
                   ["The phases hold the communication done in them (DDP's all-reduce in backward, ZeRO's in the "
                    "optimizer step); comm and exposed comm come from the profiler traces (`profile.steps`; `-`: "
-                   "not profiled). A pipeline's phases are its stage's compute."])
+                   "not profiled), which the figure stacks apart: compute, exposed communication and idle time sum "
+                   "to the traced step. A pipeline's phases are its stage's compute. A phase below "
+                   f"{TIMER_RESOLUTION_S:g} s ran inside another (torchgpipe's backward, inside forward's graph)."])
     section = table_section(table, ctx, files)
     section.markdown += f"\n\n![Figure 5]({files[0].name})"
     return section

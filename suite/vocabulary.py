@@ -127,11 +127,13 @@ TRACE_BREAKDOWN = ("time_comm_s", "time_comm_exposed_s", "time_compute_s", "time
 PRICED_FROM = ("datasheet", "calibrated", "profiled")
 PREDICTED = ("predicted_epoch_time_s", "predicted_peak_memory_mb", "predicted_fits",
              *(f"predicted_from_{source}" for source in PRICED_FROM))
+# Mean per step of the trainer's phases, timed one after the other (the communication done in a phase inside it).
+PHASE_TIMES = ("time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s")
 # Once per run; a summary entry not named here (nor a strategy metric) is an error when the run is recorded.
 SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "time_to_target_s",
-                   "epochs_to_target", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s",
-                   "samples_per_epoch", "train_set_samples", "steps_per_epoch", *MEMORY_SPLIT, *DEVICE_MEMORY,
-                   "comm_mb_per_step", *UTILISATION_METRICS, *TRACE_BREAKDOWN, "fp16_skipped_steps", *PREDICTED)
+                   "epochs_to_target", *PHASE_TIMES, "samples_per_epoch", "train_set_samples", "steps_per_epoch",
+                   *MEMORY_SPLIT, *DEVICE_MEMORY, "comm_mb_per_step", *UTILISATION_METRICS, *TRACE_BREAKDOWN,
+                   "fp16_skipped_steps", *PREDICTED)
 # Summary entries that are not single numbers: recorded in their own form (see suite.records.store); `run_tags`
 # are tags the ranks add (where the peak came from, or why there is no MFU); `run_params` the settings the ranks
 # ran with beyond the config (library defaults resolved, implementations chosen, environment), recorded as params
