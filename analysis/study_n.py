@@ -11,7 +11,10 @@ optimizer's effect (DDP+Adam over DDP) and the sharding's (ZeRO over DDP+Adam).
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 
@@ -347,19 +350,52 @@ def memory(ctx: Context) -> Section:
     return section
 
 
-HARDWARE = (("cluster.name", "system"), ("cluster.hardware.nodes", "nodes"), ("cluster.hardware.cpu", "CPU"),
-            ("cluster.hardware.cores_per_node", "cores/node"), ("cluster.hardware.gpu", "GPU"),
-            ("cluster.workers_per_node", "GPUs/node"), ("cluster.hardware.cpu_memory_gb", "CPU mem/node (GB)"),
-            ("cluster.hardware.device_memory_gb", "GPU mem/GPU (GB)"),
-            ("cluster.hardware.fp64_tflops", "FP64 peak (TFlop/s)"))
+# Table 2's columns the cluster's catalog entry states (run params); the rest come from the runs' manifests.
+CATALOG = (("cluster.hardware.cpu_memory_gb", "CPU mem/node (GB)"), ("cluster.hardware.device_memory_gb",
+                                                                       "device mem (GB)"),
+           ("cluster.hardware.fp64_tflops", "FP64 peak (TFlop/s)"))
+
+
+def _stated(value: str | None) -> str:
+    return "-" if value in (None, "", "None", "null") else value
+
+
+def _manifest(ctx: Context, row: Row) -> dict:
+    """The environment manifest a run recorded (suite.records.manifest); {} where it has none."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            return json.loads(Path(ctx.client.download_artifacts(row.run_id, "manifest.json", tmp)).read_text())
+        except Exception:  # a run recorded without one (it failed before starting), or a store without artifacts
+            return {}
+
+
+def system_row(ctx: Context, rows: list[Row]) -> list[str]:
+    """One system of Table 2: what its runs ran on, from the largest run's manifest (hosts, the ranks' devices, the
+    cores each host has) and the catalog entry's figures."""
+    run = max(rows, key=lambda r: (r.status == Status.finished, r.workers))
+    manifest = _manifest(ctx, run)
+    ranks = manifest.get("ranks", [])
+    hosts = manifest.get("hosts", [])
+    devices = sorted({r["device"] for r in ranks})
+    per_host = max((sum(r["host"] == h for r in ranks) for h in hosts), default=0)
+    gpu = _stated(run.params.get("cluster.hardware.gpu"))
+    return [run.params.get("cluster.name", "-"), str(len(hosts) or "-"), ", ".join(devices) or "-",
+            "GPU" if gpu != "-" else "CPU", str(per_host or "-"), str(manifest.get("cpu_count", "-")),
+            *(_stated(run.params.get(k)) for k, _ in CATALOG)]
 
 
 @view("n_setup")
 def setup_tables(ctx: Context) -> Section:
-    """Tables 2 and 3 from the runs' own params: the systems, and the data, hyper-parameters and batch rules."""
-    systems = sorted({tuple(r.params.get(k, "-") for k, _ in HARDWARE) for r in ctx.rows})
+    """Tables 2 and 3 from the runs' own records: the systems (their manifests: hosts, devices, cores; the catalog's
+    figures), and the data, hyper-parameters and batch rules (their params)."""
+    by_system = defaultdict(list)
+    for r in ctx.rows:
+        by_system[r.params.get("cluster.name", "-")].append(r)
     table2 = Table("n_table2_systems", f"{ctx.experiment}: systems (Table 2, from the runs)",
-                   [h for _, h in HARDWARE], [list(s) for s in systems])
+                   ["system", "hosts used", "device", "device kind", "ranks/host (largest run)", "cores/host",
+                    *(h for _, h in CATALOG)], [system_row(ctx, rows) for _, rows in sorted(by_system.items())],
+                   ["Hosts, devices and cores: the environment manifest of the system's largest run. Memory and "
+                    "peak: the cluster's catalog entry (`-`: not stated there)."])
     hyper = defaultdict(set)
     for r in ctx.rows:
         p = r.params

@@ -1,11 +1,12 @@
 """Values a reader should not take at face value are flagged, not hidden: a superlinear speedup, a wide spread, an
-interval from few samples, a phase below the timer's resolution, other work per epoch than the point's peers; and a
-value with its interval is three numbers in CSV."""
+interval from few samples, a phase below the timer's resolution, other work per epoch than the point's peers; a value
+with its interval is three numbers in CSV; a sweep says how long it has left."""
 
 from analysis.runs import Row
 from analysis.sanity import point_flags, sanity_view
 from analysis.tables import Interval, Table
 from analysis.views import Context
+from suite.sweep.progress import Progress
 
 
 class Histories:
@@ -43,3 +44,14 @@ def test_a_value_with_its_interval_is_three_csv_columns():
     table = Table("t", "t", ["point", "s/epoch"], [["a", Interval(1.5, 1.25, 1.75)], ["b", "-"]])
     assert "| a | 1.5 [1.25, 1.75] |" in table.markdown()
     assert table.csv().splitlines() == ["point,s/epoch,s/epoch low,s/epoch high", "a,1.5,1.25,1.75", "b,-,,"]
+
+
+def test_a_sweep_says_how_far_it_is_and_how_long_is_left():
+    now = [0.0]
+    progress = Progress(to_run=4, clock=lambda: now[0])
+    now[0] = 30.0
+    assert progress.point_done() == "1/4 run here, 30s elapsed, about 1m30s left"
+    now[0] = 3700.0
+    assert progress.point_done() == "2/4 run here, 1h01m elapsed, about 1h01m left"
+    progress.point_done()
+    assert progress.point_done() == "4/4 run here, 1h01m elapsed"

@@ -26,6 +26,7 @@ from suite.strategies import missing_library
 from suite.sweep import jobs
 from suite.sweep.plan import InvalidPoint, Point
 from suite.sweep.point import Outcome, Predict, new_point_dir, no_prediction, prediction_for
+from suite.sweep.progress import Progress
 from suite.vocabulary import Status
 
 
@@ -104,12 +105,17 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
     code_now = git_sha(REPO_ROOT)
     outcomes, to_submit = [], []
     unpredicted: set[str] = set()  # why points went without a prediction, said once
-    for k, point in enumerate(points, 1):
-        mark("point")
-        position = f"{k}/{len(points)}"
+    looked_up = []
+    for point in points:
         previous = store.speaking_run(point.cfg.tracking.experiment, point.config_hash)
         waiting = pending.get((point.cfg.tracking.experiment, point.config_hash))
-        reason = waiting.describe() if waiting else skip_reason(previous, code_now, force, retry_failed)
+        looked_up.append((previous, waiting,
+                          waiting.describe() if waiting else skip_reason(previous, code_now, force, retry_failed)))
+    progress = Progress(sum(1 for point, (_, _, reason) in zip(points, looked_up)
+                            if not reason and not jobs.is_batch(point) and not dry_run))
+    for k, (point, (previous, waiting, reason)) in enumerate(zip(points, looked_up), 1):
+        mark("point")
+        position = f"{k}/{len(points)}"
         if reason:
             print(f"[{position} {point.label}] skipped: {reason}", flush=True)
             if waiting:
@@ -126,7 +132,7 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
                                 parent_run_id)
             line = f"[{position} {point.label}] {outcome.status}"
             print(line + (f": {outcome.error}" if outcome.error else "")
-                  + (f" (run {outcome.run_id})" if outcome.run_id else ""), flush=True)
+                  + (f" (run {outcome.run_id})" if outcome.run_id else "") + f"; {progress.point_done()}", flush=True)
             outcomes.append(outcome)
     return outcomes + jobs.submit(to_submit, store, dry_run, parent_run_id, predict, unpredicted)
 
