@@ -112,8 +112,10 @@ calibrate: setup
 	$(PY) -m suite.tools.calibrate $(if $(APPLY),--apply) $(if $(DRY_RUN),--dry-run) cluster=$(CLUSTER) \
 		$(if $(NODES),nodes=$(NODES)) $(JOB_ARGS) $(ARGS)
 
+# MLflow's UI on the store, its URL printed (and opened where a browser can be): the runs table of SWEEP, else of the
+# latest sweep.
 ui: setup
-	$(VENV)/bin/mlflow ui --port $(or $(PORT),5000) --backend-store-uri $(STORE_URI)
+	$(PY) -m suite.tools.ui --port $(or $(PORT),5000) $(SWEEP)
 
 # A tracking server on the suite's store, for many jobs writing at once: `mlflow server --app-name basic-auth`,
 # which answers only the user who started it (suite/records/tracking_server.py: the password made on its first

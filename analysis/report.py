@@ -1,7 +1,8 @@
 """The report of an experiment, from the store: `python -m analysis.report <experiment>`.
 
 Writes results/reports/<experiment>/: report.md (the sanity flags first, then every section in the order the sweep
-file's `report.views` names them) and each view's tables (md, CSV, LaTeX) and figures (PNG, PDF). The sweep file of
+file's `report.views` names them), the same as report.html with its figures embedded (what MLflow's artifact viewer
+shows on a sweep's run), and each view's tables (md, CSV, LaTeX) and figures (PNG, PDF). The sweep file of
 the same name, when there is one, chooses the views, the timing protocol, the strategies shown as an extension, the
 published claims to check and whether it is a miniature; without one the report has the DEFAULT_VIEWS. Its
 `study_settings` are the report's caption: a table under the title.
@@ -23,8 +24,9 @@ import analysis.model_score  # noqa: F401  (registers the performance model's vi
 import analysis.sanity  # noqa: F401  (registers the sanity flags, every report's first section)
 import analysis.study_j  # noqa: F401  (registers Study J's views)
 import analysis.study_n  # noqa: F401  (registers Study N's views)
+from analysis.html import markdown_to_html
 from analysis.measure import PROTOCOLS, Histories
-from analysis.runs import latest_per_point
+from analysis.runs import Row, latest_per_point
 from analysis.tables import Table
 from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun
 from suite.errors import ConfigError, OneLineParser
@@ -38,6 +40,7 @@ class Report:
     directory: Path
     files: list[Path]
     summary: str  # the first section's markdown, for the terminal
+    rows: list[Row]  # its points
 
 
 def _sweep_section(sweep: str | None, key: str, empty):
@@ -77,19 +80,21 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
     directory = out_dir or results_dir() / "reports" / experiment
     directory.mkdir(parents=True, exist_ok=True)
     runs = [r for r in store.runs(experiment) if run_ids is None or r.info.run_id in run_ids]
-    sections = []
+    sections, rows = [], []
     if runs:  # without, nothing is read: a store that does not exist is not created
         ctx = Context(experiment, latest_per_point(runs), Histories(store.client), store.client, directory,
                       settings.get("timing", "suite"), tuple(settings.get("extension", ())), settings.get("claims"),
                       settings.get("miniature"), not_run or [])
         views = ["sanity", *(v for v in settings.get("views", DEFAULT_VIEWS) if v != "sanity")]
-        sections = [VIEWS[name](ctx) for name in views] if ctx.rows else []
+        sections, rows = ([VIEWS[name](ctx) for name in views] if ctx.rows else []), ctx.rows
     caption = study_settings_table(experiment, sweep or experiment)
-    index = directory / "report.md"
+    index, page = directory / "report.md", directory / "report.html"
     index.write_text(f"# {experiment}\n\n" + (caption.markdown() + "\n\n" if caption else "")
                      + "\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections) + "\n")
-    files = [index, *(caption.write(directory) if caption else []), *(path for s in sections for path in s.files)]
-    return Report(directory, files, sections[0].markdown if sections else "(no runs)")
+    page.write_text(markdown_to_html(index.read_text(), directory, experiment))
+    files = [index, page, *(caption.write(directory) if caption else []),
+             *(path for s in sections for path in s.files)]
+    return Report(directory, files, sections[0].markdown if sections else "(no runs)", rows)
 
 
 def check_experiment(store: Store, experiment: str) -> None:

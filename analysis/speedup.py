@@ -23,6 +23,26 @@ def baseline_for(row: Row, rows: list[Row]) -> Row | None:
     return same[0] if same else None
 
 
+def point_speedups(rows: list[Row]) -> dict[str, float]:
+    """Each finished point's throughput over its baseline's (`baseline_for`), by run id: the `speedup` metric a sweep
+    gives its points' runs."""
+    out = {}
+    for row in rows:
+        base = baseline_for(row, rows)
+        if base and row.throughput and row.status == Status.finished:
+            out[row.run_id] = row.throughput / base.throughput
+    return out
+
+
+def best_speedup(rows: list[Row], speedups: dict[str, float]) -> tuple[Row, float] | None:
+    """The point of the largest speedup, and that speedup (None where no point has one)."""
+    scored = [(speedups[r.run_id], r) for r in rows if r.run_id in speedups]
+    if not scored:
+        return None
+    value, row = max(scored, key=lambda pair: pair[0])
+    return row, value
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 

@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from analysis.report import write_report
+    from analysis.speedup import best_speedup, point_speedups
     from analysis.views import NotRun
     from launchers.batch import SchedulerError
     from suite.predict.predictor import recorded_prediction
@@ -119,15 +120,24 @@ def main(argv: list[str]) -> int:
             by_experiment.setdefault(o.point.cfg.tracking.experiment, set()).add(o.run_id)
     not_run = [NotRun(c.dataset.name, c.network.name, c.strategy.name, c.workers)
                for c in (o.point.cfg for o in submitted)]
-    report_dir = None
+    report_dir, best = None, None
     for experiment, run_ids in by_experiment.items():
         report = write_report(store, experiment, run_ids, sweep=args.sweep, not_run=not_run)
         print(f"\n## {experiment}\n\n{report.summary}\n")
         print(f"wrote {len(report.files)} file(s) to {report.directory}")
         report_dir = report.directory
+        speedups = point_speedups(report.rows)
+        store.log_point_metric(speedups, "speedup")
+        best = best_speedup(report.rows, speedups) or best
     failed = [o for o in outcomes if o.status not in (Status.finished, "submitted")]
     if parent:
-        store.finish_sweep_run(parent, report_dir, bool(failed))
+        metrics = {"points_finished": sum(o.status == Status.finished for o in outcomes),
+                   "points_failed": len(failed), "points_submitted": len(submitted), "points_invalid": len(expected)}
+        params = {"sweep": args.sweep, "points": len(points), "overrides": " ".join(args.overrides) or "-"}
+        if best:
+            metrics["best_speedup"] = best[1]
+            params["best_point"] = best[0].label + f" w{best[0].workers} ({best[0].network})"
+        store.finish_sweep_run(parent, report_dir, bool(failed), params, metrics)
     if failed:
         print(f"{len(failed)} of {len(outcomes)} point(s) did not finish: "
               + ", ".join(f"{o.point.label} ({o.status})" for o in failed), file=sys.stderr)

@@ -4,6 +4,14 @@ a parent run with its points as children."""
 
 import csv
 import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -30,6 +38,12 @@ def table(directory, name) -> list[list[str]]:
     return list(csv.reader(io.StringIO((directory / f"{name}.csv").read_text())))
 
 
+def records(directory, name) -> list[dict[str, str]]:
+    """A table's CSV rows by column name."""
+    header, *rows = table(directory, name)
+    return [dict(zip(header, row)) for row in rows]
+
+
 def check_artifacts(directory, tables, figures):
     for name in tables:
         rows = table(directory, name)
@@ -48,8 +62,6 @@ def check_artifacts(directory, tables, figures):
 @pytest.fixture(scope="module")
 def slice_store(tmp_path_factory):
     """Both studies' kinds of points, one made to fail, in one experiment; and one that cannot run, recorded."""
-    import os
-
     from suite.records.store import Store
     results = tmp_path_factory.mktemp("studies") / "results"
     saved = {k: os.environ.get(k) for k in ("SUITE_RESULTS_DIR", "MLFLOW_TRACKING_URI")}
@@ -98,11 +110,16 @@ def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     problems = {(r[2], r[4]): r[5] for r in table(report.directory, "status_problems")[1:]}
     assert problems["pipedream", "failed"] == "rank 0: RuntimeError: injected fault at step 1"
     assert "megatron" in {s for s, _ in problems}
-    epoch = {r[2]: r for r in table(report.directory, "j_epoch_time")[1:] if r[0] == "digits"}
-    assert epoch["pipedream"][-1].startswith("failed") and epoch["single"][-1] == "finished"
-    assert epoch["single"][10] == "2" and "[" in epoch["single"][7] and epoch["single"][8].endswith("%")
-    assert epoch["gpipe"][4:7] == ["24", "2", "12"]  # configuration A: the smaller micro-batch of 12
-    assert epoch["ddp (extension)"][9] != "-"  # a speedup with its interval
+    epoch = {r["strategy"]: r for r in records(report.directory, "j_epoch_time") if r["dataset"] == "digits"}
+    assert epoch["pipedream"]["status"].startswith("failed") and epoch["single"]["status"] == "finished"
+    single = epoch["single"]
+    assert single["repeats"] == "2" and single["CV"].endswith("%")
+    # the interval in columns of its own
+    assert float(single["s/epoch [95% CI] low"]) <= float(single["s/epoch [95% CI]"]) <= float(
+        single["s/epoch [95% CI] high"])
+    assert "interval from" in single["flags"]  # 2 repeats: fewer samples than an interval should rest on
+    assert [epoch["gpipe"][k] for k in ("batch", "micro-batch", "micro-batches")] == ["24", "2", "12"]  # config A
+    assert epoch["ddp (extension)"]["speedup vs single [95% CI] low"] != ""  # a speedup with its interval
     configs = table(report.directory, "j_table6_1_gpipe_configs")
     assert configs[0] == ["", "Config A", "Config B"] and configs[4][0] == "Equation 6.1"
     assert configs[4][1:] == [f"{(2 + 12 - 1) / 24:.2f}"] * 2
@@ -114,20 +131,26 @@ def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     store, results = slice_store
     report = write_report(store, "slice", sweep="study_n_mini", out_dir=results / "reports" / "n")
     check_artifacts(report.directory, N_FILES, N_FIGURES)
-    claims = {r[0]: r for r in table(report.directory, "claims")[1:]}
-    memory = claims["zero1_memory_vs_ddp"]
-    assert memory[6] in ("holds", "does not hold") and memory[5].startswith("memory ratio")
-    ratio = float(memory[5].split()[2])
-    assert (memory[6] == "holds") == (0.42 <= ratio <= 0.66)
-    assert claims["megatron_intra_comm_share"][6] == "not measured" and claims["megatron_intra_comm_share"][7]
-    assert claims["zero2_memory_vs_ddp"][6] == "not measured"  # no ZeRO-2 point in the slice
+    claims = {r["id"]: r for r in records(report.directory, "claims")}
+    memory = claims["zero1_memory_vs_ddp"]  # measured, but on a CPU process's memory: the claim is on GPU memory
+    assert memory["verdict"] == "not testable here" and memory["this sweep"].startswith("memory ratio")
+    assert "CPU process's resident set" in memory["caveats"]
+    time = claims["zero1_time_vs_ddp"]
+    assert time["verdict"] in ("holds", "fails", "inconclusive", "not testable here"), time
+    assert claims["megatron_intra_comm_share"]["verdict"] == "not measured"
+    assert claims["megatron_intra_comm_share"]["caveats"]  # what would measure it
+    assert claims["zero2_memory_vs_ddp"]["verdict"] == "not measured"  # no ZeRO-2 point in the slice
     parts = {r[2]: r for r in table(report.directory, "claims_separated")[1:] if r[3] == "memory ratio"}
     assert parts["ZeRO-1 / DDP+Adam"][1] == "sharding" and parts["DDP+Adam / DDP"][1] == "optimizer"
     assert parts["ZeRO-1 / DDP+Adam"][4].startswith("memory ratio") and parts["DDP+Adam / DDP"][4] != "not measured"
-    ddp = [r for r in table(report.directory, "n_epoch_time")[1:] if r[1] == "DDP" and r[0] == "gpt2_tiny"]
-    assert ddp and "[" in ddp[0][3]  # one repeat: the interval over its epochs
+    ddp = [r for r in records(report.directory, "n_epoch_time") if r["framework"] == "DDP" and r["network"] ==
+           "gpt2_tiny"]
+    assert ddp and ddp[0]["s/epoch [95% CI] high"]  # one repeat: the interval over its epochs
     sections = [line for line in (report.directory / "report.md").read_text().splitlines() if line.startswith("## ")]
-    assert len(sections) == 9  # the sweep file's views
+    assert sections[0] == "## Sanity flags" and len(sections) == 10  # the flags, then the sweep file's 9 views
+    systems = records(report.directory, "n_table2_systems")
+    assert systems[0]["device kind"] == "CPU" and systems[0]["hosts used"] == "1" and systems[0]["device"] != "-"
+    assert "None" not in (report.directory / "n_table2_systems.csv").read_text()
 
 
 @pytest.mark.slow  # runs a sweep's points
@@ -141,10 +164,49 @@ def test_sweep_invocation_is_a_parent_run_with_the_report(results, store):
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert parent.info.status == "FINISHED"
     report = {a.path for a in store.client.list_artifacts(parent.info.run_id, "report")}
-    assert {"report/report.md", "report/speedup.md", "report/speedup.png", "report/convergence.png"} <= report
+    assert {"report/report.md", "report/report.html", "report/speedup.md", "report/speedup.png",
+            "report/convergence.png"} <= report
     experiment = store.client.get_experiment_by_name("digits")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert (results / "reports" / "digits" / "speedup.png").stat().st_size > 0
+    check_in_the_ui(experiment.experiment_id, parent.info.run_id)
+
+
+def check_in_the_ui(experiment_id: str, parent_id: str) -> None:
+    """`make ui`'s server, asked what its runs table and the sweep run's artifact view ask (the UI's own REST calls,
+    no browser here): the points with their `speedup` and throughput beside the sweep invocation's run, which holds
+    the sweep's params, summary metrics and a report page with its figures embedded."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ui = subprocess.Popen([sys.executable, "-m", "suite.tools.ui", "--port", str(port), "digits"],
+                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert ui.stdout.readline().strip() == f"MLflow UI: http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs"
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        request = urllib.request.Request(f"{base}/ajax-api/2.0/mlflow/runs/search", method="POST",
+                                         data=json.dumps({"experiment_ids": [experiment_id]}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        runs = json.load(urllib.request.urlopen(request, timeout=30))["runs"]
+        by_id = {r["info"]["run_id"]: r for r in runs}
+        metrics = {r["info"]["run_id"]: {m["key"]: m["value"] for m in r["data"].get("metrics", [])} for r in runs}
+        children = [run_id for run_id in by_id if run_id != parent_id]
+        assert all({"speedup", "throughput_samples_s_mean"} <= metrics[c].keys() for c in children)
+        assert metrics[parent_id]["points_finished"] == 2 and metrics[parent_id]["best_speedup"] > 0
+        params = {p["key"]: p["value"] for p in by_id[parent_id]["data"]["params"]}
+        assert params["sweep"] == "digits" and params["points"] == "2" and params["best_point"]
+        page = urllib.request.urlopen(f"{base}/get-artifact?path=report/report.html&run_uuid={parent_id}",
+                                      timeout=30).read().decode()
+        assert "<table>" in page and "data:image/png;base64," in page
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
 
 
 def test_repeat_index_is_part_of_a_points_identity():

@@ -288,10 +288,21 @@ class Store:
             ended.append(self.client.get_run(run.info.run_id))
         return ended
 
-    def finish_sweep_run(self, run_id: str, report_dir: Path | None, failed: bool) -> None:
+    def finish_sweep_run(self, run_id: str, report_dir: Path | None, failed: bool,
+                         params: dict[str, str] | None = None, metrics: dict[str, float] | None = None) -> None:
+        """End a sweep invocation's run with what the sweep ran (`params`), how it ended (`metrics`: points finished,
+        failed, the best speedup) and its report as artifacts (report.html shows it with its figures in the UI)."""
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), int(time.time() * 1000), 0)
+                                               for k, v in (metrics or {}).items()],
+                              params=[Param(k, str(v)) for k, v in (params or {}).items()])
         if report_dir is not None:
             self.client.log_artifacts(run_id, str(report_dir), "report")
         self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
+
+    def log_point_metric(self, values: dict[str, float], name: str) -> None:
+        """One metric on each of these runs (by run id), e.g. the `speedup` a sweep's report computes."""
+        for run_id, value in values.items():
+            self.client.log_metric(run_id, name, value)
 
     def runs(self, experiment: str, filter_string: str = "") -> list:
         if self.empty():
