@@ -7,8 +7,9 @@ A point is flagged for
 - an interval from fewer than `FEW_SAMPLES` samples;
 - a phase time (data, forward, backward, optimizer, communication) below `TIMER_RESOLUTION_S` per step: a phase that
   ran inside another (torchgpipe's backward runs in forward's autograd graph) measures nothing, not a fast phase;
-- training other samples per epoch than its workload's other points: its raw epoch time is other work (the report's
-  times are per pass over the training set, analysis.measure).
+- training other samples per epoch than most points of its workload on as many workers (its peers in a comparison at
+  that count): its raw epoch time is other work (the report's times are per pass over the training set,
+  analysis.measure).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import Counter
 from analysis.measure import cells, epoch_time, finished, speedup
 from analysis.runs import Row
 from analysis.tables import Table
-from analysis.views import Context, Section, table_section, view
+from analysis.views import Context, Section, view
 from suite.vocabulary import PHASE_TIMES
 
 HIGH_CV = 0.20
@@ -30,16 +31,20 @@ def _baseline(ctx: Context, row: Row) -> list[Row]:
     return [r for r in ctx.rows if r.workload == row.workload and r.strategy == "single" and r.workers == 1]
 
 
-def _usual_samples(ctx: Context) -> dict[tuple[str, str], float]:
-    """Per workload, the samples per epoch most of its finished points train."""
-    counts: dict[tuple[str, str], Counter] = {}
+def _peers(row: Row) -> tuple:
+    return *row.workload, row.workers
+
+
+def _usual_samples(ctx: Context) -> dict[tuple, float]:
+    """Per workload and worker count, the samples per epoch most of its finished points train."""
+    counts: dict[tuple, Counter] = {}
     for r in finished(ctx.rows):
         if "samples_per_epoch" in r.metrics:
-            counts.setdefault(r.workload, Counter())[r.metrics["samples_per_epoch"]] += 1
-    return {workload: c.most_common(1)[0][0] for workload, c in counts.items()}
+            counts.setdefault(_peers(r), Counter())[r.metrics["samples_per_epoch"]] += 1
+    return {peers: c.most_common(1)[0][0] for peers, c in counts.items()}
 
 
-def point_flags(ctx: Context, repeats: list[Row], usual: dict[tuple[str, str], float] | None = None) -> list[str]:
+def point_flags(ctx: Context, repeats: list[Row], usual: dict[tuple, float] | None = None) -> list[str]:
     """What is suspect about one point (its repeats), in words; [] when nothing is."""
     done = finished(repeats)
     if not done:
@@ -62,8 +67,9 @@ def point_flags(ctx: Context, repeats: list[Row], usual: dict[tuple[str, str], f
                          "below the timer's resolution (measured inside another phase)")
     usual = _usual_samples(ctx) if usual is None else usual
     mine = row.metrics.get("samples_per_epoch")
-    if mine is not None and row.workload in usual and mine != usual[row.workload]:
-        flags.append(f"{mine:g} samples an epoch where its peers train {usual[row.workload]:g}")
+    if mine is not None and _peers(row) in usual and mine != usual[_peers(row)]:
+        flags.append(f"{mine:g} samples an epoch where its peers on {row.workers} worker(s) train "
+                     f"{usual[_peers(row)]:g}")
     return flags
 
 
@@ -82,5 +88,6 @@ def sanity_view(ctx: Context) -> Section:
                   ["dataset", "network", "strategy", "workers", "flags"], rows,
                   [f"Flagged: a speedup above the worker count, a CV above {HIGH_CV:.0%}, an interval from fewer than "
                    f"{FEW_SAMPLES} samples, a phase below {TIMER_RESOLUTION_S:g} s per step, other samples per epoch "
-                   "than the workload's other points. The tables mark the same points in their `flags` column."])
-    return table_section(table, ctx)
+                   "than most points of the workload on as many workers. The epoch tables mark the same points in "
+                   "their `flags` column."])
+    return Section("Sanity flags", table.markdown(), table.write(ctx.directory))

@@ -28,6 +28,8 @@ from analysis.views import Context, Section, save_figure, table_section, view
 from suite.vocabulary import PHASE_TIMES, Status
 
 PIPELINES = ("gpipe", "pipedream", "1f1b", "gpipe_dist")
+PHASE_COLOURS = {"time_data_s": "tab:olive", "time_forward_s": "tab:orange", "time_backward_s": "tab:green",
+                 "time_optimizer_s": "tab:purple"}  # apart from the traced slices' (analysis.breakdown.COLOURS)
 DDP_ADAM = "DDP+Adam"  # DDP with ZeRO's optimizer, where the study's DDP runs SGD (VGG-16) or LAMB (GPT-2)
 
 
@@ -195,7 +197,7 @@ def breakdown(ctx: Context) -> Section:
         for i, phase in enumerate(phases):
             heights = [b[1][i] for b in bars]
             ax.bar([x - 0.2 for x in range(len(bars))], heights, width=0.4, bottom=bottom,
-                   label=phase.removeprefix("time_").removesuffix("_s"))
+                   label=phase.removeprefix("time_").removesuffix("_s"), color=PHASE_COLOURS[phase])
             for x, height in enumerate(heights):
                 if 0 < height < TIMER_RESOLUTION_S:
                     ax.text(x - 0.2, bottom[x], f"{phase.removeprefix('time_').removesuffix('_s')} inside forward",

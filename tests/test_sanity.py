@@ -20,22 +20,23 @@ class Histories:
 def run(strategy: str, workers: int, samples: int, **metrics: float) -> Row:
     return Row(run_id=strategy, dataset="tokens", network="gpt2_tiny", strategy=strategy, workers=workers,
                status="finished", epoch_time_s=1.0, throughput=1.0, peak_memory_mb=1.0, val_metric=None,
-               val_value=None, start_time=0, params={"warmup_steps": "1"},
+               val_value=None, start_time=0, params={"warmup_steps": "1"}, label=strategy,
                metrics={"samples_per_epoch": samples, "train_set_samples": 64, **metrics})
 
 
 def test_suspect_points_are_flagged_with_the_reason(tmp_path):
-    rows = [run("single", 1, 8), run("ddp", 2, 8), run("gpipe", 2, 16, time_backward_s=8e-5)]
+    rows = [run("single", 1, 8), run("ddp", 2, 8), run("gpipe", 2, 16, time_backward_s=8e-5), run("zero", 2, 8)]
     epochs = {"single": {"epoch_time_s": [1.0] * 6, "throughput_samples_s": [8.0] * 6},
               "ddp": {"epoch_time_s": [0.3] * 6, "throughput_samples_s": [26.0] * 6},  # 3.25x on 2 workers
-              "gpipe": {"epoch_time_s": [0.5, 1.5, 0.5, 1.5], "throughput_samples_s": [16.0] * 4}}
+              "gpipe": {"epoch_time_s": [0.5, 1.5, 0.5, 1.5], "throughput_samples_s": [16.0] * 4},
+              "zero": {"epoch_time_s": [1.0] * 6, "throughput_samples_s": [8.0] * 6}}
     ctx = Context("exp", rows, Histories(epochs), None, tmp_path)
     assert point_flags(ctx, [rows[0]]) == []
     assert point_flags(ctx, [rows[1]]) == ["superlinear speedup 3.25x on 2 workers"]
     gpipe = point_flags(ctx, [rows[2]])
     assert gpipe[:2] == ["CV 58%", "interval from 4 sample(s)"]
     assert gpipe[2].startswith("backward 8.0e-05 s/step, below the timer's resolution")
-    assert gpipe[3] == "16 samples an epoch where its peers train 8"
+    assert gpipe[3] == "16 samples an epoch where its peers on 2 worker(s) train 8"
     section = sanity_view(ctx)
     assert "superlinear speedup" in section.markdown and tmp_path / "sanity_flags.csv" in section.files
 
