@@ -48,11 +48,17 @@ def test_a_value_with_its_interval_is_three_csv_columns():
 
 
 def test_a_sweep_says_how_far_it_is_and_how_long_is_left():
+    """Unpriced points are expected to take the mean of those run; priced ones their price times how much longer
+    than theirs the priced points run so far took."""
     now = [0.0]
-    progress = Progress(to_run=4, clock=lambda: now[0])
+    progress = Progress([None, None, None, None], clock=lambda: now[0])
     now[0] = 30.0
     assert progress.point_done() == "1/4 run here, 30s elapsed, about 1m30s left"
     now[0] = 3700.0
     assert progress.point_done() == "2/4 run here, 1h01m elapsed, about 1h01m left"
     progress.point_done()
     assert progress.point_done() == "4/4 run here, 1h01m elapsed"
+    now[0] = 0.0
+    priced = Progress([10.0, 100.0, None], clock=lambda: now[0])
+    now[0] = 20.0  # twice its price
+    assert priced.point_done() == "1/3 run here, 20s elapsed, about 3m40s left"  # 2 x 100 s, and 20 s

@@ -111,8 +111,11 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
         waiting = pending.get((point.cfg.tracking.experiment, point.config_hash))
         looked_up.append((previous, waiting,
                           waiting.describe() if waiting else skip_reason(previous, code_now, force, retry_failed)))
-    progress = Progress(sum(1 for point, (_, _, reason) in zip(points, looked_up)
-                            if not reason and not jobs.is_batch(point) and not dry_run))
+    here = [k for k, (point, (_, _, reason)) in enumerate(zip(points, looked_up))
+            if not reason and not jobs.is_batch(point) and not dry_run]
+    predictions = {k: prediction_for(predict, points[k], f"{k + 1}/{len(points)}", unpredicted) for k in here}
+    progress = Progress([predictions[k].get("predicted_epoch_time_s", 0.0) * points[k].cfg.epochs or None
+                         for k in here])
     for k, (point, (previous, waiting, reason)) in enumerate(zip(points, looked_up), 1):
         mark("point")
         position = f"{k}/{len(points)}"
@@ -128,8 +131,7 @@ def run_sweep(points: list[Point], store: Store, force: bool = False, retry_fail
             print(f"[{position} {point.label}] would run here ({' '.join(point.overrides)})", flush=True)
         else:
             print(f"[{position} {point.label}] starting ({' '.join(point.overrides)})", flush=True)
-            outcome = run_point(point, store, position, prediction_for(predict, point, position, unpredicted),
-                                parent_run_id)
+            outcome = run_point(point, store, position, predictions[k - 1], parent_run_id)
             line = f"[{position} {point.label}] {outcome.status}"
             print(line + (f": {outcome.error}" if outcome.error else "")
                   + (f" (run {outcome.run_id})" if outcome.run_id else "") + f"; {progress.point_done()}", flush=True)

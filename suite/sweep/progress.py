@@ -1,6 +1,7 @@
-"""A sweep's progress as it runs points here: points done of those to run, time elapsed, and the time left,
-estimated from the points measured so far (their mean wall time, each point's launch included, times the points
-left to run)."""
+"""A sweep's progress as it runs points here: points done of those to run, time elapsed, and the time left. A point
+the performance model priced (its recorded prediction: epoch time x epochs) is expected to take its price times how
+much longer the points run so far took than theirs (launch, evaluation and the model's error included); a point
+without a price, the mean wall time of the points run so far."""
 
 from __future__ import annotations
 
@@ -16,14 +17,22 @@ def duration(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, to_run: int, clock=time.monotonic) -> None:
-        self.to_run, self.done, self.clock = to_run, 0, clock
-        self.started = clock()
+    def __init__(self, priced_s: list[float | None], clock=time.monotonic) -> None:
+        """`priced_s`: per point to run, in order, the model's seconds for it (None: not priced)."""
+        self.priced_s, self.walls, self.clock = priced_s, [], clock
+        self.started = self.last = clock()
 
     def point_done(self) -> str:
         """Count one point run; the line that says where the sweep stands."""
-        self.done += 1
-        elapsed = self.clock() - self.started
-        left = self.to_run - self.done
-        eta = f", about {duration(elapsed / self.done * left)} left" if left else ""
-        return f"{self.done}/{self.to_run} run here, {duration(elapsed)} elapsed{eta}"
+        now = self.clock()
+        self.walls.append(now - self.last)
+        self.last = now
+        done, left = len(self.walls), self.priced_s[len(self.walls):]
+        line = f"{done}/{len(self.priced_s)} run here, {duration(now - self.started)} elapsed"
+        return line + (f", about {duration(self.left_s(left))} left" if left else "")
+
+    def left_s(self, left: list[float | None]) -> float:
+        mean = sum(self.walls) / len(self.walls)
+        priced = [(wall, price) for wall, price in zip(self.walls, self.priced_s) if price]
+        scale = sum(w for w, _ in priced) / sum(p for _, p in priced) if priced else None
+        return sum(price * scale if price and scale else mean for price in left)
