@@ -46,7 +46,9 @@ def main(argv: list[str]) -> int:
     from analysis.speedup import best_speedup, point_speedups
     from analysis.views import NotRun
     from launchers.batch import SchedulerError
+    from suite.paths import REPO_ROOT
     from suite.predict.predictor import recorded_prediction
+    from suite.records.manifest import git_sha
     from suite.records.point_dir import error_line
     from suite.records.store import Store, store_uri
     from suite.signals import Stopped, raise_on_sigterm
@@ -93,7 +95,7 @@ def main(argv: list[str]) -> int:
             for line in end_abandoned_sweep_runs(store, {experiment}):  # left RUNNING by a sweep killed outright
                 print(line, flush=True)
         parent = None if args.dry_run or not args.sweep else store.start_sweep_run(experiment, args.sweep,
-                                                                                   " ".join(argv))
+                                                                                   " ".join(argv), git_sha(REPO_ROOT))
         raise_on_sigterm()  # a scheduler's SIGTERM stops the sweep like Ctrl-C, and the point as `timeout`
         expected = record_invalid(invalid or [], store, args.dry_run, parent)  # the sweep file expects them
         outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run,

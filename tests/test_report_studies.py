@@ -166,6 +166,16 @@ def test_sweep_invocation_is_a_parent_run_with_the_report(results, store):
     assert len(children) == 2
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert parent.info.status == "FINISHED"
+    for run in runs:  # MLflow's standard metadata: the UI's Source, Version and User columns
+        commit = run.data.tags["mlflow.source.git.commit"]
+        assert commit and commit == run.data.tags.get("suite.git_sha", commit)
+        assert run.data.tags["mlflow.source.name"] == "suite" and run.data.tags["mlflow.user"]
+    for child in children:  # each epoch's metrics stamped when that epoch ended
+        history = store.client.get_metric_history(child.info.run_id, "epoch_time_s")
+        assert [m.step for m in history] == sorted(m.step for m in history)
+        stamps = [m.timestamp for m in sorted(history, key=lambda m: m.step)]
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+        assert child.info.start_time <= stamps[0] and stamps[-1] <= child.info.end_time
     report = {a.path for a in store.client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.md", "report/report.html", "report/speedup.md", "report/speedup.png",
             "report/convergence.png"} <= report

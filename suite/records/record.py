@@ -24,7 +24,7 @@ from launchers.hosts import scheduler_job_id
 from suite.config import is_calibration
 from suite.records.calibration import write_calibration
 from suite.records.point_dir import PointDir, error_line
-from suite.records.store import Store, complete, is_server
+from suite.records.store import Store, complete, is_server, source_tags
 from suite.records.verdict import Ending, verdict
 from suite.vocabulary import Status
 
@@ -60,7 +60,8 @@ def record_point(out: PointDir, store: Store, status: str, error: str | None, st
                 store.client.set_terminated(run.info.run_id, "KILLED")
         job = out.job() or {}
         tags = {"suite.status": status, "suite.config_hash": point["config_hash"], "suite.git_sha": point["git_sha"],
-                "suite.point_dir": str(out.path), "suite.label": point["label"], **(extra_tags or {})}
+                "suite.point_dir": str(out.path), "suite.label": point["label"], **source_tags(point["git_sha"]),
+                **(extra_tags or {})}
         job_id = job.get("job_id") or scheduler_job_id(os.environ)
         if job_id:
             tags["suite.job_id"] = job_id

@@ -6,6 +6,7 @@ import base64
 import contextlib
 import fcntl
 import functools
+import getpass
 import itertools
 import os
 import sqlite3
@@ -180,6 +181,21 @@ def locked(exc: BaseException | None) -> bool:
     return False
 
 
+def source_tags(git_sha: str) -> dict[str, str]:
+    """MLflow's standard run metadata, which its UI shows in the Source, Version and User columns: the code (the
+    suite's commit), what ran it, and who."""
+    return {"mlflow.source.git.commit": git_sha, "mlflow.source.name": "suite", "mlflow.source.type": "LOCAL",
+            "mlflow.user": user()}
+
+
+def user() -> str:
+    """Who runs this: the login name, else the uid (a container's user may have no name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
 def run_status(run) -> str:
     """How a point ended as its run says (the `suite.status` tag), or `incomplete` if the run is not complete."""
     return run.data.tags.get("suite.status", "?") if complete(run) else INCOMPLETE
@@ -260,13 +276,13 @@ class Store:
                 raise
             return found.experiment_id
 
-    def start_sweep_run(self, experiment: str, sweep: str, command: str) -> str:
+    def start_sweep_run(self, experiment: str, sweep: str, command: str, git_sha: str) -> str:
         """The parent run of one sweep invocation: its points' runs are its children, its report its artifacts."""
         experiment_id = self.experiment_id(experiment)
         for key, value in EXPERIMENT_KIND.items():  # experiments created before the tag existed
             self.client.set_experiment_tag(experiment_id, key, value)
         # Its owner, the driver's process: a run it leaves RUNNING once gone is ended by the next one that looks.
-        tags = {"suite.sweep": sweep, "suite.command": command, "suite.owner": str(Owner.me())}
+        tags = {"suite.sweep": sweep, "suite.command": command, "suite.owner": str(Owner.me()), **source_tags(git_sha)}
         run = self.client.create_run(experiment_id, run_name=f"sweep {sweep} {time.strftime('%Y-%m-%d %H:%M:%S')}",
                                      tags=tags)
         return run.info.run_id
@@ -339,7 +355,9 @@ class Store:
         if undeclared:  # a metric the contract does not name would be lost: say so instead
             raise ValueError(f"summary metrics {sorted(undeclared)} are not declared in suite.vocabulary")
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(e[k]), now, int(e["epoch"])) for e in epochs for k in EPOCH_METRICS if k in e]
+        # an epoch's metrics stamped when it ended (its `ended_at`, unix seconds; runs recorded before it: now)
+        metrics = [Metric(k, float(e[k]), int(1000 * e["ended_at"]) if "ended_at" in e else now, int(e["epoch"]))
+                   for e in epochs for k in EPOCH_METRICS if k in e]
         metrics += [Metric(k, float(summary[k]), now, 0) for k in SUMMARY_METRICS if k in summary]
         metrics += [Metric(k, float(v), now, 0) for k, v in summary.get("strategy_metrics", {}).items()]
         metrics += [Metric("step_loss", float(v), now, i) for i, v in enumerate(summary.get("step_losses", []))]

@@ -20,7 +20,7 @@ from suite.placement import threads_per_worker
 from suite.records.manifest import git_sha
 from suite.records.point_dir import error_line
 from suite.records.record import finish
-from suite.records.store import INCOMPLETE, Store, run_params, run_status
+from suite.records.store import INCOMPLETE, Store, run_params, run_status, source_tags
 from suite.records.verdict import NotStarted
 from suite.strategies import missing_library
 from suite.sweep import jobs
@@ -157,7 +157,7 @@ def record_invalid(invalid: list[InvalidPoint], store: Store, dry_run: bool = Fa
             continue
         params = run_params(point.cfg, {}, {})  # no layout: the strategy could not lay the point out
         tags = {"suite.status": Status.invalid, "suite.error": point.error, "suite.config_hash": point.config_hash,
-                "suite.git_sha": code_now, "suite.label": point.label}
+                "suite.git_sha": code_now, "suite.label": point.label, **source_tags(code_now)}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         now = time.time()

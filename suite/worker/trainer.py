@@ -252,7 +252,7 @@ class Trainer:
             metrics = self._train_epoch(epoch)
             train_clock += metrics["epoch_time_s"]
             metrics.update(self.evaluate())
-            metrics.update(epoch=epoch, train_time_s=train_clock)
+            metrics.update(epoch=epoch, train_time_s=train_clock, ended_at=time.time())
             epochs.append(metrics)
             if self.env.is_main:
                 self.out.append_epoch(metrics)
