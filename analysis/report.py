@@ -28,7 +28,7 @@ from analysis.html import markdown_to_html
 from analysis.measure import PROTOCOLS, Histories
 from analysis.runs import Row, latest_per_point
 from analysis.tables import Table
-from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun
+from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun, Section
 from suite.errors import ConfigError, OneLineParser
 from suite.paths import CONF_DIR, results_dir
 from suite.records.store import Store
@@ -39,7 +39,7 @@ from suite.sweep.sweep_files import sweep_file
 class Report:
     directory: Path
     files: list[Path]
-    summary: str  # the first section's markdown, for the terminal
+    summary: str  # for the terminal: the first view the sweep file names, and how many points the flags name
     rows: list[Row]  # its points
 
 
@@ -94,7 +94,18 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
     page.write_text(markdown_to_html(index.read_text(), directory, experiment))
     files = [index, page, *(caption.write(directory) if caption else []),
              *(path for s in sections for path in s.files)]
-    return Report(directory, files, sections[0].markdown if sections else "(no runs)", rows)
+    return Report(directory, files, terminal_summary(sections, index), rows)
+
+
+def terminal_summary(sections: list[Section], index: Path) -> str:
+    """The first view the sweep file names (the sanity flags come before it in report.md), and a line saying how many
+    points the flags name."""
+    if not sections:
+        return "(no runs)"
+    sanity, *chosen = sections
+    flagged = sum(line.startswith("| ") for line in sanity.markdown.splitlines()) - 1  # less the header
+    note = f"\n\n{flagged} point(s) flagged: see \"Sanity flags\" in {index}" if flagged > 0 else ""
+    return (chosen[0].markdown if chosen else sanity.markdown) + note
 
 
 def check_experiment(store: Store, experiment: str) -> None:
