@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+SUITE := $(VENV)/bin/suite
 SWEEP ?= smoke
 CLUSTER ?= local
 HOST ?= 127.0.0.1
@@ -13,11 +14,15 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: setup setup-offline wheelhouse horovod test test-fast test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
+.PHONY: help setup setup-offline wheelhouse horovod test test-fast test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
 	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend bench-model \
 	validate-published
 
-setup: $(STAMP)
+# The targets and what each does (the `## ` note on its line); `suite --help` lists the configs and sweeps.
+help:
+	@awk -F ':.*## ' '/^[a-z-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: $(STAMP)  ## the environment in .venv, or VENV (made on first use by every target)
 
 # The environment is pinned by constraints.txt (the lock); the stamp is named by a checksum of it and
 # pyproject.toml, so changing either reinstalls, and an environment elsewhere (VENV=<path>) that has its
@@ -34,11 +39,11 @@ $(STAMP):
 # $(VENV) over its python3 (a .pth file adds the machine's site-packages) and installs those wheels and the suite,
 # without an index.
 WHEELS ?= wheelhouse
-wheelhouse: setup
+wheelhouse: setup  ## wheels of the dependencies for an offline GPU machine (WHEELS, PY_VERSION, MACHINE, HAVE)
 	$(PY) -m suite.tools.wheelhouse --dest $(WHEELS) $(if $(PY_VERSION),--python-version $(PY_VERSION)) \
 		$(if $(MACHINE),--machine $(MACHINE)) $(if $(HAVE),--have $(HAVE))
 
-setup-offline:
+setup-offline:  ## .venv on an offline machine from WHEELS
 	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
 	$(PYTHON) -c 'import site; print(*site.getsitepackages(), sep="\n")' \
 		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/machine.pth"
@@ -49,16 +54,16 @@ setup-offline:
 # Horovod built against the venv's torch (suite/tools/build_horovod.py): 10 to 25 minutes on 2 cores the first time
 # on a machine, then seconds (the wheel is kept in ~/.cache/suite/wheels); nothing to do when it imports.
 # The tests need it; a sweep with a strategy=horovod point refuses to launch without it (and says to run this).
-horovod: setup
+horovod: setup  ## build Horovod against the environment's torch (once per machine)
 	$(PY) -m suite.tools.build_horovod
 
 # On TEST_WORKERS pytest-xdist workers (3 on 2 cores: much of a test is waiting on the processes it starts); the
 # tests of a module that share a fixture run on one worker (their `xdist_group`), so it is built once.
-test: setup horovod
+test: setup horovod  ## every test (about 25 minutes on 2 cores)
 	$(PY) -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup
 
 # The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
-test-fast: setup
+test-fast: setup  ## the tests that start no processes (about 2 minutes)
 	$(PY) -m pytest -m "not slow"
 
 # The suite on the oldest torch it declares (Strategy.needs_torch; COMPAT_PINS is that torch with the torchvision
@@ -69,7 +74,7 @@ test-fast: setup
 COMPAT_VENV ?= .venv-compat
 COMPAT_PINS := torch==2.1.2 torchvision==0.16.2 numpy==1.26.4
 COMPAT_TESTS := test_ddp_equivalence or test_gpipe_equivalence or test_ddp_powersgd_trains
-test-compat:
+test-compat:  ## the suite on the oldest torch it declares, in .venv-compat
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(PYTHON) -m suite.tools.compat_env $(COMPAT_VENV) $(COMPAT_PINS)
 	DS_BUILD_OPS=0 $(COMPAT_VENV)/bin/pip install --quiet --disable-pip-version-check \
@@ -80,88 +85,88 @@ test-compat:
 
 # The CUDA paths, on this machine's GPUs: tests marked `gpu` (one GPU) and `gpu_multi` (2 or more, each skipped with
 # its reason on fewer; Horovod's skipped where `make horovod` has not run); `make test` collects neither.
-test-gpu: setup
+test-gpu: setup  ## the CUDA checks on this machine's GPUs
 	$(PY) -m pytest -m "gpu or gpu_multi"
 
 # Only the checks that need 2 or more GPUs (NCCL across ranks, torchgpipe across GPUs, Horovod's NCCL all-reduce),
 # with Horovod built first.
-test-gpu-multi: setup horovod
+test-gpu-multi: setup horovod  ## the checks that need 2 or more GPUs
 	$(PY) -m pytest -m gpu_multi
 
 # ruff's lint rules (E, W: layout and line length included); not `ruff format`, which would re-wrap the tree's
 # hand-aligned argument lists and tables.
-lint: setup
+lint: setup  ## ruff's lint rules
 	$(PY) -m ruff check .
 
-sweep: setup
-	$(PY) -m suite --sweep $(SWEEP) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) $(if $(DRY_RUN),--dry-run) \
+sweep: setup  ## run SWEEP's points on CLUSTER (FORCE, RETRY_FAILED, DRY_RUN, REPEATS, ACCOUNT, QUEUE, TIME_LIMIT, ARGS)
+	$(SUITE) sweep $(SWEEP) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) $(if $(DRY_RUN),--dry-run) \
 		$(if $(REPEATS),--repeats $(REPEATS)) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
 
-status: setup
-	$(PY) -m suite --status --sweep $(SWEEP) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
+status: setup  ## each point of SWEEP and its state
+	$(SUITE) status $(SWEEP) cluster=$(CLUSTER) $(JOB_ARGS) $(ARGS)
 
 # Every batch job that ended without recording its points (all sweeps, or SWEEP=<name> only).
-collect: setup
-	$(PY) -m suite --collect $(if $(filter command line,$(origin SWEEP)),--sweep $(SWEEP))
+collect: setup  ## record batch jobs that ended without recording their points
+	$(SUITE) collect $(if $(filter command line,$(origin SWEEP)),--sweep $(SWEEP))
 
 # The machine's matmul peak, collectives and send/recv, as a job of its own ranks (suite/tools/calibrate.py):
 # results/calibration/$(CLUSTER).yaml and an MLflow run in the experiment `calibration`. NODES= on a batch cluster,
 # DRY_RUN=1 writes its job script only; APPLY=1 measures nothing and copies the record's bandwidths and latencies
 # into conf/cluster/$(CLUSTER).yaml.
-calibrate: setup
-	$(PY) -m suite.tools.calibrate $(if $(APPLY),--apply) $(if $(DRY_RUN),--dry-run) cluster=$(CLUSTER) \
+calibrate: setup  ## measure CLUSTER's matmul peak, collectives and send/recv (NODES, DRY_RUN, APPLY)
+	$(SUITE) calibrate $(if $(APPLY),--apply) $(if $(DRY_RUN),--dry-run) cluster=$(CLUSTER) \
 		$(if $(NODES),nodes=$(NODES)) $(JOB_ARGS) $(ARGS)
 
 # MLflow's UI on the store, its URL printed (and opened where a browser can be): the runs table of SWEEP, else of the
 # latest sweep.
-ui: setup
-	$(PY) -m suite.tools.ui --port $(or $(PORT),5000) $(SWEEP)
+ui: setup  ## MLflow's UI on the store, opened on SWEEP's runs (PORT)
+	$(SUITE) ui --port $(or $(PORT),5000) $(SWEEP)
 
 # A tracking server on the suite's store, for many jobs writing at once: `mlflow server --app-name basic-auth`,
 # which answers only the user who started it (suite/records/tracking_server.py: the password made on its first
 # start is in results/tracking-server/credentials, mode 0600, which the suite's clients read). Cluster jobs reach
 # it when it listens beyond loopback (HOST=0.0.0.0) and the cluster config or MLFLOW_TRACKING_URI names it.
-mlflow-server: setup
+mlflow-server: setup  ## a tracking server on the store for many jobs (HOST, PORT, WORKERS)
 	$(PY) -m suite.records.tracking_server --host $(HOST) --port $(or $(PORT),5000) --workers $(or $(WORKERS),4) \
 		--backend-store-uri $(STORE_URI)
 
 # A one-node Slurm on this machine (installs slurm-wlm and munge with apt when missing; root or sudo).
-slurm-local: setup
+slurm-local: setup  ## a one-node Slurm on this machine
 	$(PY) -m suite.tools.slurm_local
 
-report: setup
-	$(PY) -m analysis.report $(SWEEP)
+report: setup  ## SWEEP's report: tables, figures, claims
+	$(SUITE) report $(SWEEP)
 
 # The performance model (suite/predict), nothing launched: ARGS are a sweep's overrides, comma lists expanded, e.g.
 # ARGS="dataset=imagenet network=resnet50 cluster=lassen workers=4,8,16 strategy=ddp,gpipe" (`--variant study_j`
 # for Study J's equations). `recommend` ranks every strategy and its main knobs for ARGS="dataset=... network=...
 # cluster=... workers=...".
-predict: setup
-	$(PY) -m suite.tools.predict $(if $(filter json,$(FORMAT)),--json) $(ARGS)
+predict: setup  ## the performance model's price of ARGS's points (FORMAT=json)
+	$(SUITE) predict $(if $(filter json,$(FORMAT)),--json) $(ARGS)
 
-recommend: setup
-	$(PY) -m suite.tools.recommend $(ARGS)
+recommend: setup  ## every strategy ranked for ARGS's workload and cluster
+	$(SUITE) recommend $(ARGS)
 
 # ARGS: the benchmark's options and overrides, e.g. ARGS='--rounds 1 steps_per_epoch=2' (its smoke test).
-bench-overhead: setup
+bench-overhead: setup  ## the suite's overhead over a bare training loop (WORKERS, ARGS)
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc-per-node=$(or $(WORKERS),2) \
 		-m suite.tools.benchmarks.overhead $(if $(WORKERS),workers=$(WORKERS)) $(ARGS)
 
-bench-pipeline: setup
+bench-pipeline: setup  ## each pipeline schedule against GPipe's (ARGS)
 	$(PY) -m suite.tools.benchmarks.pipeline $(ARGS)
 
 # The fixed cost of a point run here (driver start to recorded run), split into its parts; e.g. ARGS='--points 1'.
-bench-launch: setup
+bench-launch: setup  ## the fixed cost of a point run here (ARGS)
 	$(PY) -m suite.tools.benchmarks.launch $(ARGS)
 
 # The performance model against the measured grid of conf/sweep/model_bench.yaml: errors per strategy, memory,
 # fits, recommender top-1 / regret / Kendall tau; needs this machine's calibration record (`make calibrate`).
 # ARGS='--strategies single,ddp steps_per_epoch=2 ...' shrinks it (its smoke test).
-bench-model: setup
+bench-model: setup  ## the performance model against a measured grid (ARGS)
 	$(PY) -m suite.tools.benchmarks.model $(ARGS)
 
 # The performance model against published GPU measurements, nothing calibrated: ARGS="[FILE] [--json]" (default
 # analysis/published/gpu_measurements.yaml); per record published, predicted, error; per metric, strategy family,
 # GPU type and source; the GPU pricing issue's targets beside what is reached.
-validate-published: setup
-	$(PY) -m suite.tools.validate_published $(ARGS)
+validate-published: setup  ## the performance model against published GPU measurements (ARGS)
+	$(SUITE) validate-published $(ARGS)

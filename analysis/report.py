@@ -30,7 +30,7 @@ from analysis.runs import Row, latest_per_point
 from analysis.tables import Table
 from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun, Section
 from suite.errors import ConfigError, OneLineParser
-from suite.paths import CONF_DIR, results_dir
+from suite.paths import config_file, results_dir
 from suite.records.store import Store
 from suite.sweep.sweep_files import sweep_file
 
@@ -45,7 +45,7 @@ class Report:
 
 def _sweep_section(sweep: str | None, key: str, empty):
     """A section of conf/sweep/<sweep>.yaml as plain data; `empty` without the file or the section."""
-    if not sweep or not (CONF_DIR / "sweep" / f"{sweep}.yaml").exists():
+    if not sweep or not config_file(f"sweep/{sweep}.yaml").exists():
         return empty
     section = sweep_file(sweep).get(key)
     return OmegaConf.to_container(section) if section else empty
@@ -115,21 +115,22 @@ def check_experiment(store: Store, experiment: str) -> None:
         sweep_file(experiment)
 
 
-def main() -> None:
-    parser = OneLineParser(description=__doc__)
+def main(argv: list[str]) -> int:
+    parser = OneLineParser(prog="suite report", description=__doc__)
     parser.add_argument("experiment", help="MLflow experiment (a sweep's name, or 'adhoc')")
     parser.add_argument("--tracking-uri", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         store = Store(args.tracking_uri, create=False)
         check_experiment(store, args.experiment)
         report = write_report(store, args.experiment)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     print(report.summary)
     print(f"wrote {len(report.files)} file(s) to {report.directory}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,5 @@
-"""The driver: `python -m suite [-m] [--sweep NAME] [--force] [--retry-failed] [--dry-run] [override ...]`.
+"""The driver: `suite run [-m] [--sweep NAME] [--force] [--retry-failed] [--dry-run] [override ...]` (the same as
+`python -m suite ...`; `suite --help` lists the other commands, the config groups and the sweeps).
 
 Overrides are Hydra's (`dataset=cifar10 network=resnet18 strategy=ddp workers=2 epochs=2`); with
 -m, comma lists sweep the cartesian product. `--sweep NAME` runs conf/sweep/NAME.yaml, with the
@@ -17,7 +18,7 @@ from suite.vocabulary import Status
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = OneLineParser(prog="python -m suite", description=__doc__,
+    parser = OneLineParser(prog="suite run", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated override values")
     parser.add_argument("--sweep", help="run the points of conf/sweep/<SWEEP>.yaml")
@@ -30,7 +31,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--status", action="store_true", help="show each point's state and exit")
     parser.add_argument("--collect", action="store_true",
                         help="record every batch job that ended without recording its points, and exit")
-    parser.add_argument("--cfg", action="store_true", help="print the composed config of each point and exit")
+    parser.add_argument("--cfg", choices=["job"],
+                        help="`--cfg job`: print the composed config of each point and exit (as Hydra's), "
+                             "nothing created")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. strategy=ddp workers=2")
     # Options may come between overrides (`strategy=ddp --dry-run workers=2`), as make's variables place them.
     return parser.parse_intermixed_args(argv)
@@ -76,16 +79,16 @@ def main(argv: list[str]) -> int:
         if not (args.status or args.cfg):
             check_submittable(points, args.dry_run)
             check_installed(points)
+        if args.cfg:
+            for point in points:
+                print(f"# {point.label} ({point.config_hash})\n{OmegaConf.to_yaml(point.cfg)}")
+            return 0
         # Checked as it opens (intact, reachable); only read here, a store that does not exist is not created.
-        store = Store(store_uri(points[0].cfg), create=not (args.status or args.cfg or args.dry_run))
+        store = Store(store_uri(points[0].cfg), create=not (args.status or args.dry_run))
         if args.status:
             for experiment in batch_experiments(points):  # jobs leave their points to be recorded here
                 collect(experiment)
             print(status_table(points, store))
-            return 0
-        if args.cfg:
-            for point in points:
-                print(f"# {point.label} ({point.config_hash})\n{OmegaConf.to_yaml(point.cfg)}")
             return 0
         print(f"{len(points)} point(s)" + (f", {len(invalid)} that cannot run here" if invalid else "")
               + f"; results in {store.uri}", flush=True)
@@ -148,4 +151,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from suite.cli import main as suite_command  # `python -m suite ...` is `suite ...`
+    sys.exit(suite_command())

@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_make
+from suite.cli import resolve, take_config_dirs
 from suite.paths import REPO_ROOT
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
@@ -115,7 +116,7 @@ NOT_HERE: dict[str, str] = {
 ON_A_GPU = {r"make sweep SWEEP=gpu_single CLUSTER=h100": ["cluster.device=cpu"]}
 
 # (b) Commands this test checks itself, by their form.
-DRIVER = re.compile(r"\.venv/bin/python -m suite(\s|$)")
+DRIVER = re.compile(r"\.venv/bin/(python -m suite|suite)(\s|$)")
 MAKE_DRIVER = re.compile(r"make (sweep|status)(\s|$)")
 MAKE_TOOL = re.compile(r"make (predict|recommend)(\s|$)")
 HELP = re.compile(r".*\s--help$")
@@ -367,14 +368,17 @@ def test_every_make_command_of_a_shell_block_expands():
 def driver_argv(command: str) -> tuple[str, list[str]]:
     """The Python module a command runs and its arguments: as written, or as `make -n` shows the Makefile runs it."""
     words = shlex.split(substituted(command))
-    if words[0] != "make":
-        return words[2], words[3:]  # .venv/bin/python -m <module> ...
-    made = run_make("-n", *words[1:])
-    assert made.returncode == 0, f"{command}: {made.stderr.strip()[-300:]}"
-    recipe = made.stdout.replace("\\\n", " ").splitlines()  # a recipe line continued with a backslash is one
-    runs = [shlex.split(line) for line in recipe if re.search(r"/python -m (suite|suite\.tools)", line)]
-    assert len(runs) == 1, f"{command}: make -n ran {len(runs)} python commands:\n{made.stdout}"
-    return runs[0][2], runs[0][3:]
+    if words[0] == "make":
+        made = run_make("-n", *words[1:])
+        assert made.returncode == 0, f"{command}: {made.stderr.strip()[-300:]}"
+        recipe = made.stdout.replace("\\\n", " ").splitlines()  # a recipe line continued with a backslash is one
+        runs = [shlex.split(line) for line in recipe if re.search(r"/bin/suite |/python -m suite", line)]
+        assert len(runs) == 1, f"{command}: make -n ran {len(runs)} suite commands:\n{made.stdout}"
+        words = runs[0]
+    if words[0].endswith("/suite"):  # the `suite` command: the module its subcommand runs
+        module, argv = resolve(take_config_dirs(words[1:]))
+        return module.removesuffix(".__main__"), argv
+    return words[2], words[3:]  # .venv/bin/python -m <module> ...
 
 
 def compose_driver(argv: list[str], sweeps_seen: set[str]) -> int:

@@ -55,6 +55,9 @@ def gpu_driver() -> str | None:
 
 
 def git_sha(repo: Path) -> str:
+    """The checkout's commit; "unknown" outside a checkout (an installed wheel: not whatever repository encloses it)."""
+    if not (repo / ".git").exists():
+        return "unknown"
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()

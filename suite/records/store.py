@@ -183,9 +183,9 @@ def locked(exc: BaseException | None) -> bool:
 
 def source_tags(git_sha: str) -> dict[str, str]:
     """MLflow's standard run metadata, which its UI shows in the Source, Version and User columns: the code (the
-    suite's commit), what ran it, and who."""
-    return {"mlflow.source.git.commit": git_sha, "mlflow.source.name": "suite", "mlflow.source.type": "LOCAL",
-            "mlflow.user": user()}
+    suite's commit, left out where it is unknown: an installed wheel), what ran it, and who."""
+    commit = {"mlflow.source.git.commit": git_sha} if git_sha != "unknown" else {}
+    return {**commit, "mlflow.source.name": "suite", "mlflow.source.type": "LOCAL", "mlflow.user": user()}
 
 
 def user() -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from suite.paths import CONF_DIR, REPO_ROOT
+from suite.paths import CONF_DIR, REPO_ROOT, config_file
 
 # The catalog's config groups under conf/cluster/ and what an entry of each must give.
 REQUIRED = {"gpu": ("gpu", "device_memory_gb", "device_memory_bandwidth_gbs", "peak_tflops"),
@@ -61,16 +61,27 @@ def _layers(conf_dir: Path, path: Path, group: str, chosen: dict[str, str]) -> l
         else:
             for key, name in entry.items():
                 if key in REQUIRED:
-                    layers += _layers(conf_dir, conf_dir / "cluster" / key / f"{chosen.get(key, name)}.yaml", key, {})
+                    entry_file = _find(conf_dir, f"cluster/{key}/{chosen.get(key, name)}.yaml")
+                    layers += _layers(conf_dir, entry_file, key, {})
     return layers
 
 
-@functools.cache
+def _find(conf_dir: Path, relative: str) -> Path:
+    """conf_dir/relative; for the suite's own conf/, a site directory's file where conf/ has none."""
+    return config_file(relative) if conf_dir == CONF_DIR else conf_dir / relative
+
+
 def cluster_layers(conf_dir: Path, cluster: str) -> tuple[Layer, ...]:
-    """The layers of conf/cluster/<cluster>.yaml; none for a cluster without a file (a name given on the command
-    line). `conf_dir` keys the cache: tests compose from copies of conf/."""
-    path = conf_dir / "cluster" / f"{cluster}.yaml"
-    return tuple(_layers(conf_dir, path, "cluster", {})) if path.exists() else ()
+    """The layers of conf/cluster/<cluster>.yaml (or a site directory's); none for a cluster without a file (a name
+    given on the command line)."""
+    path = _find(conf_dir, f"cluster/{cluster}.yaml")
+    return _cluster_layers(conf_dir, path) if path.exists() else ()
+
+
+@functools.cache
+def _cluster_layers(conf_dir: Path, path: Path) -> tuple[Layer, ...]:
+    """`conf_dir` and the file's path key the cache: tests compose from copies of conf/ and site directories."""
+    return tuple(_layers(conf_dir, path, "cluster", {}))
 
 
 def source(cluster: str, dotted: str, value: object) -> Path | None:

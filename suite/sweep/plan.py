@@ -26,7 +26,7 @@ from suite.config import register_schema
 from suite.errors import BadValue, ConfigError, composition_error_line
 from suite.layout import Layout
 from suite.models import resolve_network
-from suite.paths import CONF_DIR
+from suite.paths import CONF_DIR, site_config_dirs
 from suite.placement import loader_workers
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
@@ -134,8 +134,12 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def _compose(overrides: list[str]) -> DictConfig:
+    """The point's config; site config directories ($SUITE_CONFIG_DIR) are searched after conf/, as Hydra's
+    `hydra.searchpath` (not part of the point's overrides: they name where files are, not what runs)."""
+    site = [f"file://{d}" for d in site_config_dirs()]
     try:
-        return compose(config_name="config", overrides=overrides)
+        return compose(config_name="config", overrides=overrides + ([f"hydra.searchpath=[{','.join(site)}]"]
+                                                                    if site else []))
     except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
         raise ConfigError(composition_error_line(e)) from e
 

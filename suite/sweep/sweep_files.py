@@ -3,8 +3,9 @@ the jobs a sweep plans (suite.sweep.plan)."""
 
 from __future__ import annotations
 
+import itertools
+
 import yaml
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import OverrideParseException
@@ -12,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from suite.errors import ConfigError, yaml_error_line
-from suite.paths import CONF_DIR
+from suite.paths import config_file, config_names
 
 
 def parse_overrides(overrides: list[str]) -> list[Override]:
@@ -28,14 +29,24 @@ def parse_overrides(overrides: list[str]) -> list[Override]:
 
 
 def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """Hydra's own sweep syntax: `strategy=single,ddp workers=1,2` is the cartesian product."""
+    """Hydra's own sweep syntax, as its basic sweeper expands it: `strategy=single,ddp workers=1,2` is the cartesian
+    product, `range(0,3)` three values."""
     parsed = parse_overrides(overrides)
     if not multirun:
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
             raise ConfigError(f"{sweeps[0]!r} is a sweep: add -m (--multirun) to run every value")
         return [overrides]
-    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    choices: dict[str, list[str]] = {}  # a key given twice keeps its first place and its last value, as Hydra's
+    for override in parsed:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            choices[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            choices[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            raise ConfigError(f"{override.input_line!r} is not a list of values to run (e.g. optimizer.lr=0.1,0.01)")
+    return [list(job) for job in itertools.product(*choices.values())]
 
 
 SWEEP_KEYS = ("workloads", "common", "points", "repeats", "invalid_points", "report", "study_settings")
@@ -49,9 +60,9 @@ def sweep_file(name: str) -> DictConfig:
     (what a study's sweep runs unlike the suite's defaults, each a `setting` and its `source`: the report's
     caption; not part of any point). Its interpolations are checked here and resolved as it is read; an override
     that interpolates the point's own config escapes it: `\\${dataset.name}`."""
-    path = CONF_DIR / "sweep" / f"{name}.yaml"
+    path = config_file(f"sweep/{name}.yaml")
     if not path.exists():
-        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        known = ", ".join(config_names("sweep"))
         raise ConfigError(f"no sweep {name!r} in conf/sweep (known: {known})")
     try:
         sweep = OmegaConf.load(path)
