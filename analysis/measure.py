@@ -9,8 +9,8 @@ than Horovod's): raw epoch times of such runs compare unequal work.
 - `suite`: the suite's own: the mean epoch time after an untimed warm-up; a run that had no warm-up
   (warmup_steps=0) has its first epoch dropped, when it has more than one.
 - `study_j`: Study J's: the mean over all epochs, the first included (its runs have no warm-up either).
-A cell's value is the median over its repeats with a 95% bootstrap interval; with one repeat the interval is
-over that run's epochs.
+A cell's value and 95% interval are over its repeats (one value each: the run's mean epoch), or, with one repeat, over
+that run's epochs; analysis.stats says which interval at which count, and each estimate says what it spans.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from analysis.runs import Row
-from analysis.stats import Estimate, estimate, ratio
+from analysis.stats import EPOCHS, REPEATS, Estimate, estimate, ratio
 from suite.vocabulary import Status
 
 EQUAL_WORK = "each epoch scaled to one pass over the whole training set, the same samples for every framework"
@@ -94,9 +94,19 @@ def _statistic(repeats: list[Row]) -> str:
     return "mean" if len(finished(repeats)) == 1 else "median"
 
 
+def spanned(repeats: list[Row]) -> str:
+    """What a cell's samples are: its repeats, or the epochs of its one finished run."""
+    return EPOCHS if len(finished(repeats)) == 1 else REPEATS
+
+
 def epoch_time(repeats: list[Row], histories: Histories, protocol: str) -> Estimate | None:
     values = samples(repeats, histories, protocol)
-    return estimate(values, _statistic(repeats)) if values else None
+    return estimate(values, _statistic(repeats), over=spanned(repeats)) if values else None
+
+
+def throughput_estimate(repeats: list[Row], histories: Histories, protocol: str) -> Estimate | None:
+    values = samples(repeats, histories, protocol, "throughput_samples_s")
+    return estimate(values, _statistic(repeats), over=spanned(repeats)) if values else None
 
 
 def speedup(repeats: list[Row], baseline: list[Row], histories: Histories, protocol: str) -> Estimate | None:
@@ -106,9 +116,11 @@ def speedup(repeats: list[Row], baseline: list[Row], histories: Histories, proto
     base = samples(baseline, histories, protocol, "throughput_samples_s")
     if not mine or not base:
         return None
+    over = spanned(repeats) if spanned(repeats) == spanned(baseline) else f"{spanned(repeats)} (baseline: " \
+        f"{spanned(baseline)})"
     if _statistic(repeats) != _statistic(baseline):  # one side repeated, the other not: compare medians
-        return ratio(mine, base)
-    return ratio(mine, base, _statistic(repeats))
+        return ratio(mine, base, over=over)
+    return ratio(mine, base, _statistic(repeats), over=over)
 
 
 def status_of(repeats: list[Row]) -> str:

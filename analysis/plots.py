@@ -13,8 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.get_cmap("tab20").colors)  # more variants than 10 colors
 
 from analysis.runs import Row  # noqa: E402
-from analysis.speedup import baseline_for  # noqa: E402
-from suite.vocabulary import Status  # noqa: E402
+from analysis.speedup import cell_speedups  # noqa: E402
 
 
 def _legend(ax) -> None:
@@ -27,10 +26,9 @@ def plot_speedup(rows: list[Row], path: Path) -> Path:
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 6), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
         lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for row in rows:
-            base = baseline_for(row, rows)
-            if row.workload == workload and row.status == Status.finished and base and row.throughput:
-                lines[row.label].append((row.workers, row.throughput / base.throughput))
+        for (dataset, network, label, workers), value in cell_speedups(rows).items():
+            if (dataset, network) == workload:
+                lines[label].append((workers, value))
         top = max((w for pts in lines.values() for w, _ in pts), default=1)
         ax.plot([1, top], [1, top], "k:", label="linear")
         for strategy, points in sorted(lines.items()):

@@ -2,7 +2,8 @@
 
 Writes results/reports/<experiment>/: report.md (the sanity flags first, then every section in the order the sweep
 file's `report.views` names them), the same as report.html with its figures embedded (what MLflow's artifact viewer
-shows on a sweep's run), and each view's tables (md, CSV, LaTeX) and figures (PNG, PDF). The sweep file of
+shows on a sweep's run), each view's tables (md, CSV, LaTeX) and figures (PNG, PDF), and runs.csv (every run the
+report read, with its params, metrics and status). The sweep file of
 the same name, when there is one, chooses the views, the timing protocol, the strategies shown as an extension, the
 published claims to check and whether it is a miniature; without one the report has the DEFAULT_VIEWS. Its
 `study_settings` are the report's caption: a table under the title.
@@ -26,7 +27,7 @@ import analysis.study_j  # noqa: F401  (registers Study J's views)
 import analysis.study_n  # noqa: F401  (registers Study N's views)
 from analysis.html import markdown_to_html
 from analysis.measure import PROTOCOLS, Histories
-from analysis.runs import Row, latest_per_point
+from analysis.runs import Row, latest_per_point, write_runs_csv
 from analysis.tables import Table
 from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun, Section
 from suite.errors import ConfigError, OneLineParser
@@ -93,7 +94,8 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
                      + "\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections) + "\n")
     page.write_text(markdown_to_html(index.read_text(), directory, experiment))
     files = [index, page, *(caption.write(directory) if caption else []),
-             *(path for s in sections for path in s.files)]
+             *(path for s in sections for path in s.files), *([write_runs_csv(runs, directory / "runs.csv")]
+                                                              if runs else [])]
     return Report(directory, files, terminal_summary(sections, index), rows)
 
 

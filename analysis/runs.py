@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
 
 from suite.records.store import run_status
 from suite.vocabulary import MEMORY_SPLIT, Status
@@ -96,3 +99,22 @@ def latest_per_point(runs) -> list[Row]:
             best[key] = row
     rows = label_variants(list(best.values()))
     return sorted(rows, key=lambda r: (r.dataset, r.network, r.strategy != "single", r.label, r.workers))
+
+
+def write_runs_csv(runs, path: Path) -> Path:
+    """Every run as the store holds it, one line each (re-runs, failed points and the sweep invocations' runs
+    included): ids, the suite's status and MLflow's, times (ms since the epoch), then `param.<name>` and
+    `metric.<name>` (the last value of each) columns; empty where a run lacks one."""
+    records = []
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        tags = run.data.tags
+        records.append({
+            "run_id": run.info.run_id, "run_name": run.info.run_name,
+            "kind": "sweep" if "suite.sweep" in tags else "point", "status": run_status(run),
+            "mlflow_status": run.info.status, "start_time": run.info.start_time, "end_time": run.info.end_time,
+            "parent_run_id": tags.get("mlflow.parentRunId"), "config_hash": tags.get("suite.config_hash"),
+            "git_commit": tags.get("mlflow.source.git.commit"), "error": tags.get("suite.error"),
+            **{f"param.{k}": v for k, v in sorted(run.data.params.items())},
+            **{f"metric.{k}": v for k, v in sorted(run.data.metrics.items())}})
+    pd.DataFrame.from_records(records).to_csv(path, index=False)
+    return path

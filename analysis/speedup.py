@@ -1,41 +1,70 @@
-"""Speedup table: mean epoch time and throughput of each point against its workload's 1-worker baseline.
+"""Speedup table: each point's epoch time and throughput, its repeats aggregated, against its workload's baseline.
 
-The baseline of a (dataset, network) is its `single` run on one worker, else the run with the
-fewest workers of the same strategy variant (`Row.label`). Speedup is the throughput ratio (samples/s), which equals
-the epoch-time ratio when epochs cover the same data (one pass over the training set).
+A point is a cell of the grid (dataset, network, strategy variant `Row.label`, workers); its repeats are aggregated
+once, as analysis.measure does in every view. The baseline of a (dataset, network) is its `single` point on one
+worker, else the point with the fewest workers of the same variant; a speedup is the point's throughput (samples/s)
+over the baseline point's, which equals the epoch-time ratio when epochs cover the same data (one pass over the
+training set).
 """
 
 from __future__ import annotations
 
+import statistics
+
+from analysis.measure import Histories, cells, epoch_time, finished, speedup, status_of, throughput_estimate
 from analysis.runs import SPLIT_METRICS, Row
-from suite.vocabulary import Status
+from analysis.stats import estimate
+from analysis.tables import Table, interval_cell
 
 SPLIT_HEADERS = {"mem_params_mb": "params MB", "mem_grads_mb": "grads MB", "mem_optim_mb": "optim MB",
                  "mem_master_mb": "master MB", "comm_mb_per_step": "comm MB/step"}
 
 
-def baseline_for(row: Row, rows: list[Row]) -> Row | None:
-    finished = [r for r in rows if r.workload == row.workload and r.status == Status.finished and r.throughput]
-    single = [r for r in finished if r.strategy == "single" and r.workers == 1]
+def measured(repeats: list[Row]) -> list[Row]:
+    return [r for r in finished(repeats) if r.throughput]
+
+
+def baseline_of(key: tuple, grouped: dict[tuple, list[Row]]) -> tuple | None:
+    """The baseline point (its cell key) of the point `key`; None where nothing of its kind finished."""
+    candidates = sorted(k for k, repeats in grouped.items() if k[:2] == key[:2] and measured(repeats))
+    single = [k for k in candidates if grouped[k][0].strategy == "single" and k[3] == 1]
     if single:
         return single[0]
-    same = sorted((r for r in finished if r.label == row.label), key=lambda r: r.workers)
+    same = sorted((k for k in candidates if k[2] == key[2]), key=lambda k: k[3])
     return same[0] if same else None
 
 
+def throughput(repeats: list[Row]) -> float | None:
+    """A point's throughput, its repeats aggregated (analysis.stats' value over their run means)."""
+    values = [r.throughput for r in measured(repeats)]
+    return estimate(values).value if values else None
+
+
 def point_speedups(rows: list[Row]) -> dict[str, float]:
-    """Each finished point's throughput over its baseline's (`baseline_for`), by run id: the `speedup` metric a sweep
-    gives its points' runs."""
+    """Each finished run's throughput over its baseline point's (repeats aggregated), by run id: the `speedup` metric
+    a sweep gives its points' runs."""
+    grouped, out = cells(rows), {}
+    for key, repeats in grouped.items():
+        base = baseline_of(key, grouped)
+        if base is not None:
+            for row in measured(repeats):
+                out[row.run_id] = row.throughput / throughput(grouped[base])
+    return out
+
+
+def cell_speedups(rows: list[Row]) -> dict[tuple, float]:
+    """Each point's aggregated throughput over its baseline point's, by cell key (the speedup figure's)."""
+    grouped = cells(rows)
     out = {}
-    for row in rows:
-        base = baseline_for(row, rows)
-        if base and row.throughput and row.status == Status.finished:
-            out[row.run_id] = row.throughput / base.throughput
+    for key, repeats in grouped.items():
+        base = baseline_of(key, grouped)
+        if base is not None and measured(repeats):
+            out[key] = throughput(repeats) / throughput(grouped[base])
     return out
 
 
 def best_speedup(rows: list[Row], speedups: dict[str, float]) -> tuple[Row, float] | None:
-    """The point of the largest speedup, and that speedup (None where no point has one)."""
+    """The run of the largest speedup, and that speedup (None where no run has one)."""
     scored = [(speedups[r.run_id], r) for r in rows if r.run_id in speedups]
     if not scored:
         return None
@@ -43,29 +72,39 @@ def best_speedup(rows: list[Row], speedups: dict[str, float]) -> tuple[Row, floa
     return row, value
 
 
+def _median(repeats: list[Row], value) -> float | None:
+    values = [v for v in (value(r) for r in finished(repeats)) if v is not None]
+    return statistics.median(values) if values else None
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def speedup_table(rows: list[Row]) -> str:
-    """One line per point; the memory split and communication columns appear when some point has them
-    (per rank, the largest over ranks)."""
+def speedup_table(rows: list[Row], histories: Histories, protocol: str, title: str) -> Table:
+    """One line per point; the memory split and communication columns appear when some point has them (per rank,
+    the largest over ranks; the median over repeats, as are peak memory and the final validation metric)."""
     split = [k for k in SPLIT_METRICS if any(k in r.split for r in rows)]
-    lines = [
-        "| dataset | network | strategy | workers | status | epoch time (s) | samples/s | speedup | baseline "
-        "| peak memory (MB) | " + "".join(f"{SPLIT_HEADERS[k]} | " for k in split) + "final val metric |",
-        "|---|---|---|---:|---|---:|---:|---:|---|---:|" + "---:|" * len(split) + "---|",
-    ]
-    for row in rows:
-        base = baseline_for(row, rows)
-        measured = base and row.throughput and row.status == Status.finished
-        speedup = row.throughput / base.throughput if measured else None
-        baseline = f"{base.label}/w{base.workers}" if base else "-"
-        metric = f"{row.val_metric} {row.val_value:.4g}" if row.val_value is not None else "-"
-        lines.append(
-            f"| {row.dataset} | {row.network} | {row.label} | {row.workers} | {row.status} "
-            f"| {_fmt(row.epoch_time_s, '.3f')} | {_fmt(row.throughput, '.1f')} | {_fmt(speedup, '.2f')} "
-            f"| {baseline} | {_fmt(row.peak_memory_mb, '.0f')} | "
-            + "".join(f"{_fmt(row.split.get(k), '.3f')} | " for k in split) + f"{metric} |"
-        )
-    return "\n".join(lines)
+    grouped = cells(rows)
+    lines = []
+    for key in sorted(grouped, key=lambda k: (k[0], k[1], grouped[k][0].strategy != "single", k[2], k[3])):
+        repeats = grouped[key]
+        base = baseline_of(key, grouped)
+        done = finished(repeats)
+        ratio = speedup(repeats, grouped[base], histories, protocol) if base and done else None
+        metric = next((r.val_metric for r in done if r.val_metric), None)
+        value = _median(repeats, lambda r: r.val_value)
+        lines.append([
+            *key[:2], key[2], str(key[3]), f"{len(done)}/{len(repeats)}", status_of(repeats),
+            interval_cell(epoch_time(repeats, histories, protocol), ".3f"),
+            interval_cell(throughput_estimate(repeats, histories, protocol), ".1f"),
+            interval_cell(ratio, ".2f"), f"{base[2]}/w{base[3]}" if base else "-",
+            _fmt(_median(repeats, lambda r: r.peak_memory_mb), ".0f"),
+            *(_fmt(_median(repeats, lambda r, k=k: r.split.get(k)), ".3f") for k in split),
+            f"{metric} {value:.4g}" if value is not None else "-"])
+    return Table("speedup", title, ["dataset", "network", "strategy", "workers", "repeats", "status",
+                                    "epoch time (s)", "samples/s", "speedup", "baseline", "peak memory (MB)",
+                                    *(SPLIT_HEADERS[k] for k in split), "final val metric"], lines,
+                 ["repeats: finished / run. Each point's repeats are aggregated once; its speedup is against the "
+                  "baseline point (repeats aggregated too), with the interval of the ratio."])
+

@@ -103,8 +103,7 @@ def epoch_table(ctx: Context) -> Section:
     table = Table("j_epoch_time", f"{ctx.experiment}: seconds per epoch ({PROTOCOLS[ctx.protocol]})",
                   ["dataset", "network", "strategy", "GPUs", "batch", "micro-batch", "micro-batches",
                    "s/epoch [95% CI]", "CV", "speedup vs single [95% CI]", "repeats", "status", "flags"], rows,
-                  ["Interval: bootstrap over repeats (median), or over the epochs of one run (mean).",
-                   "GPipe on ImageNet: configuration A (24 x 12 = 288 at 4 GPUs; study_j.md §1.6).",
+                  ["GPipe on ImageNet: configuration A (24 x 12 = 288 at 4 GPUs; study_j.md §1.6).",
                    "Under the Study J protocol, s/epoch is each epoch's time x training samples / samples it trained. "
                    "The suite drops an epoch's last partial batch (every data-parallel rank and every micro-batch of "
                    "a pipeline needs the same count), DDLBench did not: unscaled, GPipe's 3072 (MNIST) and 2048 "

@@ -99,11 +99,11 @@ def status_matrix(ctx: Context) -> Section:
 
 @view("speedup_table")
 def speedup_table_view(ctx: Context) -> Section:
+    from analysis.measure import PROTOCOLS
     from analysis.speedup import speedup_table
-    markdown = speedup_table(ctx.rows)
-    path = ctx.directory / "speedup.md"
-    path.write_text(markdown + "\n")
-    return Section("Speedup", markdown, [path])
+    table = speedup_table(ctx.rows, ctx.histories, ctx.protocol,
+                          f"{ctx.experiment}: speedup against each workload's baseline ({PROTOCOLS[ctx.protocol]})")
+    return table_section(table, ctx)
 
 
 @view("speedup")

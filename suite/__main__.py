@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
     except (KeyboardInterrupt, Stopped) as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
         if parent:
-            store.finish_sweep_run(parent, None, failed=True)
+            store.finish_sweep_run(parent, None, "KILLED")
         return 130
     submitted = [o for o in outcomes if o.status == "submitted"]
     if submitted:
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
         if best:
             metrics["best_speedup"] = best[1]
             params["best_point"] = best[0].label + f" w{best[0].workers} ({best[0].network})"
-        store.finish_sweep_run(parent, report_dir, bool(failed), params, metrics)
+        store.finish_sweep_run(parent, report_dir, "FAILED" if failed else "FINISHED", params, metrics)
     if failed:
         print(f"{len(failed)} of {len(outcomes)} point(s) did not finish: "
               + ", ".join(f"{o.point.label} ({o.status})" for o in failed), file=sys.stderr)

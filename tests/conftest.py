@@ -125,12 +125,12 @@ def tracking_server(port: int):
 def conf_copy(tmp_path, monkeypatch):
     """A copy of conf/ that the planner, the sweep files, the catalog and the reports read instead, for files a test
     breaks."""
-    from analysis import report
-    from suite.sweep import catalog, plan, sweep_files
+    from suite import paths
+    from suite.sweep import catalog, plan
 
     conf = tmp_path / "conf"
     shutil.copytree(plan.CONF_DIR, conf)
-    for module in (plan, sweep_files, catalog, report):
+    for module in (paths, plan, catalog):
         monkeypatch.setattr(module, "CONF_DIR", conf)
     return conf
 

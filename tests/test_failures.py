@@ -96,7 +96,7 @@ def test_real_data_smaller_than_the_steps_asked_for_is_recorded_invalid(store, t
     assert "steps_per_epoch=6 but the shard holds 5 batches of 4" in run.data.tags["suite.error"]
 
 
-def test_stopping_the_driver_stops_the_ranks_and_records_the_point_as_timeout(store, results):
+def test_stopping_the_driver_stops_the_ranks_and_records_the_point_as_timeout_killed(store, results):
     cmd = [sys.executable, "-m", "suite", *FAST, "strategy=ddp", "workers=2", "fault.kind=hang"]
     driver = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
@@ -107,7 +107,7 @@ def test_stopping_the_driver_stops_the_ranks_and_records_the_point_as_timeout(st
     driver.send_signal(signal.SIGTERM)  # what a scheduler sends before killing a job
     assert driver.wait(60) == 130, driver.stdout.read()[-3000:]
     (run,) = store.runs("adhoc")
-    assert run.data.tags["suite.status"] == "timeout"
+    assert run.data.tags["suite.status"] == "timeout" and run.info.status == "KILLED"  # MLflow's word for stopped
     assert run.data.tags["suite.error"] == "the sweep got SIGTERM (a time limit or a preemption) after 0 of 1 epochs"
     assert processes_using(point_dir) == []  # no orphaned ranks keep the cores busy
     resumed = run_suite(*cmd[3:], "--dry-run")  # the same sweep again runs the point it was stopped in

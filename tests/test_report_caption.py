@@ -3,7 +3,7 @@
 
 import pytest
 
-import analysis.report as reporting
+import suite.paths as paths
 import suite.sweep.sweep_files as sweep_files
 from analysis.report import study_settings_table, write_report
 from suite.errors import ConfigError
@@ -41,7 +41,6 @@ def test_a_sweep_without_study_settings_has_no_caption(tmp_path):
 def test_study_settings_must_each_be_a_setting_and_its_source(tmp_path, monkeypatch):
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "captioned.yaml").write_text("points:\n  - workers=1\nstudy_settings:\n  - tf32 on\n")
-    monkeypatch.setattr(sweep_files, "CONF_DIR", tmp_path)
-    monkeypatch.setattr(reporting, "CONF_DIR", tmp_path)
+    monkeypatch.setattr(paths, "CONF_DIR", tmp_path)
     with pytest.raises(ConfigError, match="study_settings is not a list of `setting: ..., source: ...` entries"):
         sweep_files.sweep_file("captioned")

@@ -1,10 +1,9 @@
 """Values a reader should not take at face value are flagged, not hidden: a superlinear speedup, a wide spread, an
-interval from few samples, a phase below the timer's resolution, other work per epoch than the point's peers; a value
-with its interval is three numbers in CSV; a sweep says how long it has left."""
+interval from few samples, a phase below the timer's resolution, other work per epoch than the point's peers; a sweep
+says how long it has left."""
 
 from analysis.runs import Row
 from analysis.sanity import point_flags, sanity_view
-from analysis.tables import Interval, Table
 from analysis.views import Context
 from suite.sweep.progress import Progress
 
@@ -39,12 +38,6 @@ def test_suspect_points_are_flagged_with_the_reason(tmp_path):
     assert gpipe[3] == "16 samples an epoch where its peers on 2 worker(s) train 8"
     section = sanity_view(ctx)
     assert "superlinear speedup" in section.markdown and tmp_path / "sanity_flags.csv" in section.files
-
-
-def test_a_value_with_its_interval_is_three_csv_columns():
-    table = Table("t", "t", ["point", "s/epoch"], [["a", Interval(1.5, 1.25, 1.75)], ["b", "-"]])
-    assert "| a | 1.5 [1.25, 1.75] |" in table.markdown()
-    assert table.csv().splitlines() == ["point,s/epoch,s/epoch low,s/epoch high", "a,1.5,1.25,1.75", "b,-,,"]
 
 
 def test_a_sweep_says_how_far_it_is_and_how_long_is_left():

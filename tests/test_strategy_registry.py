@@ -10,13 +10,13 @@ import pytest
 from test_predict import layer, synthetic
 
 import suite.strategies as strategies
+from suite import paths
 from suite.layout import Layout
 from suite.predict.memory import rank_memory
 from suite.predict.recommend import candidates
 from suite.predict.step import step_time
 from suite.strategies.ddp import DDP
 from suite.sweep import plan as planning
-from suite.sweep import sweep_files
 from suite.vocabulary import Family
 
 
@@ -34,7 +34,7 @@ def conf_with_toy(tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     shutil.copytree(planning.CONF_DIR, conf)
     (conf / "strategy" / "toy.yaml").write_text(f"_target_: {__name__}.Toy\nname: toy\n")
-    for module in (planning, sweep_files, strategies):
+    for module in (paths, planning, strategies):
         monkeypatch.setattr(module, "CONF_DIR", conf)
     strategies.strategy_class.cache_clear()
     yield conf

@@ -167,8 +167,17 @@ RETRY_AFTER_S = 2.0
 
 def complete(run) -> bool:
     """Whether a point's run was recorded to the end: Store.write_run writes its verdict (`suite.status`) and then
-    ends it FINISHED or FAILED, last of all."""
-    return run.info.status in ("FINISHED", "FAILED") and "suite.status" in run.data.tags
+    ends it (`ended_as`), last of all; a run ended without its verdict (KILLED by a recorder that found it
+    half-written) is not."""
+    return run.info.status in ("FINISHED", "FAILED", "KILLED") and "suite.status" in run.data.tags
+
+
+def ended_as(tags: dict[str, str]) -> str:
+    """MLflow's status of a point's run: FINISHED, KILLED where the sweep was stopped during it (`suite.interrupted`:
+    Ctrl-C or a scheduler's SIGTERM; its `suite.status` says failed or timeout), else FAILED."""
+    if tags["suite.status"] == Status.finished:
+        return "FINISHED"
+    return "KILLED" if "suite.interrupted" in tags else "FAILED"
 
 
 def locked(exc: BaseException | None) -> bool:
@@ -304,16 +313,17 @@ class Store:
             ended.append(self.client.get_run(run.info.run_id))
         return ended
 
-    def finish_sweep_run(self, run_id: str, report_dir: Path | None, failed: bool,
+    def finish_sweep_run(self, run_id: str, report_dir: Path | None, status: str,
                          params: dict[str, str] | None = None, metrics: dict[str, float] | None = None) -> None:
-        """End a sweep invocation's run with what the sweep ran (`params`), how it ended (`metrics`: points finished,
-        failed, the best speedup) and its report as artifacts (report.html shows it with its figures in the UI)."""
+        """End a sweep invocation's run as `status` (FINISHED, FAILED: a point did not finish, KILLED: stopped) with
+        what the sweep ran (`params`), how it ended (`metrics`: points finished, failed, the best speedup) and its
+        report as artifacts (report.html shows it with its figures in the UI)."""
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), int(time.time() * 1000), 0)
                                                for k, v in (metrics or {}).items()],
                               params=[Param(k, str(v)) for k, v in (params or {}).items()])
         if report_dir is not None:
             self.client.log_artifacts(run_id, str(report_dir), "report")
-        self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
+        self.client.set_terminated(run_id, status)
 
     def log_point_metric(self, values: dict[str, float], name: str) -> None:
         """One metric on each of these runs (by run id), e.g. the `speedup` a sweep's report computes."""
@@ -402,6 +412,5 @@ class Store:
             elif path.exists():
                 self.client.log_artifact(run_id, str(path))
         self.client.log_batch(run_id, tags=[RunTag(k, tags[k]) for k in VERDICT if k in tags])
-        status = "FINISHED" if tags["suite.status"] == Status.finished else "FAILED"
-        self.client.set_terminated(run_id, status, end_time=int(end_time * 1000))
+        self.client.set_terminated(run_id, ended_as(tags), end_time=int(end_time * 1000))
         return run_id
