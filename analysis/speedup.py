@@ -91,20 +91,20 @@ def speedup_table(rows: list[Row], histories: Histories, protocol: str, title: s
         repeats = grouped[key]
         base = baseline_of(key, grouped)
         done = finished(repeats)
-        ratio = speedup(repeats, grouped[base], histories, protocol) if base and done else None
+        ratio = speedup(repeats, grouped[base], histories, protocol) if base and done and base != key else None
         metric = next((r.val_metric for r in done if r.val_metric), None)
         value = _median(repeats, lambda r: r.val_value)
         lines.append([
-            *key[:2], key[2], str(key[3]), f"{len(done)}/{len(repeats)}", status_of(repeats),
+            *key[:2], key[2], str(key[3]), str(len(done)), status_of(repeats),
             interval_cell(epoch_time(repeats, histories, protocol), ".3f"),
             interval_cell(throughput_estimate(repeats, histories, protocol), ".1f"),
-            interval_cell(ratio, ".2f"), f"{base[2]}/w{base[3]}" if base else "-",
+            "1.00" if base == key else interval_cell(ratio, ".2f"), f"{base[2]}/w{base[3]}" if base else "-",
             _fmt(_median(repeats, lambda r: r.peak_memory_mb), ".0f"),
             *(_fmt(_median(repeats, lambda r, k=k: r.split.get(k)), ".3f") for k in split),
-            f"{metric} {value:.4g}" if value is not None else "-"])
+            metric or "-", _fmt(value, ".4g")])
     return Table("speedup", title, ["dataset", "network", "strategy", "workers", "repeats", "status",
                                     "epoch time (s)", "samples/s", "speedup", "baseline", "peak memory (MB)",
-                                    *(SPLIT_HEADERS[k] for k in split), "final val metric"], lines,
-                 ["repeats: finished / run. Each point's repeats are aggregated once; its speedup is against the "
-                  "baseline point (repeats aggregated too), with the interval of the ratio."])
+                                    *(SPLIT_HEADERS[k] for k in split), "val metric", "final value"], lines,
+                 ["repeats: the point's finished runs, aggregated once; its speedup is against the baseline point "
+                  "(its repeats aggregated too), with the interval of the ratio."])
 

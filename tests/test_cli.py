@@ -113,7 +113,7 @@ def test_a_wheel_installed_outside_the_repository_runs_help_cfg_and_a_point(inst
     assert not (tmp_path / "results").exists()
     done = run(*DIGITS, "epochs=1", "steps_per_epoch=2")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "| digits | resnet18 | single | 1 | 1/1 | finished |" in done.stdout
+    assert "| digits | resnet18 | single | 1 | 1 | finished |" in done.stdout
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
