@@ -15,7 +15,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
 .PHONY: help setup setup-offline wheelhouse horovod test test-fast test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
-	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend bench-model \
+	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend plan-pipedream bench-model \
 	validate-published
 
 # The targets and what each does (the `## ` note on its line); `suite --help` lists the configs and sweeps.
@@ -146,6 +146,12 @@ predict: setup  ## the performance model's price of ARGS's points (FORMAT=json)
 
 recommend: setup  ## every strategy ranked for ARGS's workload and cluster
 	$(SUITE) recommend $(ARGS)
+
+# PipeDream's planner (suite/predict/pipedream_plan.py) on ARGS="dataset=... network=... cluster=... workers=N
+# [batch_size=B]": the configuration it chooses (replicas per stage, `2-1-1`, and layers per stage), its predicted time
+# per mini-batch and per sample, and the best configuration of every other stage count; nothing launched.
+plan-pipedream: setup  ## PipeDream's planner: stages, their layers and replicas for ARGS's point
+	$(SUITE) plan-pipedream $(ARGS)
 
 # ARGS: the benchmark's options and overrides, e.g. ARGS='--rounds 1 steps_per_epoch=2' (its smoke test).
 bench-overhead: setup  ## the suite's overhead over a bare training loop (WORKERS, ARGS)

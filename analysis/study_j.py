@@ -17,7 +17,7 @@ from analysis.measure import PROTOCOLS, cells, epoch_time, finished, speedup, st
 from analysis.runs import Row
 from analysis.sanity import flag_cell
 from analysis.stats import Estimate
-from analysis.tables import Table, interval_cell
+from analysis.tables import Table, interval_cell, interval_note
 from analysis.views import Context, Section, save_figure, table_section, view
 
 STRATEGIES = ("horovod", "gpipe", "pipedream")  # the thesis' distribution models beside PyTorch on 1 GPU
@@ -111,10 +111,10 @@ def epoch_table(ctx: Context) -> Section:
     return table_section(table, ctx)
 
 
-def _bar_panel(ax, ctx: Context, strategy: str, gpus: int) -> None:
+def _bar_panel(ax, ctx: Context, strategy: str, gpus: int) -> list[str]:
     """Bars of one strategy's speedups, networks grouped by dataset; a point that did not finish is an empty
-    slot labelled with its status."""
-    x, ticks, labels = 0.0, [], []
+    slot labelled with its status. What each bar's error bar spans."""
+    x, ticks, labels, spans = 0.0, [], [], []
     for dataset in _order({r.dataset for r in ctx.rows}, DATASETS):
         start = x
         for network in _order({r.network for r in ctx.rows if r.dataset == dataset}, NETWORKS):
@@ -125,6 +125,7 @@ def _bar_panel(ax, ctx: Context, strategy: str, gpus: int) -> None:
             s = speedup(repeats, base, ctx.histories, ctx.protocol) if base and finished(repeats) else None
             if s is not None:
                 ax.bar(x, s.value, yerr=[[s.value - s.low], [s.high - s.value]], color="C0", capsize=2)
+                spans.append(s.spans() if s.method else "")
             else:
                 reason = status_of(repeats).split(":")[0] if not finished(repeats) else "no baseline"
                 ax.bar(x, 0, color="none")
@@ -142,6 +143,7 @@ def _bar_panel(ax, ctx: Context, strategy: str, gpus: int) -> None:
     ax.set_xticks(ticks, labels, rotation=60, fontsize=7)
     ax.set(title=strategy + (" (extension)" if strategy in ctx.extension else "") + f", {gpus} GPUs",
            ylabel="speedup vs single, 1 GPU")
+    return spans
 
 
 @view("j_speedup_4gpu")
@@ -150,11 +152,12 @@ def speedup_single_node(ctx: Context) -> Section:
     gpus = single_node_workers(ctx.rows)
     strategies = _strategies(ctx)
     fig, axes = plt.subplots(len(strategies), 1, figsize=(11, 3.6 * len(strategies)), squeeze=False)
-    for ax, strategy in zip(axes[:, 0], strategies):
-        _bar_panel(ax, ctx, strategy, gpus)
+    spans = [span for ax, strategy in zip(axes[:, 0], strategies) for span in _bar_panel(ax, ctx, strategy, gpus)]
     fig.suptitle(f"{ctx.experiment}: speedup at {gpus} GPUs (Figure 3.1; {ctx.protocol} timing)")
-    files = save_figure(fig, ctx, "j_fig3_1_speedup")
-    return Section("Figure 3.1: speedup over one GPU", f"![Figure 3.1]({files[0].name})", files)
+    note = interval_note(spans, "Error bars", "bar")
+    files = save_figure(fig, ctx, "j_fig3_1_speedup", note)
+    return Section("Figure 3.1: speedup over one GPU", f"![Figure 3.1]({files[0].name})" + (f"\n\n{note}" if note
+                                                                                             else ""), files)
 
 
 @view("j_speedup_gpus")
@@ -168,7 +171,7 @@ def speedup_gpus(ctx: Context) -> Section:
             continue
         series.setdefault((network, repeats[0].strategy), []).append((workers, repeats))
     series = {k: sorted(v, key=lambda p: p[0]) for k, v in series.items() if len(v) > 1}  # scaled points only
-    rows = []
+    rows, spans = [], []
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for (network, strategy), points in sorted(series.items()):
         base = repeats_of(ctx, dataset, network, "single", 1)
@@ -178,6 +181,7 @@ def speedup_gpus(ctx: Context) -> Section:
             s = speedup(repeats, base, ctx.histories, ctx.protocol) if base else None
             rows.append([network, strategy, str(workers), interval_cell(t), interval_cell(s), status_of(repeats)])
             if s is not None:
+                spans.append(s.spans() if s.method else "")
                 xs.append(workers)
                 ys.append(s.value)
                 errs[0].append(s.value - s.low)
@@ -194,11 +198,12 @@ def speedup_gpus(ctx: Context) -> Section:
     ax.set_xticks(sorted({w for v in series.values() for w, _ in v}), [str(w) for w in sorted(
         {w for v in series.values() for w, _ in v})])
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
-    files = save_figure(fig, ctx, "j_fig3_2_speedup_gpus")
+    note = interval_note(spans, "Error bars", "point")
+    files = save_figure(fig, ctx, "j_fig3_2_speedup_gpus", note)
     table = Table("j_speedup_gpus", f"{ctx.experiment}: {dataset} s/epoch and speedup against GPUs",
                   ["network", "strategy", "GPUs", "s/epoch [95% CI]", "speedup [95% CI]", "status"], rows)
     section = table_section(table, ctx, files)
-    section.markdown += f"\n\n![Figure 3.2]({files[0].name})"
+    section.markdown += f"\n\n![Figure 3.2]({files[0].name})" + (f"\n\n{note}" if note else "")
     return section
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,15 @@ def number(cell: str) -> float | int | str | None:
     return cell
 
 
+def interval_note(spans: Iterable[str], what: str = "Intervals", unit: str = "cell") -> str | None:
+    """What intervals span, counted: `Intervals: 95% t-interval over 3 repeats (4 cells); ...`; None for none."""
+    counted = Counter(span for span in spans if span)
+    if not counted:
+        return None
+    return f"{what}: " + "; ".join(f"{span} ({count} {unit}{'s' * (count > 1)})" for span, count in
+                                   sorted(counted.items())) + "."
+
+
 @dataclass(frozen=True)
 class Table:
     name: str  # file stem
@@ -80,16 +90,8 @@ class Table:
     rows: list[list[str]]
     notes: list[str] = field(default_factory=list)  # printed under the table (protocol, sources)
 
-    def interval_note(self) -> str | None:
-        """What the table's intervals span, counted: `Intervals: 95% t-interval over 3 repeats (4 cells); ...`."""
-        spans = Counter(cell.spans for row in self.rows for cell in row if isinstance(cell, Interval) and cell.spans)
-        if not spans:
-            return None
-        return "Intervals: " + "; ".join(f"{what} ({count} cell{'s' * (count > 1)})" for what, count in
-                                         sorted(spans.items())) + "."
-
     def all_notes(self) -> list[str]:
-        note = self.interval_note()
+        note = interval_note(cell.spans for row in self.rows for cell in row if isinstance(cell, Interval))
         return [*self.notes, *([note] if note else [])]
 
     def markdown(self) -> str:

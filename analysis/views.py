@@ -58,8 +58,13 @@ def view(name: str):
     return register
 
 
-def save_figure(fig, ctx: Context, name: str) -> list[Path]:
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # room for the suptitle
+def save_figure(fig, ctx: Context, name: str, note: str | None = None) -> list[Path]:
+    """PNG and PDF of the figure; `note` (what its error bars span) is printed along its foot."""
+    bottom = 0.0
+    if note:
+        fig.text(0.5, 0.004, note, ha="center", va="bottom", fontsize=7, wrap=True)
+        bottom = 0.3 / fig.get_figheight()
+    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.4 / fig.get_figheight()))  # room for the suptitle
     paths = [ctx.directory / f"{name}.png", ctx.directory / f"{name}.pdf"]
     fig.savefig(paths[0], dpi=120)
     fig.savefig(paths[1])

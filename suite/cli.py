@@ -28,6 +28,7 @@ COMMANDS = {
     "calibrate": ("suite.tools.calibrate", [], "measure a cluster's matmul peak, collectives and send/recv"),
     "ui": ("suite.tools.ui", [], "MLflow's UI on the store, opened on a sweep's runs"),
     "validate-published": ("suite.tools.validate_published", [], "the model against published GPU measurements"),
+    "plan-pipedream": ("suite.tools.plan_pipedream", [], "PipeDream's planner: stages, layers and replicas"),
 }
 GROUPS = ("dataset", "network", "strategy", "cluster")
 

@@ -100,6 +100,9 @@ TESTED: dict[str, tuple[str, ...]] = {
         "tests/test_validate_published.py::test_validate_published_prices_each_record_in_its_units_and_keeps_the_"
         "rest_with_their_reason",),
     r"make recommend ": ("tests/test_predict_commands.py::test_recommend_ranks_the_strategies_of_a_cell",),
+    r"make plan-pipedream ": (
+        "tests/test_pipedream_plan.py::test_make_plan_pipedream_prints_the_chosen_configuration_and_every_stage_counts_"
+        "best",),
     r"\.venv/bin/python -m suite .*profile\.steps=": (
         "tests/test_profile.py::test_profiled_points_leave_a_trace_per_rank_and_measure_communication",),
 }

@@ -1,0 +1,179 @@
+"""PipeDream's planner (Narayanan et al., SOSP 2019, section 3.1): how many stages, which layers each holds and how
+many replicas each gets, from the per-layer profile and the cluster's links.
+
+A stage of layers i..j-1 on r replicas takes its mini-batches round-robin, so in steady state it spends per
+mini-batch (its layers' forward, backward and optimizer step, plus the all-reduce of its gradients among the r
+replicas) / r; a boundary costs the activation and its gradient sent once each per mini-batch, also shared by the
+receiving stage's replicas. The pipeline's time per mini-batch is the largest of these, as PipeDream's dynamic
+program minimises it:
+
+    A(j, m, s) = min over i < j, r <= m of max(A(i, m - r, s - 1), T(i..j, r), C(i, r))
+
+here with the number of stages s kept, so that the best configuration of each stage count is the runner-up list.
+Every worker is used (the point's `workers`, as the sweep runs them). The ranks go to the stages in order (stage 0
+on the first ones), so a stage's all-reduce and a boundary's sends use the inter-node links where their ranks span
+nodes (PipeDream's hierarchical planner solves within a node, then across: the same costs, placed). PipeDream's
+memory rule drops a stage that cannot hold its stashed versions, ceil(ranks of later stages / r) copies of its
+weights and saved activations; here its live weights count too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from suite.errors import ConfigError
+from suite.predict.links import LinkModel
+from suite.profiling.profiles import Profile
+
+MAX_WORKERS = 32  # the search grows with the cube of the workers
+
+
+@dataclass(frozen=True)
+class Stage:
+    first: int  # its first layer
+    end: int  # one past its last layer
+    replicas: int
+    time_s: float  # per mini-batch of the pipeline: its replicas' compute and gradient all-reduce, shared among them
+    compute_s: float  # forward, backward and optimizer of its layers, one mini-batch, one replica
+    sync_s: float  # all-reduce of its gradients among its replicas
+    send_s: float  # its input boundary: activation and gradient, per mini-batch of the pipeline
+
+    @property
+    def layers(self) -> int:
+        return self.end - self.first
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[Stage, ...]
+    time_s: float  # per mini-batch in steady state: the slowest stage or boundary
+
+    @property
+    def replicas(self) -> list[int]:
+        return [stage.replicas for stage in self.stages]
+
+    @property
+    def balance(self) -> list[int]:
+        return [stage.layers for stage in self.stages]
+
+    @property
+    def name(self) -> str:
+        """As PipeDream writes a configuration: replicas per stage, `2-1-1`."""
+        return "-".join(map(str, self.replicas))
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per layer, what the planner prices, and the links among any ranks."""
+
+    compute_s: tuple[float, ...]  # forward + backward + its share of the optimizer step, one mini-batch
+    param_bytes: tuple[int, ...]
+    tied_bytes: tuple[int, ...]  # a copy of an earlier layer's weight, its own on a later stage
+    saved_bytes: tuple[int, ...]
+    output_bytes: tuple[int, ...]
+    links: Callable[[int, int], LinkModel]  # (ranks, nodes they span) -> their links
+    per_node: int  # ranks per node
+    capacity_bytes: float | None  # a rank's memory; None: unknown (no memory rule)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, links: Callable[[int, int], LinkModel], per_node: int,
+                     capacity_bytes: float | None) -> Costs:
+        per_byte = profile.optimizer_s / max(profile.param_bytes, 1)
+        layers = profile.layers
+        return cls(tuple(x.forward_s + x.backward_s + per_byte * x.param_bytes for x in layers),
+                   tuple(x.param_bytes for x in layers), tuple(x.tied_bytes for x in layers),
+                   tuple(x.saved_bytes for x in layers), tuple(x.output_bytes for x in layers), links, per_node,
+                   capacity_bytes)
+
+
+class Planner:
+    def __init__(self, costs: Costs, workers: int) -> None:
+        if workers > MAX_WORKERS:
+            raise ConfigError(f"the PipeDream planner searches up to {MAX_WORKERS} workers, not {workers} (its search "
+                              "grows with the cube of the workers)")
+        self.costs, self.workers, self.layers = costs, workers, len(costs.compute_s)
+        self.prefix = {name: [0, *_cumulative(getattr(costs, name))] for name in
+                       ("compute_s", "param_bytes", "tied_bytes", "saved_bytes")}
+        self._stages: dict[tuple[int, int, int, int], Stage | None] = {}
+
+    def _sum(self, name: str, first: int, end: int) -> float:
+        return self.prefix[name][end] - self.prefix[name][first]
+
+    def _nodes(self, first_rank: int, ranks: int) -> int:
+        per = self.costs.per_node
+        return (first_rank + ranks - 1) // per - first_rank // per + 1
+
+    def stage(self, first: int, end: int, replicas: int, first_rank: int) -> Stage | None:
+        """Layers first..end-1 on `replicas` ranks from `first_rank`; None where they cannot hold what they stash."""
+        key = (first, end, replicas, first_rank)
+        if key not in self._stages:
+            self._stages[key] = self._stage(*key)
+        return self._stages[key]
+
+    def _stage(self, first: int, end: int, replicas: int, first_rank: int) -> Stage | None:
+        params = self._sum("param_bytes", first, end) + (self._sum("tied_bytes", first, end) if first else 0)
+        later = self.workers - first_rank - replicas
+        capacity = self.costs.capacity_bytes
+        stashed = math.ceil(later / replicas) * (self._sum("saved_bytes", first, end) + params)
+        if capacity is not None and params + stashed > capacity:
+            return None
+        compute = self._sum("compute_s", first, end)
+        links = self.costs.links(replicas, self._nodes(first_rank, replicas))
+        sync = links.collective("all_reduce", params, replicas)
+        send = 0.0
+        if first:
+            spans = self._nodes(first_rank - 1, replicas + 1)  # the previous stage's last rank and this stage's
+            send = 2 * self.costs.links(2, spans).send(self.costs.output_bytes[first - 1]) / replicas
+        return Stage(first, end, replicas, (compute + sync) / replicas, compute, sync, send)
+
+    def plans(self) -> list[Plan]:
+        """The best plan of each stage count, fastest first."""
+        L, W = self.layers, self.workers
+        # best[s][m][j]: (time, stage) of the fastest s-stage pipeline of layers 0..j-1 on ranks 0..m-1
+        best: list[list[list[tuple[float, Stage, tuple] | None]]] = [
+            [[None] * (L + 1) for _ in range(W + 1)] for _ in range(min(L, W) + 1)]
+        for m in range(1, W + 1):
+            for j in range(1, L + 1):
+                one = self.stage(0, j, m, 0)
+                if one:
+                    best[1][m][j] = (one.time_s, one, ())
+        for s in range(2, min(L, W) + 1):
+            for m in range(s, W + 1):
+                for j in range(s, L + 1):
+                    found = None
+                    for i in range(s - 1, j):
+                        for r in range(1, m - s + 2):
+                            before = best[s - 1][m - r][i]
+                            if before is None:
+                                continue
+                            last = self.stage(i, j, r, m - r)
+                            if last is None:
+                                continue
+                            time = max(before[0], last.time_s, last.send_s)
+                            if found is None or time < found[0]:
+                                found = (time, last, (s - 1, m - r, i))
+                    best[s][m][j] = found
+        plans = []
+        for s in range(1, min(L, W) + 1):
+            entry = best[s][W][L]
+            if entry is None:
+                continue
+            time, stages = entry[0], []
+            while entry is not None:
+                stages.append(entry[1])
+                entry = best[entry[2][0]][entry[2][1]][entry[2][2]] if entry[2] else None
+            plans.append(Plan(tuple(reversed(stages)), time))
+        if not plans:
+            raise ConfigError(f"no PipeDream configuration of {W} workers holds its stashed weights and activations "
+                              "in a rank's memory")
+        return sorted(plans, key=lambda plan: plan.time_s)
+
+
+def _cumulative(values) -> list[float]:
+    total, out = 0, []
+    for value in values:
+        total += value
+        out.append(total)
+    return out
