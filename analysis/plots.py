@@ -14,6 +14,8 @@ plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.get_cmap("tab20").colors)
 
 from analysis.runs import Row  # noqa: E402
 from analysis.speedup import cell_speedups  # noqa: E402
+from analysis.stats import Estimate  # noqa: E402
+from analysis.tables import interval_note  # noqa: E402
 
 
 def _legend(ax) -> None:
@@ -21,26 +23,33 @@ def _legend(ax) -> None:
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
 
 
-def plot_speedup(rows: list[Row], path: Path) -> Path:
+def plot_speedup(rows: list[Row], histories, protocol: str, path: Path) -> tuple[Path, str | None]:
+    """Speedup against workers per strategy variant, each point with its interval; and what the error bars span."""
     workloads = sorted({r.workload for r in rows})
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 6), squeeze=False)
+    speedups = cell_speedups(rows, histories, protocol)
     for ax, workload in zip(axes[0], workloads):
-        lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for (dataset, network, label, workers), value in cell_speedups(rows).items():
+        lines: dict[str, list[tuple[int, Estimate]]] = defaultdict(list)
+        for (dataset, network, label, workers), value in speedups.items():
             if (dataset, network) == workload:
                 lines[label].append((workers, value))
         top = max((w for pts in lines.values() for w, _ in pts), default=1)
         ax.plot([1, top], [1, top], "k:", label="linear")
         for strategy, points in sorted(lines.items()):
-            points.sort()
-            ax.plot([w for w, _ in points], [s for _, s in points], "o-", label=strategy)
+            points.sort(key=lambda point: point[0])
+            ax.errorbar([w for w, _ in points], [s.value for _, s in points],
+                        yerr=[[s.value - s.low for _, s in points], [s.high - s.value for _, s in points]],
+                        marker="o", capsize=2, label=strategy)
         ax.set(title="/".join(workload), xlabel="workers", ylabel="speedup vs baseline")
         ax.set_xticks(sorted({w for pts in lines.values() for w, _ in pts} | {1}))
         _legend(ax)
-    fig.tight_layout()
+    note = interval_note((s.spans() for s in speedups.values() if s.method), "Error bars", "point")
+    if note:
+        fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return path
+    return path, note
 
 
 def plot_convergence(rows: list[Row], client, path: Path) -> Path:

@@ -13,7 +13,7 @@ import statistics
 
 from analysis.measure import Histories, cells, epoch_time, finished, speedup, status_of, throughput_estimate
 from analysis.runs import SPLIT_METRICS, Row
-from analysis.stats import estimate
+from analysis.stats import Estimate, estimate
 from analysis.tables import Table, interval_cell
 
 SPLIT_HEADERS = {"mem_params_mb": "params MB", "mem_grads_mb": "grads MB", "mem_optim_mb": "optim MB",
@@ -52,14 +52,18 @@ def point_speedups(rows: list[Row]) -> dict[str, float]:
     return out
 
 
-def cell_speedups(rows: list[Row]) -> dict[tuple, float]:
-    """Each point's aggregated throughput over its baseline point's, by cell key (the speedup figure's)."""
+def cell_speedups(rows: list[Row], histories: Histories, protocol: str) -> dict[tuple, Estimate]:
+    """Each point's speedup over its baseline point, with its interval, by cell key (the table's, and the figure's)."""
     grouped = cells(rows)
     out = {}
     for key, repeats in grouped.items():
         base = baseline_of(key, grouped)
-        if base is not None and measured(repeats):
-            out[key] = throughput(repeats) / throughput(grouped[base])
+        if base == key:
+            out[key] = Estimate(1.0, 1.0, 1.0, None, len(measured(repeats)))
+        elif base is not None and measured(repeats):
+            found = speedup(repeats, grouped[base], histories, protocol)
+            if found is not None:
+                out[key] = found
     return out
 
 
@@ -86,19 +90,20 @@ def speedup_table(rows: list[Row], histories: Histories, protocol: str, title: s
     the largest over ranks; the median over repeats, as are peak memory and the final validation metric)."""
     split = [k for k in SPLIT_METRICS if any(k in r.split for r in rows)]
     grouped = cells(rows)
+    speedups = cell_speedups(rows, histories, protocol)
     lines = []
     for key in sorted(grouped, key=lambda k: (k[0], k[1], grouped[k][0].strategy != "single", k[2], k[3])):
         repeats = grouped[key]
         base = baseline_of(key, grouped)
         done = finished(repeats)
-        ratio = speedup(repeats, grouped[base], histories, protocol) if base and done and base != key else None
         metric = next((r.val_metric for r in done if r.val_metric), None)
         value = _median(repeats, lambda r: r.val_value)
         lines.append([
             *key[:2], key[2], str(key[3]), str(len(done)), status_of(repeats),
             interval_cell(epoch_time(repeats, histories, protocol), ".3f"),
             interval_cell(throughput_estimate(repeats, histories, protocol), ".1f"),
-            "1.00" if base == key else interval_cell(ratio, ".2f"), f"{base[2]}/w{base[3]}" if base else "-",
+            "1.00" if base == key else interval_cell(speedups.get(key), ".2f"),
+            f"{base[2]}/w{base[3]}" if base else "-",
             _fmt(_median(repeats, lambda r: r.peak_memory_mb), ".0f"),
             *(_fmt(_median(repeats, lambda r, k=k: r.split.get(k)), ".3f") for k in split),
             metric or "-", _fmt(value, ".4g")])

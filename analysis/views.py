@@ -114,8 +114,8 @@ def speedup_table_view(ctx: Context) -> Section:
 @view("speedup")
 def speedup_plot(ctx: Context) -> Section:
     from analysis.plots import plot_speedup
-    path = plot_speedup(ctx.rows, ctx.directory / "speedup.png")
-    return Section("Speedup plot", f"![speedup]({path.name})", [path])
+    path, note = plot_speedup(ctx.rows, ctx.histories, ctx.protocol, ctx.directory / "speedup.png")
+    return Section("Speedup plot", f"![speedup]({path.name})" + (f"\n\n{note}" if note else ""), [path])
 
 
 @view("convergence")

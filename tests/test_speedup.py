@@ -69,7 +69,9 @@ def test_repeats_are_one_point_and_the_baseline_is_the_aggregated_baseline_point
     singles = [row(CIFAR, "single", 1, throughput=t, repeat=i) for i, t in enumerate((50.0, 55.0, 45.0))]
     ddps = [row(CIFAR, "ddp", 2, throughput=t, repeat=i) for i, t in enumerate((90.0, 100.0))]
     rows = singles + ddps
-    assert cell_speedups(rows) == {cell_key(singles[0]): 1.0, cell_key(ddps[0]): pytest.approx(95.0 / 50.0)}
+    speedups = cell_speedups(rows, Histories(rows), "suite")
+    assert speedups[cell_key(singles[0])].value == 1.0 and speedups[cell_key(singles[0])].high == 1.0
+    assert speedups[cell_key(ddps[0])].value == pytest.approx(95.0 / 50.0)
     per_run = point_speedups(rows)
     assert [per_run[r.run_id] for r in singles] == pytest.approx([1.0, 1.1, 0.9])  # against the point, not repeat 0
     table = speedup_table(rows, Histories(rows), "suite", "t")
