@@ -28,6 +28,13 @@ def site_config_dirs() -> list[Path]:
     return [Path(d).resolve() for d in os.environ.get(SITE_CONFIG_ENV, "").split(os.pathsep) if d]
 
 
+def searchpath_overrides() -> list[str]:
+    """Hydra's override that adds the site config directories to its search path (none without them); passed to
+    compose beside a point's overrides, never part of them: they say where files are, not what runs."""
+    site = [f"file://{d}" for d in site_config_dirs()]
+    return [f"hydra.searchpath=[{','.join(site)}]"] if site else []
+
+
 def config_file(relative: str) -> Path:
     """conf/<relative> (e.g. `cluster/lassen.yaml`), else the first site directory's; the conf/ path when neither
     has it (Hydra's order: the suite's own configs first)."""

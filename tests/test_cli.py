@@ -121,3 +121,20 @@ def test_a_wheel_installed_outside_the_repository_runs_help_cfg_and_a_point(inst
     tags = run_record.data.tags
     assert tags["mlflow.source.name"] == "suite" and "mlflow.source.git.commit" not in tags  # no checkout, no commit
     assert (tmp_path / "results" / "reports" / "adhoc" / "report.md").exists()
+
+
+def test_calibrate_apply_writes_into_a_site_clusters_own_file(tmp_path, monkeypatch, capsys):
+    from test_calibration import record
+
+    monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
+    monkeypatch.setenv("SUITE_RESULTS_DIR", str(tmp_path / "results"))
+    site = tmp_path / "site"
+    (site / "cluster").mkdir(parents=True)
+    (site / "cluster" / "mysite.yaml").write_text(yaml.safe_dump(SITE_CLUSTER))
+    (tmp_path / "results" / "calibration").mkdir(parents=True)
+    (tmp_path / "results" / "calibration" / "mysite.yaml").write_text(yaml.safe_dump(
+        record({"intra_node": (1e-5, 10.0)})))
+    assert suite(["--config-dir", str(site), "calibrate", "--apply", "cluster=mysite"]) == 0, capsys.readouterr().err
+    hardware = yaml.safe_load((site / "cluster" / "mysite.yaml").read_text())["hardware"]
+    assert (hardware["intra_node_bandwidth_gbs"], hardware["intra_node_latency_us"]) == (10.0, 10.0)
+    assert not (CONF_DIR / "cluster" / "mysite.yaml").exists()

@@ -26,7 +26,7 @@ from suite.config import register_schema
 from suite.errors import BadValue, ConfigError, composition_error_line
 from suite.layout import Layout
 from suite.models import resolve_network
-from suite.paths import CONF_DIR, site_config_dirs
+from suite.paths import CONF_DIR, searchpath_overrides
 from suite.placement import loader_workers
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
@@ -134,12 +134,9 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def _compose(overrides: list[str]) -> DictConfig:
-    """The point's config; site config directories ($SUITE_CONFIG_DIR) are searched after conf/, as Hydra's
-    `hydra.searchpath` (not part of the point's overrides: they name where files are, not what runs)."""
-    site = [f"file://{d}" for d in site_config_dirs()]
+    """The point's config; site config directories ($SUITE_CONFIG_DIR) are searched after conf/."""
     try:
-        return compose(config_name="config", overrides=overrides + ([f"hydra.searchpath=[{','.join(site)}]"]
-                                                                    if site else []))
+        return compose(config_name="config", overrides=overrides + searchpath_overrides())
     except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
         raise ConfigError(composition_error_line(e)) from e
 

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.batch import SchedulerError
 from suite.errors import ConfigError
-from suite.paths import CONF_DIR, REPO_ROOT
+from suite.paths import CONF_DIR, REPO_ROOT, config_file, searchpath_overrides
 from suite.predict import overhead
 from suite.records.calibration import jobs_dir, load_record, record_path
 from suite.records.point_dir import PointDir, error_line
@@ -64,7 +64,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            cfg = compose(config_name="calibration", overrides=overrides)
+            cfg = compose(config_name="calibration", overrides=overrides + searchpath_overrides())
     except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
         raise ConfigError(" ".join(str(e).split())) from e
     if cfg.workers is None:
@@ -294,7 +294,7 @@ def main(argv: list[str]) -> int:
             if record is None:
                 raise ConfigError(f"no calibration record {record_path(name)}: run `make calibrate CLUSTER={name}` "
                                   "first")
-            config = CONF_DIR / "cluster" / f"{name}.yaml"
+            config = config_file(f"cluster/{name}.yaml")  # a site directory's file is written where it is
             source = record_path(name)
             values = apply_record(record, config, source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT)
                                   else source)
