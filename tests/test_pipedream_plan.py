@@ -20,13 +20,14 @@ def costs(compute, params, links=FAST, saved=None, output=None, per_node=8, capa
                  lambda ranks, nodes: links, per_node, capacity)
 
 
-def brute_force(planner: Planner, stages: int) -> float:
-    """The least time per mini-batch of any `stages`-stage configuration: every cut, every replication."""
+def brute_force(planner: Planner, stages: int, uniform: bool = False) -> float:
+    """The least time per mini-batch of any `stages`-stage configuration: every cut, every replication (or only
+    every stage alike replicated)."""
     L, W, best = planner.layers, planner.workers, float("inf")
     for cuts in itertools.combinations(range(1, L), stages - 1):
         bounds = [0, *cuts, L]
         for replicas in itertools.product(range(1, W + 1), repeat=stages):
-            if sum(replicas) != W:
+            if sum(replicas) != W or (uniform and len(set(replicas)) > 1):
                 continue
             time, rank = 0.0, 0
             for (first, end), r in zip(zip(bounds, bounds[1:]), replicas):
@@ -48,6 +49,11 @@ def test_the_dynamic_program_finds_the_best_configuration_of_every_stage_count(l
         assert sum(plan.replicas) == 4 and sum(plan.balance) == 5
         assert plan.time_s == pytest.approx(brute_force(planner, len(plan.stages)))
     assert {len(p.stages) for p in plans} == {1, 2, 3, 4}
+    runnable = planner.uniform_plans()
+    assert [p.name for p in sorted(runnable, key=lambda p: len(p.stages))] == ["4", "2-2", "1-1-1-1"]
+    for plan in runnable:
+        assert plan.time_s == pytest.approx(brute_force(planner, len(plan.stages), uniform=True))
+        assert plan.knobs() == f"strategy.pp={len(plan.stages)} strategy.balance=[{','.join(map(str, plan.balance))}]"
 
 
 def test_weights_dear_to_all_reduce_stay_on_one_rank_and_the_rest_is_replicated():
@@ -78,12 +84,16 @@ def test_make_plan_pipedream_prints_the_chosen_configuration_and_every_stage_cou
     assert made.returncode == 0, made.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in made.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     header, *body = [[cell.strip() for cell in row] for row in rows]
-    assert header[:3] == ["configuration", "stages", "layers per stage"]
+    assert header[:4] == ["configuration", "plan", "stages", "layers per stage"]
     chosen = body[0]
-    assert chosen[0] == "15-1 (chosen)" and chosen[2].count("-") == 1  # as docs/performance-model.md says
-    assert sorted(int(row[1]) for row in body) == list(range(1, 17))  # the best of every stage count
-    assert all(sum(map(int, row[0].split()[0].split("-"))) == 16 for row in body)
-    times = [float(row[3]) for row in body]
+    assert chosen[:2] == ["15-1", "chosen"] and chosen[3].count("-") == 1  # as docs/performance-model.md says
+    planned = body[:16]
+    assert sorted(int(row[2]) for row in planned) == list(range(1, 17))  # the best of every stage count
+    assert all(sum(map(int, row[0].split("-"))) == 16 for row in body)
+    times = [float(row[4]) for row in planned]
     assert times == sorted(times)
+    runs = [row for row in body if "best that runs here" in row[1]]
+    assert len(runs) == 1 and runs[0][8].startswith("strategy.pp=")  # the best of what strategy=pipedream runs
+    assert all(row[8].startswith("strategy.pp=") == (len(set(row[0].split("-"))) == 1) for row in body)
     bad = run_make("plan-pipedream", "ARGS=dataset=imagenet network=vgg16 cluster=lassen workers=64")
     assert bad.returncode == 2 and "error: the PipeDream planner searches up to 32 workers, not 64" in bad.stderr

@@ -63,6 +63,15 @@ class Plan:
         """As PipeDream writes a configuration: replicas per stage, `2-1-1`."""
         return "-".join(map(str, self.replicas))
 
+    @property
+    def uniform(self) -> bool:
+        """Every stage has as many replicas: what strategy=pipedream runs (`pp` stages, workers / pp pipelines, each
+        stage's gradients averaged over them, as PipeDream's replicas average theirs)."""
+        return len(set(self.replicas)) == 1
+
+    def knobs(self) -> str:
+        return f"strategy.pp={len(self.stages)} strategy.balance=[{','.join(map(str, self.balance))}]"
+
 
 @dataclass(frozen=True)
 class Costs:
@@ -168,6 +177,32 @@ class Planner:
         if not plans:
             raise ConfigError(f"no PipeDream configuration of {W} workers holds its stashed weights and activations "
                               "in a rank's memory")
+        return sorted(plans, key=lambda plan: plan.time_s)
+
+
+    def uniform_plans(self) -> list[Plan]:
+        """The best plan of each stage count S that divides the workers with W / S replicas on every stage (the
+        configurations strategy=pipedream runs), fastest first."""
+        L, W, plans = self.layers, self.workers, []
+        for stages in (s for s in range(1, min(L, W) + 1) if W % s == 0):
+            r = W // stages
+            best: list[tuple[float, tuple[Stage, ...]] | None] = [None] * (L + 1)
+            for j in range(1, L + 1):
+                first = self.stage(0, j, r, 0)
+                best[j] = (first.time_s, (first,)) if first else None
+            for s in range(2, stages + 1):
+                after: list[tuple[float, tuple[Stage, ...]] | None] = [None] * (L + 1)
+                for j in range(s, L + 1):
+                    for i in range(s - 1, j):
+                        last = self.stage(i, j, r, (s - 1) * r)
+                        if best[i] is None or last is None:
+                            continue
+                        time = max(best[i][0], last.time_s, last.send_s)
+                        if after[j] is None or time < after[j][0]:
+                            after[j] = (time, (*best[i][1], last))
+                best = after
+            if best[L] is not None:
+                plans.append(Plan(best[L][1], best[L][0]))
         return sorted(plans, key=lambda plan: plan.time_s)
 
 

@@ -6,7 +6,8 @@ Overrides name the point (`dataset=imagenet network=vgg16 cluster=lassen workers
 pipedream. The network is profiled (or priced from the cluster's datasheet) as `make predict` does, at one
 mini-batch of `batch_size`; the planner (suite.predict.pipedream_plan) chooses the stages, their layers and their
 replicas. Prints the chosen configuration as PipeDream writes it (`2-1-1`), its predicted time per mini-batch and
-per sample, and the best configuration of every other stage count.
+per sample, the best configuration of every other stage count, and the best of those strategy=pipedream runs today
+(every stage alike replicated) with the knobs that run it.
 """
 
 from __future__ import annotations
@@ -40,20 +41,32 @@ def planner(point: Point) -> tuple[Planner, int]:
     return Planner(costs, point.cfg.workers), w.profile.batch
 
 
-def plan_table(point: Point, plans: list[Plan], batch: int) -> Table:
+def plan_table(point: Point, plans: list[Plan], runnable: list[Plan], batch: int) -> Table:
+    """The planner's choice and the best of every other stage count; then the best configuration of each kind
+    strategy=pipedream runs (every stage alike replicated), with the knobs that run it."""
     rows = []
-    for k, plan in enumerate(plans):
+    same = {(p.name, tuple(p.balance)) for p in plans}
+    shown = [*plans, *(p for p in runnable if (p.name, tuple(p.balance)) not in same)]
+    best_here = min((p for p in shown if p.uniform), key=lambda p: p.time_s, default=None)
+    notes = {id(plans[0]): "chosen"}
+    if best_here is not None:
+        notes[id(best_here)] = ", ".join(filter(None, [notes.get(id(best_here)), "best that runs here"]))
+    shown = [(plan, notes.get(id(plan), "")) for plan in shown]
+    for plan, note in shown:
         slowest = max(plan.stages, key=lambda stage: max(stage.time_s, stage.send_s))
-        rows.append([plan.name + (" (chosen)" if k == 0 else ""), str(len(plan.stages)),
-                     "-".join(map(str, plan.balance)), f"{plan.time_s:.4g}", f"{plan.time_s / batch:.4g}",
-                     f"{batch / plan.time_s:.1f}", f"stage {plan.stages.index(slowest)} ({slowest.layers} layers)"])
+        runs = plan.knobs() if plan.uniform else "needs stage replication (not yet)"
+        rows.append([plan.name, note, str(len(plan.stages)), "-".join(map(str, plan.balance)), f"{plan.time_s:.4g}",
+                     f"{plan.time_s / batch:.4g}", f"{batch / plan.time_s:.1f}",
+                     f"stage {plan.stages.index(slowest)} ({slowest.layers} layers)", runs])
     cfg = point.cfg
     return Table("plan_pipedream", f"PipeDream's planner: {cfg.network.name} on {cfg.workers} workers of "
                  f"{cfg.cluster.name}, mini-batch {batch}",
-                 ["configuration", "stages", "layers per stage", "s / mini-batch", "s / sample", "samples/s",
-                  "slowest"], rows,
-                 ["configuration: replicas per stage, as PipeDream writes it; the first is the planner's choice "
-                  "(`strategy.replicas`, `strategy.balance`), the rest the best of each other stage count."])
+                 ["configuration", "plan", "stages", "layers per stage", "s / mini-batch", "s / sample", "samples/s",
+                  "slowest", "run it with"], rows,
+                 ["configuration: replicas per stage, as PipeDream writes it. The planner's choice, then the best of "
+                  "each other stage count, then the best of each stage count with every stage alike replicated where "
+                  "not listed already: what strategy=pipedream runs today (workers / pp pipelines, `run it with`). "
+                  "Stages replicated unlike (2-1-1) do not run yet."])
 
 
 def main(argv: list[str]) -> int:
@@ -65,7 +78,7 @@ def main(argv: list[str]) -> int:
         for point in points:
             print(f"[{point.label}] profiling and planning", file=sys.stderr, flush=True)
             plan, batch = planner(point)
-            tables.append(plan_table(point, plan.plans(), batch))
+            tables.append(plan_table(point, plan.plans(), plan.uniform_plans(), batch))
     except ConfigError as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
