@@ -22,12 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from analysis.measure import epoch_time, finished, samples, speedup
+from analysis.measure import cell_ratio, epoch_time, finished, speedup
 from analysis.runs import Row
-from analysis.stats import Estimate, estimate, ratio
+from analysis.stats import Estimate, estimate
 from analysis.study_j import eq_6_1, gpipe_config, single_node_workers
 from analysis.study_n import frameworks, memory_ratio, memory_reduction, series
-from analysis.tables import Table
+from analysis.tables import Table, interval_note
 from analysis.views import Context, Section, table_section, view
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
@@ -41,7 +41,13 @@ class Verdict:
     measured: str
     verdict: str
     note: str = ""
-    samples: int | None = None  # the fewest samples behind one of its intervals; None: no interval (a count, a status)
+    estimates: tuple[Estimate, ...] = ()  # the values behind it, with their intervals (none: a count, a status)
+
+    @property
+    def samples(self) -> int | None:
+        """The fewest samples behind one of its intervals; None where it rests on none."""
+        counts = [e.n for e in self.estimates if e.cv is not None or e.n > 1]
+        return min(counts) if counts else None
 
 
 def _band(claim: dict) -> tuple[float, float]:
@@ -131,11 +137,6 @@ def _text(e: Estimate, spec: str = ".3g") -> str:
     return format(e.value, spec) if e.low == e.high else f"{e.value:{spec}} [{e.low:{spec}}, {e.high:{spec}}]"
 
 
-def _fewest(estimates: Iterable[Estimate]) -> int | None:
-    counts = [e.n for e in estimates if e.cv is not None or e.n > 1]
-    return min(counts) if counts else None
-
-
 def check_speedup(ctx: Context, claim: dict) -> Verdict | None:
     """The point's throughput over `single`'s on one worker (same dataset and network): Study J's speedup."""
     point = select(ctx, claim["where"])
@@ -145,14 +146,14 @@ def check_speedup(ctx: Context, claim: dict) -> Verdict | None:
     s = speedup(point, base, ctx.histories, ctx.protocol) if base else None
     if s is None:
         return None
-    return Verdict(f"{_text(s)} ({point[0].network}, {point[0].workers} workers)", judged(s, claim), samples=s.n)
+    return Verdict(f"{_text(s)} ({point[0].network}, {point[0].workers} workers)", judged(s, claim), estimates=(s,))
 
 
 def check_epoch_time(ctx: Context, claim: dict) -> Verdict | None:
     t = _time(ctx, select(ctx, claim["where"]))
     if t is None:
         return None
-    return Verdict(f"{_text(t, '.4g')} s", judged(t, claim), samples=t.n)
+    return Verdict(f"{_text(t, '.4g')} s", judged(t, claim), estimates=(t,))
 
 
 def _networks(ctx: Context, where: dict) -> list[str]:
@@ -174,7 +175,7 @@ def check_decreasing(ctx: Context, claim: dict) -> Verdict | None:
     text = "; ".join(f"{n} " + " / ".join(_text(t, ".4g") for t in times) for n, times in measured.items())
     return Verdict(f"{len(falling)} of {len(measured)} networks: {text}",
                    combined(v for verdicts in steps.values() for v in verdicts),
-                   samples=_fewest(t for times in measured.values() for t in times))
+                   estimates=tuple(t for times in measured.values() for t in times))
 
 
 def check_fastest(ctx: Context, claim: dict) -> Verdict | None:
@@ -198,7 +199,7 @@ def check_fastest(ctx: Context, claim: dict) -> Verdict | None:
         return None
     return Verdict(f"fastest in {verdicts.count(HOLDS)} of {len(verdicts)} cells, slower in "
                    f"{verdicts.count(FAILS)}, within the intervals in {verdicts.count(INCONCLUSIVE)}",
-                   combined(verdicts), samples=_fewest(used))
+                   combined(verdicts), estimates=tuple(used))
 
 
 def check_status(ctx: Context, claim: dict) -> Verdict | None:
@@ -227,9 +228,9 @@ def _time_ratios(ctx: Context, claim: dict) -> dict[tuple[str, int], Estimate]:
         for workers in sorted(set(a) & set(b)):
             if claim["where"].get("workers", workers) != workers:
                 continue
-            ta, tb = (samples(side[workers], ctx.histories, ctx.protocol) for side in (a, b))
-            if ta and tb:
-                out[network, workers] = ratio(ta, tb, "mean" if len(finished(a[workers])) == 1 else "median")
+            found = cell_ratio(a[workers], b[workers], ctx.histories, ctx.protocol)
+            if found is not None:
+                out[network, workers] = found
     return out
 
 
@@ -253,7 +254,7 @@ def _range_verdict(values: dict[tuple[str, int], Estimate], claim: dict, what: s
     if not values:
         return None
     return Verdict(_ratio_text(values, what), combined(judged(v, claim) for v in values.values()),
-                   samples=_fewest(values.values()))
+                   estimates=tuple(values.values()))
 
 
 def check_time_ratio(ctx: Context, claim: dict) -> Verdict | None:
@@ -289,9 +290,8 @@ def check_single_gpu_ratio(ctx: Context, claim: dict) -> Verdict | None:
     if not _time(ctx, mine) or not others:
         return None
     fastest = min(others, key=lambda rows: _time(ctx, rows).value)
-    value = ratio(samples(mine, ctx.histories, ctx.protocol), samples(fastest, ctx.histories, ctx.protocol),
-                  "mean" if len(finished(mine)) == 1 else "median")
-    return Verdict(f"{_text(value)}x the fastest", judged(value, claim), samples=value.n)
+    value = cell_ratio(mine, fastest, ctx.histories, ctx.protocol)
+    return Verdict(f"{_text(value)}x the fastest", judged(value, claim), estimates=(value,))
 
 
 def check_comm_share(ctx: Context, claim: dict) -> Verdict | None:
@@ -302,7 +302,7 @@ def check_comm_share(ctx: Context, claim: dict) -> Verdict | None:
         return None
     share = estimate([r.metrics["comm_fraction"] for r in rows])
     return Verdict(f"{share.value:.1%} ({rows[0].network}, {rows[0].workers} workers)", judged(share, claim),
-                   samples=share.n if share.n > 1 else None)
+                   estimates=(share,))
 
 
 def check_none(ctx: Context, claim: dict) -> Verdict | None:
@@ -336,7 +336,7 @@ def evaluate(ctx: Context, claims: list[dict]) -> list[tuple[dict, Verdict]]:
         if verdict is None:
             verdict = Verdict("-", NOT_MEASURED, claim.get("measure", ""))
         elif (reason := untestable(ctx, claim, verdict)) is not None:
-            verdict = Verdict(verdict.measured, NOT_TESTABLE, reason, verdict.samples)
+            verdict = Verdict(verdict.measured, NOT_TESTABLE, reason, verdict.estimates)
         out.append((claim, verdict))
     return out
 
@@ -382,14 +382,16 @@ def claims_view(ctx: Context) -> Section:
     if not ctx.claims:
         return Section("Claims", "(this sweep's report names no claims file: report.claims)")
     claims = load_claims(ctx.claims)
+    verdicts = evaluate(ctx, claims)
     rows = [[c["id"], c["source"], c["claim"], published(c), relation(c), v.measured, v.verdict, v.note]
-            for c, v in evaluate(ctx, claims)]
+            for c, v in verdicts]
+    spans = interval_note((e.spans() for _, v in verdicts for e in v.estimates if e.method), "Intervals", "value")
     table = Table("claims", f"{ctx.experiment}: published claims ({ctx.claims}) against this sweep",
                   ["id", "source", "claim", "published", "holds if", "this sweep", "verdict", "caveats"], rows,
                   ["holds: every measured 95% interval inside the band; fails: one wholly outside it; inconclusive: "
                    "one straddles its edge; not testable here: the runs lack the evidence the claim needs (caveats); "
                    "not measured: no such point in this sweep (caveats: what would measure it). Times compare equal "
-                   "work: each epoch scaled to one pass over the whole training set."])
+                   "work: each epoch scaled to one pass over the whole training set.", *([spans] if spans else [])])
     section = table_section(table, ctx)
     parts = separated(ctx, claims)
     if parts:

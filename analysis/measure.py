@@ -109,18 +109,25 @@ def throughput_estimate(repeats: list[Row], histories: Histories, protocol: str)
     return estimate(values, _statistic(repeats), over=spanned(repeats)) if values else None
 
 
+def cell_ratio(repeats: list[Row], other: list[Row], histories: Histories, protocol: str,
+               metric: str = "epoch_time_s") -> Estimate | None:
+    """This cell's `metric` over the other cell's, each aggregated as every view aggregates a cell, with the interval
+    of the ratio; None where either has no samples."""
+    mine = samples(repeats, histories, protocol, metric)
+    theirs = samples(other, histories, protocol, metric)
+    if not mine or not theirs:
+        return None
+    over = spanned(repeats) if spanned(repeats) == spanned(other) else f"{spanned(repeats)} (against: " \
+        f"{spanned(other)})"
+    if _statistic(repeats) != _statistic(other):  # one side repeated, the other not: compare medians
+        return ratio(mine, theirs, over=over)
+    return ratio(mine, theirs, _statistic(repeats), over=over)
+
+
 def speedup(repeats: list[Row], baseline: list[Row], histories: Histories, protocol: str) -> Estimate | None:
     """This cell's throughput (samples/s) over the baseline's: Study J's epoch-time ratio when both epochs are
     one pass over the same data, and still a fair ratio when a sweep fixes steps_per_epoch."""
-    mine = samples(repeats, histories, protocol, "throughput_samples_s")
-    base = samples(baseline, histories, protocol, "throughput_samples_s")
-    if not mine or not base:
-        return None
-    over = spanned(repeats) if spanned(repeats) == spanned(baseline) else f"{spanned(repeats)} (baseline: " \
-        f"{spanned(baseline)})"
-    if _statistic(repeats) != _statistic(baseline):  # one side repeated, the other not: compare medians
-        return ratio(mine, base, over=over)
-    return ratio(mine, base, _statistic(repeats), over=over)
+    return cell_ratio(repeats, baseline, histories, protocol, "throughput_samples_s")
 
 
 def status_of(repeats: list[Row]) -> str:

@@ -19,10 +19,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from analysis.breakdown import COLOURS, SLICES, fmt_number, percent, point_breakdown
-from analysis.measure import PROTOCOLS, epoch_time, finished, speedup, status_of
+from analysis.measure import PROTOCOLS, cell_ratio, epoch_time, finished, speedup, status_of
 from analysis.runs import Row
 from analysis.sanity import TIMER_RESOLUTION_S, flag_cell
-from analysis.stats import Estimate, ratio
+from analysis.stats import Estimate
 from analysis.tables import Table, interval_cell
 from analysis.views import Context, Section, save_figure, table_section, view
 from suite.vocabulary import PHASE_TIMES, Status
@@ -70,19 +70,8 @@ def networks(ctx: Context) -> list[str]:
     return sorted({r.network for r in ctx.rows})
 
 
-def _times(ctx: Context, repeats: list[Row]) -> list[float]:
-    """Per-run mean epoch times of the finished repeats, for ratios between cells."""
-    values = []
-    for r in finished(repeats):
-        e = epoch_time([r], ctx.histories, ctx.protocol)
-        if e is not None:
-            values.append(e.value)
-    return values
-
-
 def _ratio(ctx: Context, a: list[Row] | None, b: list[Row] | None) -> Estimate | None:
-    ta, tb = (_times(ctx, a) if a else []), (_times(ctx, b) if b else [])
-    return ratio(ta, tb) if ta and tb else None
+    return cell_ratio(a, b, ctx.histories, ctx.protocol) if a and b else None
 
 
 @view("n_epoch_time")

@@ -148,6 +148,6 @@ def test_time_claims_compare_equal_work_and_say_when_the_runs_cannot_test_them(t
 def test_a_full_size_claim_is_not_testable_on_a_miniature(tmp_path):
     (claim,) = [c for c in load_claims("study_j") if c["id"] == "table6_1_resnet18_config_a"]
     ctx = Context("study_j", [], None, None, tmp_path, claims="study_j", miniature="2 CPU workers")
-    measured = claims_module.Verdict("1 s", FAILS, samples=3)
+    measured = claims_module.Verdict("1 s", FAILS, estimates=(Estimate(1.0, 0.9, 1.1, 0.05, 3, "t", "repeats"),))
     assert claims_module.untestable(ctx, claim, measured) == ("a claim on the study's full sizes: this sweep is a "
                                                               "miniature (2 CPU workers)")
