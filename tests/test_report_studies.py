@@ -113,7 +113,7 @@ def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     report = write_report(store, "slice", sweep="study_j_mini", out_dir=results / "reports" / "j")
     check_artifacts(report.directory, J_FILES, J_FIGURES)
     page = (report.directory / "report.md").read_text()
-    assert "Error bars: 95% t-interval over" in page and "Intervals: 95% t-interval over 2 repeats" in page
+    assert "Error bars: 95% t-interval over" in page and "95% t-interval over 2 repeats (" in page
     matrix = table(report.directory, "status_matrix")
     rows = {tuple(r[:3]): dict(zip(matrix[0], r)) for r in matrix[1:]}
     assert rows["digits", "resnet18", "2"]["pipedream"] == "failed"
