@@ -99,14 +99,17 @@ def spanned(repeats: list[Row]) -> str:
     return EPOCHS if len(finished(repeats)) == 1 else REPEATS
 
 
-def epoch_time(repeats: list[Row], histories: Histories, protocol: str) -> Estimate | None:
-    values = samples(repeats, histories, protocol)
+def _cell_estimate(repeats: list[Row], histories: Histories, protocol: str, metric: str) -> Estimate | None:
+    values = samples(repeats, histories, protocol, metric)
     return estimate(values, _statistic(repeats), over=spanned(repeats)) if values else None
+
+
+def epoch_time(repeats: list[Row], histories: Histories, protocol: str) -> Estimate | None:
+    return _cell_estimate(repeats, histories, protocol, "epoch_time_s")
 
 
 def throughput_estimate(repeats: list[Row], histories: Histories, protocol: str) -> Estimate | None:
-    values = samples(repeats, histories, protocol, "throughput_samples_s")
-    return estimate(values, _statistic(repeats), over=spanned(repeats)) if values else None
+    return _cell_estimate(repeats, histories, protocol, "throughput_samples_s")
 
 
 def cell_ratio(repeats: list[Row], other: list[Row], histories: Histories, protocol: str,

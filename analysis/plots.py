@@ -23,6 +23,15 @@ def _legend(ax) -> None:
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
 
 
+def foot_note(fig, note: str | None) -> float:
+    """`note` (what a figure's error bars span) printed along the figure's foot; the height it takes (a fraction of
+    the figure's), for tight_layout to leave free."""
+    if not note:
+        return 0.0
+    fig.text(0.5, 0.004, note, ha="center", va="bottom", fontsize=7, wrap=True)
+    return 0.3 / fig.get_figheight()
+
+
 def plot_speedup(rows: list[Row], histories, protocol: str, path: Path) -> tuple[Path, str | None]:
     """Speedup against workers per strategy variant, each point with its interval; and what the error bars span."""
     workloads = sorted({r.workload for r in rows})
@@ -44,9 +53,7 @@ def plot_speedup(rows: list[Row], histories, protocol: str, path: Path) -> tuple
         ax.set_xticks(sorted({w for pts in lines.values() for w, _ in pts} | {1}))
         _legend(ax)
     note = interval_note((s.spans() for s in speedups.values() if s.method), "Error bars", "point")
-    if note:
-        fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7)
-    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
+    fig.tight_layout(rect=(0, foot_note(fig, note), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path, note

@@ -47,8 +47,9 @@ def point_speedups(rows: list[Row]) -> dict[str, float]:
     for key, repeats in grouped.items():
         base = baseline_of(key, grouped)
         if base is not None:
+            rate = throughput(grouped[base])
             for row in measured(repeats):
-                out[row.run_id] = row.throughput / throughput(grouped[base])
+                out[row.run_id] = row.throughput / rate
     return out
 
 
@@ -58,8 +59,8 @@ def cell_speedups(rows: list[Row], histories: Histories, protocol: str) -> dict[
     out = {}
     for key, repeats in grouped.items():
         base = baseline_of(key, grouped)
-        if base == key:
-            out[key] = Estimate(1.0, 1.0, 1.0, None, len(measured(repeats)))
+        if base == key:  # exactly 1, no interval
+            out[key] = Estimate(1.0, 1.0, 1.0, None, 1)
         elif base is not None and measured(repeats):
             found = speedup(repeats, grouped[base], histories, protocol)
             if found is not None:
@@ -102,7 +103,7 @@ def speedup_table(rows: list[Row], histories: Histories, protocol: str, title: s
             *key[:2], key[2], str(key[3]), str(len(done)), status_of(repeats),
             interval_cell(epoch_time(repeats, histories, protocol), ".3f"),
             interval_cell(throughput_estimate(repeats, histories, protocol), ".1f"),
-            "1.00" if base == key else interval_cell(speedups.get(key), ".2f"),
+            interval_cell(speedups.get(key), ".2f"),
             f"{base[2]}/w{base[3]}" if base else "-",
             _fmt(_median(repeats, lambda r: r.peak_memory_mb), ".0f"),
             *(_fmt(_median(repeats, lambda r, k=k: r.split.get(k)), ".3f") for k in split),

@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.measure import Histories, cells, status_of  # noqa: E402
+from analysis.plots import foot_note  # noqa: E402
 from analysis.runs import GridPoint, Row  # noqa: E402
 from analysis.tables import Table  # noqa: E402
 from suite.vocabulary import Status
@@ -59,12 +60,8 @@ def view(name: str):
 
 
 def save_figure(fig, ctx: Context, name: str, note: str | None = None) -> list[Path]:
-    """PNG and PDF of the figure; `note` (what its error bars span) is printed along its foot."""
-    bottom = 0.0
-    if note:
-        fig.text(0.5, 0.004, note, ha="center", va="bottom", fontsize=7, wrap=True)
-        bottom = 0.3 / fig.get_figheight()
-    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.4 / fig.get_figheight()))  # room for the suptitle
+    """PNG and PDF of the figure, `note` along its foot."""
+    fig.tight_layout(rect=(0, foot_note(fig, note), 1, 1 - 0.4 / fig.get_figheight()))  # room for the suptitle
     paths = [ctx.directory / f"{name}.png", ctx.directory / f"{name}.pdf"]
     fig.savefig(paths[0], dpi=120)
     fig.savefig(paths[1])

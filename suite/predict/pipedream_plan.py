@@ -19,6 +19,7 @@ weights and saved activations; here its live weights count too.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,8 +37,6 @@ class Stage:
     end: int  # one past its last layer
     replicas: int
     time_s: float  # per mini-batch of the pipeline: its replicas' compute and gradient all-reduce, shared among them
-    compute_s: float  # forward, backward and optimizer of its layers, one mini-batch, one replica
-    sync_s: float  # all-reduce of its gradients among its replicas
     send_s: float  # its input boundary: activation and gradient, per mini-batch of the pipeline
 
     @property
@@ -103,7 +102,7 @@ class Planner:
             raise ConfigError(f"the PipeDream planner searches up to {MAX_WORKERS} workers, not {workers} (its search "
                               "grows with the cube of the workers)")
         self.costs, self.workers, self.layers = costs, workers, len(costs.compute_s)
-        self.prefix = {name: [0, *_cumulative(getattr(costs, name))] for name in
+        self.prefix = {name: [0, *itertools.accumulate(getattr(costs, name))] for name in
                        ("compute_s", "param_bytes", "tied_bytes", "saved_bytes")}
         self._stages: dict[tuple[int, int, int, int], Stage | None] = {}
 
@@ -135,80 +134,44 @@ class Planner:
         if first:
             spans = self._nodes(first_rank - 1, replicas + 1)  # the previous stage's last rank and this stage's
             send = 2 * self.costs.links(2, spans).send(self.costs.output_bytes[first - 1]) / replicas
-        return Stage(first, end, replicas, (compute + sync) / replicas, compute, sync, send)
+        return Stage(first, end, replicas, (compute + sync) / replicas, send)
+
+    def _best(self, replicas: int | None) -> list[list[list[Plan | None]]]:
+        """best[s][m][j]: the fastest s-stage pipeline of layers 0..j-1 on ranks 0..m-1, every stage on `replicas`
+        ranks (None: any number)."""
+        L, W = self.layers, self.workers
+        depth = min(L, W if replicas is None else W // replicas)
+        best: list[list[list[Plan | None]]] = [[[None] * (L + 1) for _ in range(W + 1)] for _ in range(depth + 1)]
+        for m in range(1, W + 1):
+            for j in range(1, L + 1):
+                one = self.stage(0, j, m, 0) if replicas in (None, m) else None
+                best[1][m][j] = Plan((one,), one.time_s) if one else None
+        for s in range(2, depth + 1):
+            for m in range(s, W + 1):
+                for j in range(s, L + 1):
+                    for i in range(s - 1, j):
+                        for r in [replicas] if replicas else range(1, m - s + 2):
+                            before = best[s - 1][m - r][i] if m - r >= s - 1 else None
+                            last = self.stage(i, j, r, m - r) if before else None
+                            if last is None:
+                                continue
+                            time = max(before.time_s, last.time_s, last.send_s)
+                            if best[s][m][j] is None or time < best[s][m][j].time_s:
+                                best[s][m][j] = Plan((*before.stages, last), time)
+        return best
 
     def plans(self) -> list[Plan]:
         """The best plan of each stage count, fastest first."""
-        L, W = self.layers, self.workers
-        # best[s][m][j]: (time, stage) of the fastest s-stage pipeline of layers 0..j-1 on ranks 0..m-1
-        best: list[list[list[tuple[float, Stage, tuple] | None]]] = [
-            [[None] * (L + 1) for _ in range(W + 1)] for _ in range(min(L, W) + 1)]
-        for m in range(1, W + 1):
-            for j in range(1, L + 1):
-                one = self.stage(0, j, m, 0)
-                if one:
-                    best[1][m][j] = (one.time_s, one, ())
-        for s in range(2, min(L, W) + 1):
-            for m in range(s, W + 1):
-                for j in range(s, L + 1):
-                    found = None
-                    for i in range(s - 1, j):
-                        for r in range(1, m - s + 2):
-                            before = best[s - 1][m - r][i]
-                            if before is None:
-                                continue
-                            last = self.stage(i, j, r, m - r)
-                            if last is None:
-                                continue
-                            time = max(before[0], last.time_s, last.send_s)
-                            if found is None or time < found[0]:
-                                found = (time, last, (s - 1, m - r, i))
-                    best[s][m][j] = found
-        plans = []
-        for s in range(1, min(L, W) + 1):
-            entry = best[s][W][L]
-            if entry is None:
-                continue
-            time, stages = entry[0], []
-            while entry is not None:
-                stages.append(entry[1])
-                entry = best[entry[2][0]][entry[2][1]][entry[2][2]] if entry[2] else None
-            plans.append(Plan(tuple(reversed(stages)), time))
+        best = self._best(None)
+        plans = [found for by_ranks in best[1:] if (found := by_ranks[self.workers][self.layers])]
         if not plans:
-            raise ConfigError(f"no PipeDream configuration of {W} workers holds its stashed weights and activations "
-                              "in a rank's memory")
+            raise ConfigError(f"no PipeDream configuration of {self.workers} workers holds its stashed weights and "
+                              "activations in a rank's memory")
         return sorted(plans, key=lambda plan: plan.time_s)
-
 
     def uniform_plans(self) -> list[Plan]:
         """The best plan of each stage count S that divides the workers with W / S replicas on every stage (the
         configurations strategy=pipedream runs), fastest first."""
-        L, W, plans = self.layers, self.workers, []
-        for stages in (s for s in range(1, min(L, W) + 1) if W % s == 0):
-            r = W // stages
-            best: list[tuple[float, tuple[Stage, ...]] | None] = [None] * (L + 1)
-            for j in range(1, L + 1):
-                first = self.stage(0, j, r, 0)
-                best[j] = (first.time_s, (first,)) if first else None
-            for s in range(2, stages + 1):
-                after: list[tuple[float, tuple[Stage, ...]] | None] = [None] * (L + 1)
-                for j in range(s, L + 1):
-                    for i in range(s - 1, j):
-                        last = self.stage(i, j, r, (s - 1) * r)
-                        if best[i] is None or last is None:
-                            continue
-                        time = max(best[i][0], last.time_s, last.send_s)
-                        if after[j] is None or time < after[j][0]:
-                            after[j] = (time, (*best[i][1], last))
-                best = after
-            if best[L] is not None:
-                plans.append(Plan(best[L][1], best[L][0]))
-        return sorted(plans, key=lambda plan: plan.time_s)
-
-
-def _cumulative(values) -> list[float]:
-    total, out = 0, []
-    for value in values:
-        total += value
-        out.append(total)
-    return out
+        W, L = self.workers, self.layers
+        found = [self._best(W // stages)[stages][W][L] for stages in range(1, min(L, W) + 1) if W % stages == 0]
+        return sorted((plan for plan in found if plan), key=lambda plan: plan.time_s)

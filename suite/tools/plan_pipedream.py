@@ -12,29 +12,29 @@ per sample, the best configuration of every other stage count, and the best of t
 
 from __future__ import annotations
 
+import argparse
+import functools
 import sys
 
 from analysis.tables import Table
-from suite.errors import ConfigError
+from suite.errors import ConfigError, OneLineParser
 from suite.placement import will_use_cuda
-from suite.predict.links import link_model
+from suite.predict.links import LinkModel, link_model
 from suite.predict.memory import capacity_bytes
 from suite.predict.pipedream_plan import Costs, Plan, Planner
 from suite.predict.predictor import processes_per_node, workload
 from suite.sweep.plan import Point
-from suite.tools.predict import parse_args, plan_points
+from suite.tools.predict import plan_points
 
 
 def planner(point: Point) -> tuple[Planner, int]:
     """The planner of a point's network, cluster and workers; and its mini-batch (samples)."""
     w, _, _ = workload(point)
     cluster = point.cfg.cluster
-    links: dict[tuple[int, int], object] = {}
 
-    def among(ranks: int, nodes: int):
-        if (ranks, nodes) not in links:
-            links[ranks, nodes] = link_model(cluster, nodes, ranks)
-        return links[ranks, nodes]
+    @functools.cache
+    def among(ranks: int, nodes: int) -> LinkModel:
+        return link_model(cluster, nodes, ranks)
     device = "cuda" if will_use_cuda(cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device, processes_per_node(point))
     costs = Costs.from_profile(w.profile, among, cluster.workers_per_node, capacity)
@@ -45,14 +45,11 @@ def plan_table(point: Point, plans: list[Plan], runnable: list[Plan], batch: int
     """The planner's choice and the best of every other stage count; then the best configuration of each kind
     strategy=pipedream runs (every stage alike replicated), with the knobs that run it."""
     rows = []
-    same = {(p.name, tuple(p.balance)) for p in plans}
-    shown = [*plans, *(p for p in runnable if (p.name, tuple(p.balance)) not in same)]
+    shown = [*plans, *(p for p in runnable if p not in plans)]
     best_here = min((p for p in shown if p.uniform), key=lambda p: p.time_s, default=None)
-    notes = {id(plans[0]): "chosen"}
-    if best_here is not None:
-        notes[id(best_here)] = ", ".join(filter(None, [notes.get(id(best_here)), "best that runs here"]))
-    shown = [(plan, notes.get(id(plan), "")) for plan in shown]
-    for plan, note in shown:
+    for plan in shown:
+        note = ", ".join(text for text, holds in (("chosen", plan is plans[0]), ("best that runs here",
+                                                                                 plan is best_here)) if holds)
         slowest = max(plan.stages, key=lambda stage: max(stage.time_s, stage.send_s))
         runs = plan.knobs() if plan.uniform else "needs stage replication (not yet)"
         rows.append([plan.name, note, str(len(plan.stages)), "-".join(map(str, plan.balance)), f"{plan.time_s:.4g}",
@@ -70,7 +67,10 @@ def plan_table(point: Point, plans: list[Plan], runnable: list[Plan], batch: int
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv, __doc__)
+    parser = OneLineParser(prog="suite plan-pipedream", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="the point, e.g. dataset=imagenet network=vgg16 workers=4")
+    args = parser.parse_args(argv)
     try:
         # Priced as one stage on every worker: a point of any worker count, whatever its layers (the plan cuts them).
         points = plan_points([*args.overrides, "strategy=pipedream", "strategy.pp=1"])
