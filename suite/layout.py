@@ -6,14 +6,19 @@ ranks of a stage are consecutive and a replica's ranks are a consecutive block (
 order). Each replica reads its own shard of every global batch, `mini_batch` samples, cut into
 `micro_batches` where it is pipelined; every rank of a replica reads the replica's batch.
 `shard` is how many ranks split the parameters and optimizer states (ZeRO, FSDP), a degree
-beside the grid, not one of its axes. GPipe in one process (torchgpipe) runs its `pp` stages on
+beside the grid, not one of its axes. PipeDream's replicated stages (`stage_replicas`, e.g. 2-1-1)
+are not a grid: stage s runs on its own consecutive ranks, one pipeline (`dp` 1) whose mini-batch
+is a round of `micro_batches` that each stage's replicas take round-robin, micro-batch k on its
+replica k mod (the stage's ranks). GPipe in one process (torchgpipe) runs its `pp` stages on
 devices that process drives: one rank, `pp` devices. Every process group of a point is a
 dimension of the device mesh this value builds (`mesh`), so dp x tp and dp x pp are built alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 MESH_DIMS = ("dp", "pp", "tp")
@@ -37,12 +42,28 @@ class Layout:
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     stages_in_one_process: bool = False  # torchgpipe: one process drives the `pp` stage devices
     v_shape: bool = False  # two chunks a rank in a V (ZBV, DualPipeV: rank r holds chunks r and 2 pp - 1 - r)
+    stage_replicas: tuple[int, ...] = ()  # ranks per stage where they differ (PipeDream's 2-1-1); () on the grid
 
     def __post_init__(self) -> None:
-        if min(self.dp, self.pp, self.tp, self.shard, self.micro_batches, self.virtual_stages, self.mini_batch) < 1:
+        if min(self.dp, self.pp, self.tp, self.shard, self.micro_batches, self.virtual_stages, self.mini_batch,
+               *self.stage_replicas) < 1:
             raise ValueError(f"every degree of a layout is positive: {self}")
         if self.mini_batch % self.micro_batches:
             raise ValueError(f"mini-batch {self.mini_batch} does not split into {self.micro_batches} micro-batches")
+        if self.stage_replicas and (len(self.stage_replicas) != self.pp or (self.dp, self.tp) != (1, 1)
+                                    or any(self.micro_batches % r for r in self.stage_replicas)):
+            raise ValueError(f"replicated stages are one pipeline of pp stages whose round of micro-batches each "
+                             f"stage's replicas divide: {self}")
+
+    def stage_width(self, stage: int) -> int:
+        """Ranks that run one pipeline stage's micro-batches: its replicas (the grid's are in pipelines of their own,
+        `dp`)."""
+        return self.stage_replicas[stage] if self.stage_replicas else self.dp
+
+    @property
+    def replication(self) -> str:
+        """The stages' replicas as PipeDream writes them: `2-1-1`."""
+        return "-".join(str(self.stage_width(s)) for s in range(self.pp))
 
     def chunk_stage(self, chunk: int) -> int:
         """The pipeline stage (rank of a replica's pipeline) that holds model chunk `chunk`: chunk s on stage
@@ -63,11 +84,11 @@ class Layout:
     @property
     def processes(self) -> int:
         """Ranks the launcher starts."""
-        return self.dp * self.rank_stages * self.tp
+        return sum(self.stage_replicas) if self.stage_replicas else self.dp * self.rank_stages * self.tp
 
     @property
     def devices(self) -> int:
-        return self.dp * self.pp * self.tp
+        return sum(self.stage_replicas) if self.stage_replicas else self.dp * self.pp * self.tp
 
     @property
     def global_batch(self) -> int:
@@ -78,13 +99,17 @@ class Layout:
         return self.mini_batch // self.micro_batches
 
     def place(self, rank: int) -> RankPlace:
+        if self.stage_replicas:
+            stage = next(s for s in range(self.pp) if rank < self.rank_of(RankPlace(0, s + 1, 0)))
+            return RankPlace(rank - self.rank_of(RankPlace(0, stage, 0)), stage, 0)
         replica, rest = divmod(rank, self.rank_stages * self.tp)
         stage, tp_rank = divmod(rest, self.tp)
         return RankPlace(replica, stage, tp_rank)
 
     def data_shard(self, rank: int) -> tuple[int, int]:
-        """(index, count) of the shard of the training data this rank reads: its replica's."""
-        return self.place(rank).replica, self.dp
+        """(index, count) of the shard of the training data this rank reads: its replica's (replicated stages are
+        one pipeline, which reads all of it)."""
+        return (0, 1) if self.stage_replicas else (self.place(rank).replica, self.dp)
 
     def params(self) -> dict[str, Any]:
         """Recorded with the run (the performance model reads these)."""
@@ -93,10 +118,28 @@ class Layout:
         if self.pp > 1 or self.micro_batches > 1:
             params.update(micro_batches=self.micro_batches, micro_batch_size=self.micro_batch_size,
                           pipeline_stages=self.pp, pipeline_replicas=self.dp, virtual_stages=self.virtual_stages)
+        if self.stage_replicas:
+            params["stage_replicas"] = self.replication
         return params
 
     def rank_of(self, place: RankPlace) -> int:
+        if self.stage_replicas:
+            return sum(self.stage_replicas[:place.stage]) + place.replica
         return (place.replica * self.rank_stages + place.stage) * self.tp + place.tp_rank
+
+    def runs(self, place: RankPlace) -> range:
+        """The micro-batches of a mini-batch the rank at `place` runs: all of its replica's on the grid; with
+        replicated stages, its share of the round."""
+        return range(place.replica, self.micro_batches, self.stage_width(place.stage)) if self.stage_replicas \
+            else range(self.micro_batches)
+
+    def holder(self, place: RankPlace, stage: int, micro_batch: int) -> int:
+        """The rank that runs micro-batch `micro_batch` (counted from the first) on `stage` for the rank at `place`:
+        on the grid its own replica's, at its tensor-parallel index; with replicated stages, that stage's replica
+        micro_batch mod its ranks."""
+        if self.stage_replicas:
+            return self.rank_of(RankPlace(micro_batch % self.stage_replicas[stage], stage, 0))
+        return self.rank_of(replace(place, stage=stage))
 
     def replica_subgroup(self, rank: int, stages: set[int]):
         """The process group of the ranks of `rank`'s replica on `stages` at its tensor-parallel index (e.g. those
@@ -122,14 +165,33 @@ class Layout:
         import torch.distributed as dist
 
         mine = {}
-        for replica in range(self.dp):
-            for tp_rank in range(self.tp):
-                for stage in range(self.rank_stages - 1):
-                    upper, lower = (self.rank_of(RankPlace(replica, s, tp_rank)) for s in (stage, stage + 1))
-                    for channel in ((upper, lower), (lower, upper)):
-                        group = dist.new_group(sorted(channel))
-                        if rank in channel:
-                            mine[channel] = group
+        for upper, lower in self.neighbours():
+            for channel in ((upper, lower), (lower, upper)):
+                group = dist.new_group(sorted(channel))
+                if rank in channel:
+                    mine[channel] = group
+        return mine
+
+    def neighbours(self) -> list[tuple[int, int]]:
+        """Every pair of ranks on consecutive stages that exchange activations (upper stage first). With replicated
+        stages, replicas i and j of stages r and r' wide share micro-batches k = i mod r = j mod r' when i and j
+        agree mod gcd(r, r') (the Chinese remainder theorem)."""
+        if self.stage_replicas:
+            return [(self.rank_of(RankPlace(i, s, 0)), self.rank_of(RankPlace(j, s + 1, 0)))
+                    for s, (upper, lower) in enumerate(itertools.pairwise(self.stage_replicas))
+                    for i in range(upper) for j in range(lower) if (i - j) % math.gcd(upper, lower) == 0]
+        return [(self.rank_of(RankPlace(replica, stage, tp_rank)), self.rank_of(RankPlace(replica, stage + 1, tp_rank)))
+                for replica in range(self.dp) for tp_rank in range(self.tp) for stage in range(self.rank_stages - 1)]
+
+    def stage_groups(self, rank: int):
+        """The process group of each stage's replicas (every rank creates all of them); the one of `rank`'s stage."""
+        import torch.distributed as dist
+
+        mine = None
+        for stage in range(self.pp):
+            group = dist.new_group([self.rank_of(RankPlace(j, stage, 0)) for j in range(self.stage_width(stage))])
+            if self.place(rank).stage == stage:
+                mine = group
         return mine
 
     def mesh(self, device_type: str):

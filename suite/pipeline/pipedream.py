@@ -5,6 +5,13 @@ with `lag` stages after it starts `lag` mini-batches before its first backward, 
 forward of mini-batch k and backward of mini-batch k - lag; the last stage (lag 0) runs each
 backward right after its forward. Every backward is followed by this stage's weight update.
 
+A stage on r replicas (PipeDream's 2-1-1) runs the stream's mini-batches round-robin, k on replica
+k mod r, each replica in the same order over its own share, its gradients averaged with the other
+replicas' after every backward (so the r replicas update together, on r mini-batches). Its lag is
+PipeDream's count of mini-batches a replica admits, ceil(ranks of this and later stages / r) - 1:
+fewer, and a replica waiting in the all-reduce holds back a forward a later stage needs (checked
+against every replication of up to ten ranks in tests/test_pipedream_replicas.py).
+
 Weight stashing: mini-batch k's forward runs on a snapshot of the weights current at that moment,
 and its backward differentiates through that same snapshot, however many updates happened since;
 the resulting gradient is applied to the current weights. A stage thus holds up to `lag` stale
@@ -17,6 +24,7 @@ queue its receive of a gradient behind it while the next stage's gradient send w
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +33,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from suite.layout import Layout
 from suite.pipeline import p2p
 from suite.pipeline.topology import Topology
 from suite.runtime.precision import Precision
@@ -33,7 +42,7 @@ from suite.runtime.timing import PhaseTimer
 
 @dataclass
 class InFlight:
-    minibatch: int
+    minibatch: int  # its index in the pipeline's stream
     inputs: torch.Tensor  # what this stage received (a leaf when it came from the previous stage)
     output: torch.Tensor  # activation sent on, or the loss on the last stage
     version: int  # updates applied to this stage before the forward
@@ -52,6 +61,12 @@ class VersionRecord:
     live_version_at_backward: int
 
 
+def lag(layout: Layout, stage: int) -> int:
+    """Mini-batches a rank of `stage` starts before its first backward (PipeDream's NOAM less one)."""
+    later = sum(layout.stage_width(s) for s in range(stage, layout.pp))
+    return math.ceil(later / layout.stage_width(stage)) - 1
+
+
 def checksum(tensors) -> float:
     return float(sum(t.detach().double().sum().item() for t in tensors))
 
@@ -62,7 +77,7 @@ class PipeDreamStage:
         self.module, self.stage, self.topology = module, stage, topology
         self.record_versions = record_versions
         self.optimizer, self.sync_grads, self.device = optimizer, sync_grads, device
-        self.lag = topology.pp - 1 - topology.stage_rank
+        self.lag = lag(topology.layout, topology.stage_rank)
         self.in_flight: deque[InFlight] = deque()
         self.stashes: dict[int, dict[str, torch.Tensor]] = {}  # weight version -> snapshot
         self.sends: list = []
@@ -98,9 +113,10 @@ class PipeDreamStage:
 
     def _forward(self, inputs, targets, loss_fn, precision: Precision, timer: PhaseTimer):
         topo = self.topology
+        k = topo.stream_index(self.started)
         if not topo.is_first:
             previous = topo.stage_rank - 1
-            inputs = p2p.recv(topo.peer(previous), self.device, topo.channel(previous, topo.stage_rank))
+            inputs = p2p.recv(topo.peer(previous, k), self.device, topo.channel(previous, topo.stage_rank, k))
             inputs.requires_grad_()
         with timer.phase("forward", f"stage{self.stage}.forward"), precision.autocast():
             if self.lag:
@@ -111,27 +127,28 @@ class PipeDreamStage:
                 output = self.module(inputs)
             if topo.is_last:
                 output = loss_fn(output, targets)
-        self.in_flight.append(InFlight(self.started, inputs, output, self.version,
+        self.in_flight.append(InFlight(k, inputs, output, self.version,
                                        checksum(weights.values()) if self.record_versions else None))
         self.started += 1
         if topo.is_last:
             return output.detach()
         following = topo.stage_rank + 1
-        self.sends += p2p.isend(output, topo.peer(following), topo.channel(topo.stage_rank, following))
+        self.sends += p2p.isend(output, topo.peer(following, k), topo.channel(topo.stage_rank, following, k))
         return None
 
     def _backward(self, timer: PhaseTimer) -> None:
         topo = self.topology
         self._count_versions()
         done = self.in_flight.popleft()
-        following, previous = topo.stage_rank + 1, topo.stage_rank - 1
-        grad = None if topo.is_last else p2p.recv(topo.peer(following), self.device,
-                                                  topo.channel(following, topo.stage_rank))
+        following, previous, k = topo.stage_rank + 1, topo.stage_rank - 1, done.minibatch
+        grad = None if topo.is_last else p2p.recv(topo.peer(following, k), self.device,
+                                                  topo.channel(following, topo.stage_rank, k))
         weights = self.stashes.get(done.version) if self.lag else dict(self.module.named_parameters())
         with timer.phase("backward", f"stage{self.stage}.backward"):
             torch.autograd.backward(done.output, grad)
         if not topo.is_first:
-            self.sends += p2p.isend(done.inputs.grad, topo.peer(previous), topo.channel(topo.stage_rank, previous))
+            self.sends += p2p.isend(done.inputs.grad, topo.peer(previous, k),
+                                    topo.channel(topo.stage_rank, previous, k))
         if self.record_versions:
             self.records.append(VersionRecord(done.minibatch, done.version, done.checksum,
                                               checksum(weights.values()), self.version))

@@ -5,7 +5,8 @@ neighbouring stages.
 
 Each stage's replicas all-reduce their gradients in a data-parallel group; the ranks that hold copies of one tied
 weight (GPT-2's embedding on the first stage, the LM head on the last) sum its gradient in a tie group, as
-Megatron-LM does.
+Megatron-LM does. PipeDream's replicated stages (Layout.stage_replicas) are no grid and have no mesh: a stage's
+replicas form its data-parallel group, and the neighbour a micro-batch goes to depends on the micro-batch.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -
 class Topology:
     layout: Layout
     rank: int
-    mesh: object  # the point's device mesh (`dp`, `pp`, `tp`)
-    pipe_group: object  # the stages of this replica (at this rank's tensor-parallel index)
+    mesh: object  # the point's device mesh (`dp`, `pp`, `tp`); None with replicated stages
+    pipe_group: object  # the stages of this replica (at this rank's tensor-parallel index); None: replicated stages
     dp_group: object  # this stage's replicas
     tie_group: object = None  # the ranks of this replica holding a tied weight; None when not one of them
     channels: dict[tuple[int, int], object] = field(default_factory=dict)  # (sender, receiver) -> its own group
@@ -45,6 +46,9 @@ class Topology:
               channels: bool = False) -> Topology:
         """Every rank calls this with the same arguments, in the same order (it creates process groups).
         `channels`: a group of its own for each direction between neighbouring stages (Layout.stage_channels)."""
+        if layout.stage_replicas:
+            return cls(layout, rank, None, None, layout.stage_groups(rank),
+                       channels=layout.stage_channels(rank) if channels else {})
         mesh = layout.mesh(device_type)
         tie_group = layout.replica_subgroup(rank, tie_stage_ranks) if len(tie_stage_ranks) > 1 else None
         return cls(layout, rank, mesh, mesh["pp"].get_group(), mesh["dp"].get_group(), tie_group,
@@ -56,7 +60,13 @@ class Topology:
 
     @property
     def dp(self) -> int:
-        return self.layout.dp
+        """Replicas of this rank's stage, which average its gradients."""
+        return self.layout.stage_width(self.stage_rank)
+
+    @property
+    def tp_group(self):
+        """This stage's tensor-parallel ranks (None without a mesh: one rank per stage)."""
+        return self.mesh["tp"].get_group() if self.mesh is not None else None
 
     @property
     def place(self) -> RankPlace:
@@ -79,18 +89,28 @@ class Topology:
         """Whether this rank holds the network's last chunk (the last stage; in a V, the first)."""
         return self.layout.chunk_stage(self.pp * self.layout.virtual_stages - 1) == self.stage_rank
 
-    def peer(self, stage_rank: int) -> int:
-        """Global rank of a stage rank of this replica, at this rank's tensor-parallel index."""
-        return self.layout.rank_of(replace(self.place, stage=stage_rank))
+    def peer(self, stage_rank: int, micro_batch: int = 0) -> int:
+        """Global rank that runs micro-batch `micro_batch` (of the stream, see `stream_index`) on stage rank
+        `stage_rank`: on the grid this replica's, at this rank's tensor-parallel index."""
+        return self.layout.holder(self.place, stage_rank, micro_batch)
+
+    def stream_index(self, local: int) -> int:
+        """The index in the pipeline's stream of micro-batches of the `local`-th this rank runs (replicated stages
+        take them round-robin)."""
+        return local * self.dp + self.replica if self.layout.stage_replicas else local
 
     def replica0(self) -> int:
         """Global rank of this rank's place in replica 0."""
         return self.layout.rank_of(replace(self.place, replica=0))
 
-    def channel(self, sender: int, receiver: int):
-        """The process group messages from stage rank `sender` to stage rank `receiver` of this replica go on
-        (the default group where no channels were built)."""
-        return self.channels.get((self.peer(sender), self.peer(receiver)))
+    def carries(self, index: int) -> bool:
+        """Whether this rank runs the stream's batch `index` (every one of its replica's, on the grid)."""
+        return not self.layout.stage_replicas or index % self.dp == self.replica
+
+    def channel(self, sender: int, receiver: int, micro_batch: int = 0):
+        """The process group micro-batch `micro_batch`'s messages from stage rank `sender` to stage rank `receiver`
+        go on (the default group where no channels were built)."""
+        return self.channels.get((self.peer(sender, micro_batch), self.peer(receiver, micro_batch)))
 
     def average_grads(self, params: list[nn.Parameter]) -> None:
         if self.dp > 1:

@@ -5,19 +5,26 @@ that never flushes between steps: on a stage with k stages after it, the step's 
 the mini-batch fed k steps earlier, and each backward updates that stage's weights. The pipeline is
 drained at the end of each epoch, so evaluation sees every update. Staleness changes the math on
 purpose; the statistical-efficiency curve (validation metric per epoch and against time) shows it.
+
+`replicas=[2,1,1]` runs PipeDream's replicated stages: ranks per stage (they sum to the workers), the
+stages' replicas taking the stream's mini-batches round-robin; one training step is then a round of
+lcm(replicas) mini-batches (Layout.stage_replicas). `pp=auto` runs the configuration PipeDream's
+planner chooses (suite.predict.pipedream_plan), resolved into `replicas` and `balance` when the sweep
+is planned.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.layout import divisors
+from suite.layout import Layout, divisors
 from suite.pipeline.microbatch import MicroBatching
 from suite.pipeline.pipedream import PipeDreamStage
 from suite.strategies.base import RankContext
@@ -39,9 +46,19 @@ class PipeDreamRuntime(DistributedStages):
                                      rank.env.device)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """This rank's mini-batches of the step (its share of a round, with replicated stages); on the last stage
+        its share of the step's mean loss, which the trainer sums over the ranks that hold the output."""
+        layout = self.rank.layout
+        inputs, targets = (t.chunk(layout.micro_batches) if t.numel() else [t] * layout.micro_batches
+                           for t in (inputs, targets))
+        losses = []
         with self.rank.timer.phase("pipeline"):
-            loss = self.engine.step(inputs, targets, self.rank.loss_fn, self.rank.precision, self.rank.timer)
-        return loss if loss is not None else torch.zeros((), device=inputs.device)
+            for k in layout.runs(self.topology.place):
+                losses.append(self.engine.step(inputs[k], targets[k], self.rank.loss_fn, self.rank.precision,
+                                               self.rank.timer))
+        if not self.holds_output:
+            return torch.zeros((), device=self.rank.env.device)
+        return torch.stack(losses).sum() / layout.micro_batches
 
     def finish_epoch(self) -> None:
         with self.rank.timer.phase("pipeline"):
@@ -69,8 +86,33 @@ class PipeDream(DistributedPipeline):
     needs_torch: ClassVar[str] = "2.2"
     accumulation_hint: ClassVar[str] = "PipeDream updates each stage's weights after every mini-batch"
 
+    replicas: list[int] | None = None  # ranks per stage, PipeDream's 2-1-1 (None: pp stages, workers / pp each)
+    pp: int | Literal["auto"] | None = None  # auto: the planner's configuration (resolved into replicas, balance)
+
     def batching(self, cfg) -> MicroBatching:
         return MicroBatching(1, cfg.batch_size)
+
+    def stages(self, cfg) -> int:
+        return len(self.replicas) if self.replicas else super().stages(cfg)
+
+    def check_workers(self, cfg, stages: int) -> None:
+        if self.pp == "auto" and self.replicas is None:
+            raise ConfigError("strategy pipedream: pp=auto is resolved by PipeDream's planner when a sweep is planned")
+        if self.replicas is None:
+            super().check_workers(cfg, stages)
+        elif self.pp not in (None, "auto"):
+            raise ConfigError(f"strategy pipedream: give pp or replicas, not both (replicas={self.replicas} is "
+                              f"{len(self.replicas)} stages)")
+        elif not self.replicas or min(self.replicas) < 1 or sum(self.replicas) != cfg.workers:
+            raise ConfigError(f"strategy pipedream: replicas={self.replicas} puts {sum(self.replicas)} ranks on its "
+                              f"stages, not the workers={cfg.workers} (one or more ranks per stage)")
+
+    def layout(self, cfg) -> Layout:
+        if self.replicas is None:
+            return super().layout(cfg)
+        round_ = math.lcm(*self.replicas)
+        return Layout(dp=1, pp=len(self.replicas), mini_batch=round_ * cfg.batch_size, micro_batches=round_,
+                      stage_replicas=tuple(self.replicas))
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:

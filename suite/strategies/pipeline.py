@@ -94,10 +94,13 @@ class Pipeline(Strategy):
 
     def check(self, cfg) -> None:
         stages = self.stages(cfg)
-        if stages < 1 or cfg.workers % stages:
-            raise ConfigError(f"strategy {self.name}: workers={cfg.workers} do not form pipelines of {stages} stages")
+        self.check_workers(cfg, stages)
         self.batching(cfg)
         check_balance(self.balance, layer_count(cfg), stages * self.chunks_per_device())
+
+    def check_workers(self, cfg, stages: int) -> None:
+        if stages < 1 or cfg.workers % stages:
+            raise ConfigError(f"strategy {self.name}: workers={cfg.workers} do not form pipelines of {stages} stages")
 
     def layout(self, cfg) -> Layout:
         stages, batching = self.stages(cfg), self.batching(cfg)
@@ -214,6 +217,7 @@ class DistributedStages(Runtime):
                      for places in ties]  # per tie, the copies this rank holds
         self.split_logits = layout.tp > 1  # the last stage's head is split by vocabulary
         params = param_groups(local) if layout.tp > 1 else local.parameters()
+        self.evaluated = 0  # batches of this evaluation so far
         super().__init__(rank, local, build_optimizer(params, rank.cfg.optimizer))
 
     @property
@@ -249,19 +253,24 @@ class DistributedStages(Runtime):
         self.optimizer.zero_grad(set_to_none=True)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor | None:
-        """Plain (unpipelined) forward through the stages in order, for evaluation."""
+        """Plain (unpipelined) forward through the stages in order, for evaluation; replicated stages take the
+        evaluation's batches round-robin, as training's."""
         topo, x = self.topology, inputs
         layout, me = topo.layout, topo.stage_rank
+        index, self.evaluated = self.evaluated, self.evaluated + 1
+        if not topo.carries(index):
+            return None
         for local, stage in zip(self.model, self.stage_ids):
             if stage > 0 and layout.chunk_stage(stage - 1) != me:
-                x = p2p.recv(topo.peer(layout.chunk_stage(stage - 1)), self.rank.env.device)
+                x = p2p.recv(topo.peer(layout.chunk_stage(stage - 1), index), self.rank.env.device)
             x = local(x)
             if stage < self.total_stages - 1 and layout.chunk_stage(stage + 1) != me:
-                p2p.wait_all(p2p.isend(x, topo.peer(layout.chunk_stage(stage + 1))))
-        return whole_logits(x, topo.mesh["tp"].get_group(), topo.layout.tp) if topo.is_last else None
+                p2p.wait_all(p2p.isend(x, topo.peer(layout.chunk_stage(stage + 1), index)))
+        return whole_logits(x, topo.tp_group, topo.layout.tp) if topo.is_last else None
 
     def before_evaluate(self) -> None:
         """Replicas evaluate with replica 0's buffers (BatchNorm statistics drift apart per replica)."""
+        self.evaluated = 0
         if self.topology.dp > 1:
             for buffer in self.model.buffers():
                 dist.broadcast(buffer, self.topology.replica0(), group=self.topology.dp_group)

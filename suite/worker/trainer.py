@@ -193,8 +193,7 @@ class Trainer:
         step_losses = self._reduce_losses(losses)
         self.step_losses += step_losses
         (epoch_time,) = self._max([elapsed])
-        local_samples = torch.tensor([float(samples)], device=self.env.device)
-        global_samples = self.parallel.reduce_sum(local_samples).item()
+        global_samples = samples * self.layout.dp  # every replica trains as many steps of a mini-batch
         return {
             "epoch_time_s": epoch_time,
             "throughput_samples_s": global_samples / epoch_time,
