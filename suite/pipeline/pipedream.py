@@ -10,7 +10,7 @@ k mod r, each replica in the same order over its own share, its gradients averag
 replicas' after every backward (so the r replicas update together, on r mini-batches). Its lag is
 PipeDream's count of mini-batches a replica admits, ceil(ranks of this and later stages / r) - 1:
 fewer, and a replica waiting in the all-reduce holds back a forward a later stage needs (checked
-against every replication of up to ten ranks in tests/test_pipedream_replicas.py).
+against every replication of up to ten ranks in tests/test_pipedream.py).
 
 Weight stashing: mini-batch k's forward runs on a snapshot of the weights current at that moment,
 and its backward differentiates through that same snapshot, however many updates happened since;

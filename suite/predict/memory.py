@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from suite.pipeline.pipedream import lag
 from suite.predict.costs import checkpointed
 from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers, tensor_split
 from suite.profiling.profiles import LayerProfile
@@ -134,7 +135,7 @@ def _in_flight(w: Workload, device: int) -> float:
     if w.strategy.forwards_all_first:
         return m
     if w.strategy.family == Family.async_pipeline:
-        return p - device  # mini-batches between its forward and its backward
+        return lag(w.layout, device) + 1  # mini-batches between its forward and its backward
     if v > 1:  # interleaved 1F1B's warm-up, in chunk-micro-batches, spread over the device's v chunks
         return min(m * v, 2 * (p - device - 1) + (v - 1) * p + 1) / v
     return min(m, p - device)
@@ -152,7 +153,7 @@ def pipeline(w: Workload, base: float) -> Memory:
                       for c in mine)
         kept = sum(_chunk_activations(w, c, d) for c in mine)
         async_pipeline = w.strategy.family == Family.async_pipeline
-        stash = held * (p - d - 1) if async_pipeline else 0.0  # older weight versions
+        stash = held * lag(w.layout, d) if async_pipeline else 0.0  # older weight versions
         share = sum(x.saved_bytes for c in mine for x in c.layers) / max(sum(x.saved_bytes for x in w.layers), 1)
         per_device.append(Memory(0.0, held + buffers + stash, held, _state_ratio(w) * held, kept,
                                  _workspace(w, share)))

@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from suite.errors import ConfigError
-from suite.layout import Layout
+from suite.layout import Layout, RankPlace
 from suite.predict.costs import (
     DeviceWork,
     StepTime,
@@ -458,12 +458,14 @@ def _gpipe_recompute(w: Workload) -> float:
     return {"always": 1.0, "except_last": (m - 1) / m, "never": 0.0}[w.strategy.checkpoint]
 
 
-def _stage_sync(w: Workload, device: Device, tied_ranks: int) -> tuple[float, float]:
+def _stage_sync(w: Workload, device: Device, tied_ranks: int, stage: int = 0) -> tuple[float, float]:
     """(seconds, bytes sent) of a stage's gradient sync: an all-reduce over the replicas, and one of a tied
     weight's copies among the stages that hold one."""
     tied = sum(layer.tied_bytes for c in chunks(w) for layer in c.layers)
-    replica, tp = w.layout.pp * w.layout.tp, w.layout.tp  # ranks of a replica; of a stage
-    collectives = [("all_reduce", device.params, w.layout.dp, replica),
+    layout = w.layout
+    # ranks between two replicas of a stage (consecutive where stages are replicated unlike); of a stage
+    replica, tp = 1 if layout.stage_replicas else layout.pp * layout.tp, layout.tp
+    collectives = [("all_reduce", device.params, layout.stage_width(stage), replica),
                    ("all_reduce", tied, tied_ranks, max(w.layout.pp - 1, 1) * tp)]
     return (sum(w.links.collective(*c) for c in collectives),
             sum(sent_bytes(kind, n, ranks) for kind, n, ranks, _ in collectives))
@@ -520,13 +522,15 @@ def async_pipeline(w: Workload, variant: str) -> StepTime:
     """pipedream: no flush; in steady state every stage does one forward and one backward of a mini-batch per
     step, then syncs its gradients over the replicas (tied weights are trained as two copies, not summed) and
     steps, so the slowest stage sets the pace. The pipeline fills and drains once per epoch, spread here over
-    the epoch's steps."""
+    the epoch's steps. A stage on r of PipeDream's replicated stages runs its share of the step's round of
+    mini-batches, 1 / r of them, each with its all-reduce among the r."""
     per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
     paces = []
-    for d in devices(w):
-        sync, sent = _stage_sync(w, d, tied_ranks=1)
-        pace = StepTime(compute=d.work.compute, comm=d.work.sends + sync, optimizer=per_byte * d.params,
-                        data=w.data_s, sent=d.work.sent + sent)
+    for stage, d in enumerate(devices(w)):
+        sync, sent = _stage_sync(w, d, 1, stage)
+        runs = len(w.layout.runs(RankPlace(0, stage, 0)))
+        pace = StepTime(compute=runs * d.work.compute, comm=runs * (d.work.sends + sync),
+                        optimizer=runs * per_byte * d.params, data=w.data_s, sent=runs * (d.work.sent + sent))
         paces.append(pace)
     slowest = max(paces, key=lambda pace: pace.total)
     fill = sum(pace.total - pace.data for pace in paces) - (slowest.total - slowest.data)

@@ -103,9 +103,11 @@ class PipeDream(DistributedPipeline):
         elif self.pp not in (None, "auto"):
             raise ConfigError(f"strategy pipedream: give pp or replicas, not both (replicas={self.replicas} is "
                               f"{len(self.replicas)} stages)")
-        elif not self.replicas or min(self.replicas) < 1 or sum(self.replicas) != cfg.workers:
+        elif not self.replicas or min(self.replicas) < 1:
+            raise ConfigError(f"strategy pipedream: replicas={self.replicas} leaves a stage without a rank")
+        elif sum(self.replicas) != cfg.workers:
             raise ConfigError(f"strategy pipedream: replicas={self.replicas} puts {sum(self.replicas)} ranks on its "
-                              f"stages, not the workers={cfg.workers} (one or more ranks per stage)")
+                              f"stages, not the workers={cfg.workers}")
 
     def layout(self, cfg) -> Layout:
         if self.replicas is None:
