@@ -8,7 +8,8 @@ import pytest
 from conftest import run_make
 from suite.errors import ConfigError
 from suite.predict.links import LinkModel
-from suite.predict.pipedream_plan import Costs, Planner
+from suite.predict.pipedream_plan import Costs, Planner, point_planner, pricing_point
+from suite.sweep import plan as sweep_plan
 
 FAST = LinkModel.from_hardware(5.0, 10.0, "test")
 SLOW = LinkModel.from_hardware(50.0, 0.01, "test: 10 MB/s")
@@ -20,14 +21,13 @@ def costs(compute, params, links=FAST, saved=None, output=None, per_node=8, capa
                  lambda ranks, nodes: links, per_node, capacity)
 
 
-def brute_force(planner: Planner, stages: int, uniform: bool = False) -> float:
-    """The least time per mini-batch of any `stages`-stage configuration: every cut, every replication (or only
-    every stage alike replicated)."""
+def brute_force(planner: Planner, stages: int) -> float:
+    """The least time per mini-batch of any `stages`-stage configuration: every cut, every replication."""
     L, W, best = planner.layers, planner.workers, float("inf")
     for cuts in itertools.combinations(range(1, L), stages - 1):
         bounds = [0, *cuts, L]
         for replicas in itertools.product(range(1, W + 1), repeat=stages):
-            if sum(replicas) != W or (uniform and len(set(replicas)) > 1):
+            if sum(replicas) != W:
                 continue
             time, rank = 0.0, 0
             for (first, end), r in zip(zip(bounds, bounds[1:]), replicas):
@@ -49,11 +49,9 @@ def test_the_dynamic_program_finds_the_best_configuration_of_every_stage_count(l
         assert sum(plan.replicas) == 4 and sum(plan.balance) == 5
         assert plan.time_s == pytest.approx(brute_force(planner, len(plan.stages)))
     assert {len(p.stages) for p in plans} == {1, 2, 3, 4}
-    runnable = planner.uniform_plans()
-    assert [p.name for p in sorted(runnable, key=lambda p: len(p.stages))] == ["4", "2-2", "1-1-1-1"]
-    for plan in runnable:
-        assert plan.time_s == pytest.approx(brute_force(planner, len(plan.stages), uniform=True))
-        assert plan.knobs() == f"strategy.pp={len(plan.stages)} strategy.balance=[{','.join(map(str, plan.balance))}]"
+    chosen = plans[0]
+    assert chosen.knobs() == (f"strategy.replicas=[{','.join(map(str, chosen.replicas))}] "
+                              f"strategy.balance=[{','.join(map(str, chosen.balance))}]")
 
 
 def test_weights_dear_to_all_reduce_stay_on_one_rank_and_the_rest_is_replicated():
@@ -92,8 +90,31 @@ def test_make_plan_pipedream_prints_the_chosen_configuration_and_every_stage_cou
     assert all(sum(map(int, row[0].split("-"))) == 16 for row in body)
     times = [float(row[4]) for row in planned]
     assert times == sorted(times)
-    runs = [row for row in body if "best that runs here" in row[1]]
-    assert len(runs) == 1 and runs[0][8].startswith("strategy.pp=")  # the best of what strategy=pipedream runs
-    assert all(row[8].startswith("strategy.pp=") == (len(set(row[0].split("-"))) == 1) for row in body)
+    assert len(body) == 16 and chosen[8].startswith("strategy.replicas=[15,1] strategy.balance=[")
     bad = run_make("plan-pipedream", "ARGS=dataset=imagenet network=vgg16 cluster=lassen workers=64")
     assert bad.returncode == 2 and "error: the PipeDream planner searches up to 32 workers, not 64" in bad.stderr
+
+
+LASSEN_VGG = ["dataset=imagenet", "network=vgg16", "cluster=lassen", "cluster.job.account=x", "workers=4",
+              "batch_size=64", "strategy=pipedream"]
+
+
+def test_pp_auto_runs_the_planners_choice_under_the_identity_of_auto(results):
+    (auto,) = sweep_plan.plan([[*LASSEN_VGG, "strategy.pp=auto"]], runs_here=False)
+    planner, _ = point_planner(pricing_point(auto.cfg))
+    chosen = planner.plans()[0]
+    assert list(auto.cfg.strategy.replicas) == chosen.replicas and list(auto.cfg.strategy.balance) == chosen.balance
+    assert auto.layout.replication == chosen.name == "2-2" and auto.processes == 4
+    other = auto.cfg.copy()
+    other.strategy.replicas, other.strategy.balance = [3, 1], [30, 9]
+    assert sweep_plan.config_hash(other) == auto.config_hash  # what the planner chose is recorded, not who the point is
+    (explicit,) = sweep_plan.plan([[*LASSEN_VGG, "strategy.replicas=[2,2]",
+                         f"strategy.balance=[{','.join(map(str, chosen.balance))}]"]], runs_here=False)
+    assert explicit.layout == auto.layout and explicit.config_hash != auto.config_hash
+
+
+def test_pp_auto_without_a_link_model_is_one_line_before_launch(results):
+    with pytest.raises(ConfigError) as info:
+        sweep_plan.plan([["dataset=digits", "strategy=pipedream", "strategy.pp=auto", "workers=2"]])
+    assert "cluster local has no link costs" in str(info.value) and "\n" not in str(info.value)
+    assert not (results / "points").exists()

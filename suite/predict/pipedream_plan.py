@@ -19,14 +19,23 @@ weights and saved activations; here its live weights count too.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+from omegaconf import DictConfig
+
 from suite.errors import ConfigError
-from suite.predict.links import LinkModel
+from suite.placement import will_use_cuda
+from suite.predict.links import LinkModel, link_model
+from suite.predict.memory import capacity_bytes
+from suite.predict.predictor import processes_per_node, workload
 from suite.profiling.profiles import Profile
+from suite.sweep.checks import validate
+from suite.sweep.plan import Point
 
 MAX_WORKERS = 32  # the search grows with the cube of the workers
 
@@ -62,14 +71,10 @@ class Plan:
         """As PipeDream writes a configuration: replicas per stage, `2-1-1`."""
         return "-".join(map(str, self.replicas))
 
-    @property
-    def uniform(self) -> bool:
-        """Every stage has as many replicas: what strategy=pipedream runs (`pp` stages, workers / pp pipelines, each
-        stage's gradients averaged over them, as PipeDream's replicas average theirs)."""
-        return len(set(self.replicas)) == 1
-
     def knobs(self) -> str:
-        return f"strategy.pp={len(self.stages)} strategy.balance=[{','.join(map(str, self.balance))}]"
+        """The knobs that run it: `strategy.replicas=[2,1,1] strategy.balance=[..]`."""
+        listed = (",".join(map(str, values)) for values in (self.replicas, self.balance))
+        return "strategy.replicas=[{}] strategy.balance=[{}]".format(*listed)
 
 
 @dataclass(frozen=True)
@@ -136,22 +141,21 @@ class Planner:
             send = 2 * self.costs.links(2, spans).send(self.costs.output_bytes[first - 1]) / replicas
         return Stage(first, end, replicas, (compute + sync) / replicas, send)
 
-    def _best(self, replicas: int | None) -> list[list[list[Plan | None]]]:
-        """best[s][m][j]: the fastest s-stage pipeline of layers 0..j-1 on ranks 0..m-1, every stage on `replicas`
-        ranks (None: any number)."""
+    def _best(self) -> list[list[list[Plan | None]]]:
+        """best[s][m][j]: the fastest s-stage pipeline of layers 0..j-1 on ranks 0..m-1."""
         L, W = self.layers, self.workers
-        depth = min(L, W if replicas is None else W // replicas)
+        depth = min(L, W)
         best: list[list[list[Plan | None]]] = [[[None] * (L + 1) for _ in range(W + 1)] for _ in range(depth + 1)]
         for m in range(1, W + 1):
             for j in range(1, L + 1):
-                one = self.stage(0, j, m, 0) if replicas in (None, m) else None
+                one = self.stage(0, j, m, 0)
                 best[1][m][j] = Plan((one,), one.time_s) if one else None
         for s in range(2, depth + 1):
             for m in range(s, W + 1):
                 for j in range(s, L + 1):
                     for i in range(s - 1, j):
-                        for r in [replicas] if replicas else range(1, m - s + 2):
-                            before = best[s - 1][m - r][i] if m - r >= s - 1 else None
+                        for r in range(1, m - s + 2):
+                            before = best[s - 1][m - r][i]
                             last = self.stage(i, j, r, m - r) if before else None
                             if last is None:
                                 continue
@@ -162,16 +166,41 @@ class Planner:
 
     def plans(self) -> list[Plan]:
         """The best plan of each stage count, fastest first."""
-        best = self._best(None)
+        best = self._best()
         plans = [found for by_ranks in best[1:] if (found := by_ranks[self.workers][self.layers])]
         if not plans:
             raise ConfigError(f"no PipeDream configuration of {self.workers} workers holds its stashed weights and "
                               "activations in a rank's memory")
         return sorted(plans, key=lambda plan: plan.time_s)
 
-    def uniform_plans(self) -> list[Plan]:
-        """The best plan of each stage count S that divides the workers with W / S replicas on every stage (the
-        configurations strategy=pipedream runs), fastest first."""
-        W, L = self.workers, self.layers
-        found = [self._best(W // stages)[stages][W][L] for stages in range(1, min(L, W) + 1) if W % stages == 0]
-        return sorted((plan for plan in found if plan), key=lambda plan: plan.time_s)
+
+def point_planner(point: Point) -> tuple[Planner, int]:
+    """The planner of a point's network, cluster and workers, priced as the predictor prices the point (profiled,
+    or from the cluster's datasheet, at one mini-batch of `batch_size`); and that mini-batch (samples)."""
+    w, _, _ = workload(point)
+    cluster = point.cfg.cluster
+
+    @functools.cache
+    def among(ranks: int, nodes: int) -> LinkModel:
+        return link_model(cluster, nodes, ranks)
+    device = "cuda" if will_use_cuda(cluster) else "cpu"
+    capacity = capacity_bytes(point.cfg, device, processes_per_node(point))
+    costs = Costs.from_profile(w.profile, among, cluster.workers_per_node, capacity)
+    return Planner(costs, point.cfg.workers), w.profile.batch
+
+
+def pricing_point(cfg: DictConfig) -> Point:
+    """The point priced for planning: strategy pipedream as one stage on every worker (a point of any worker count,
+    whatever its layers: the plan cuts them)."""
+    pricing = cfg.copy()
+    pricing.strategy.pp, pricing.strategy.replicas, pricing.strategy.balance = 1, None, "by_params"
+    strategy, layout = validate(pricing, torch.__version__, runs_here=False)
+    return Point((), pricing, strategy, layout)
+
+
+def resolve_auto(cfg: DictConfig) -> None:
+    """`strategy.pp=auto`: the planner's configuration, written into the point's `strategy.replicas` and
+    `strategy.balance` (what every rank then runs, and what the run records)."""
+    planner, _ = point_planner(pricing_point(cfg))
+    chosen = planner.plans()[0]
+    cfg.strategy.replicas, cfg.strategy.balance = chosen.replicas, chosen.balance

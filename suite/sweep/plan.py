@@ -41,6 +41,8 @@ MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
 IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False, "cluster.gpu_order": None,
                      "math.tf32": None, "math.cudnn_benchmark": False, "grad_accum": 1, "network.attention": "auto"}
+# `strategy.pp=auto`: PipeDream's planner chooses these when the point is planned.
+AUTO, AUTO_CHOOSES = "auto", ("strategy.replicas", "strategy.balance")
 
 
 class Named:
@@ -123,6 +125,9 @@ def _drop(tree: dict, dotted: str) -> None:
 
 def config_hash(cfg: DictConfig) -> str:
     identity = OmegaConf.to_container(cfg, resolve=True)
+    if _lookup(identity, "strategy.pp") == AUTO:  # who the point is: the planner's choice, recorded, is not
+        for key in AUTO_CHOOSES:
+            _drop(identity, key)
     for key, default in IDENTITY_DEFAULTS.items():
         if _lookup(identity, key) == default:
             _drop(identity, key)
@@ -150,6 +155,11 @@ def make_point(overrides: list[str], experiment: str | None, torch_version: str,
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
     cfg.dataset.loader_workers = loader_workers(cfg)
     try:
+        if OmegaConf.select(cfg, "strategy.pp") == AUTO:
+            # The planner prices the point through the predictor, which reads Points.
+            from suite.predict.pipedream_plan import resolve_auto
+
+            resolve_auto(cfg)
         strategy, layout = validate(cfg, torch_version, runs_here)
     except (BadValue, OlderTorch):
         raise
