@@ -13,7 +13,7 @@ from collections import Counter
 
 import matplotlib.pyplot as plt
 
-from analysis.measure import PROTOCOLS, cells, epoch_time, finished, speedup, status_of
+from analysis.measure import PROTOCOLS, cell_ratio, cells, epoch_time, finished, speedup, status_of
 from analysis.runs import Row
 from analysis.sanity import flag_cell
 from analysis.stats import Estimate
@@ -65,7 +65,24 @@ def repeats_of(ctx: Context, dataset: str, network: str, strategy: str, workers:
                                                                                        workers)]
     if strategy == "gpipe" and len({r.label for r in rows}) > 1:
         rows = [r for r in rows if gpipe_config(r, ctx.rows) == "A"]
+    if strategy == "pipedream" and len({r.label for r in rows}) > 1:
+        rows = [r for r in rows if planned(r)] or rows  # the study ran its planner's choice
     return rows
+
+
+def planned(row: Row) -> bool:
+    """A pipedream point whose configuration PipeDream's planner chose (strategy.pp=auto)."""
+    return row.strategy == "pipedream" and row.settings.get("pp") == "auto"
+
+
+def configuration(row: Row) -> str:
+    """A pipedream point's configuration as PipeDream writes it, replicas per stage (`2-1-1`), with its layers per
+    stage (`2-1-1 (9+6+6)`); `?` for a run recorded without them."""
+    replication = row.params.get("stage_replicas")
+    if replication is None and "dp" in row.params:  # the grid: pp stages (1 unrecorded), each on the dp replicas
+        replication = "-".join([row.params["dp"]] * int(row.params.get("pipeline_stages", 1)))
+    layers = row.params.get("effective.pipeline.stage_layers")
+    return (replication or "?") + (f" ({layers.replace(',', '+')})" if layers else "")
 
 
 def _strategies(ctx: Context) -> list[str]:
@@ -240,4 +257,34 @@ def gpipe_configs(ctx: Context) -> Section:
     table = Table("j_table6_1_gpipe_configs", f"{ctx.experiment}: GPipe configurations, {dataset} (Table 6.1; "
                   f"{PROTOCOLS[ctx.protocol]})", ["", *(f"Config {c}" for c in configs)], header + body,
                   ["Configurations named by micro-batch count (A and B share 12; A has the smaller micro-batch)."])
+    return table_section(table, ctx)
+
+
+@view("j_pipedream_plan")
+def pipedream_plan(ctx: Context) -> Section:
+    """PipeDream's planner against measurement: per cell with a planned point (strategy.pp=auto) and other pipedream
+    configurations, the planner's choice, the measured best, and the choice's epoch time over the best's."""
+    body = []
+    for (dataset, network, _, workers), repeats in sorted(cells([r for r in ctx.rows if planned(r)]).items()):
+        others = cells([r for r in ctx.rows if r.strategy == "pipedream" and not planned(r)
+                        and (r.dataset, r.network, r.workers) == (dataset, network, workers)])
+        measured = [(reps, epoch_time(reps, ctx.histories, ctx.protocol)) for reps in [repeats, *others.values()]]
+        timed = [(reps, t) for reps, t in measured if t is not None]
+        best, best_t = min(timed, key=lambda entry: entry[1].value, default=(None, None))
+        chosen_t = measured[0][1]
+        gap = cell_ratio(repeats, best, ctx.histories, ctx.protocol) if best and chosen_t else None
+        body.append([dataset, network, str(workers), configuration(repeats[0]), interval_cell(chosen_t, ".4g"),
+                     configuration(best[0]) if best else "-", interval_cell(best_t, ".4g"), interval_cell(gap),
+                     "; ".join(f"{configuration(reps[0])}: "
+                               f"{interval_cell(t, '.4g') if t else status_of(reps).split(':')[0]}"
+                               for reps, t in measured),
+                     status_of(repeats)])
+    table = Table("j_pipedream_plan", f"{ctx.experiment}: PipeDream's planner against the measured configurations "
+                  f"({PROTOCOLS[ctx.protocol]})",
+                  ["dataset", "network", "GPUs", "planner's choice", "its s/epoch [95% CI]", "measured best",
+                   "best s/epoch [95% CI]", "choice / best [95% CI]", "configurations measured", "status"], body,
+                  ["A configuration is replicas per stage as PipeDream writes it, with its layers per stage. The "
+                   "planner's choice is the strategy.pp=auto point (PipeDream's dynamic program over the profile and "
+                   "the cluster's links, suite.predict.pipedream_plan); the others are the cell's other pipedream "
+                   "points, cut by their own balance. choice / best: 1 where the planner chose the fastest measured."])
     return table_section(table, ctx)

@@ -5,6 +5,7 @@ a parent run with its points as children."""
 import csv
 import io
 import json
+import math
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ FAST = [*DIGITS, "steps_per_epoch=2", "log_every=1", "tracking.experiment=slice"
 GPT2 = ["dataset=tokens", "dataset.seq_len=32", "dataset.samples=64", "dataset.val_samples=16", "network=gpt2_tiny",
         "batch_size=4", "epochs=2", "steps_per_epoch=2", "warmup_steps=1", "tracking.experiment=slice"]
 J_FILES = ["study_settings", "status_matrix", "status_problems", "j_epoch_time", "j_speedup_gpus",
-           "j_table6_1_gpipe_configs", "claims", "breakdown"]
+           "j_table6_1_gpipe_configs", "j_pipedream_plan", "claims", "breakdown"]
 J_FIGURES = ["j_fig3_1_speedup", "j_fig3_2_speedup_gpus"]
 N_FILES = ["study_settings", "status_matrix", "n_epoch_time", "n_single_gpu", "n_breakdown", "n_time_to_target",
            "n_zero_ddp_memory", "n_pipeline_memory_reduction", "n_table2_systems", "n_table3_hyperparameters", "claims",
@@ -87,6 +88,11 @@ def slice_store(tmp_path_factory):
         for optimizer, strategies in (("lamb", "ddp"), ("adam", "ddp,zero")):  # Study N's DDP, its ZeRO and DDP+Adam
             result = run_suite("-m", *GPT2, f"optimizer.name={optimizer}", f"strategy={strategies}", "workers=2")
             assert result.returncode == 0, result.stderr[-3000:]
+        # PipeDream's planner (given links: the local cluster has no calibration here) and a configuration to beat
+        planned = run_suite("-m", *GPT2, "strategy=pipedream", "strategy.pp=auto,1", "workers=2",
+                            "cluster.hardware.intra_node_bandwidth_gbs=32", "cluster.hardware.intra_node_latency_us=0")
+        assert planned.returncode == 0, planned.stderr[-3000:]
+        assert "strategy.pp=auto: PipeDream's planner profiles and plans" in planned.stderr
         repeated = run_suite("--repeats", "2", *FAST, "strategy=single", "workers=1")
         assert repeated.returncode == 0, repeated.stderr[-3000:]
         assert "[1/2 digits/resnet18/single/w1] skipped: finished run" in repeated.stdout  # repeat 0 ran above
@@ -137,6 +143,18 @@ def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
         "Config A", "Config B"]
     assert [configs["Equation 6.1"][k] for k in ("Config A", "Config B")] == [f"{(2 + 12 - 1) / 24:.2f}"] * 2
     assert "Study J protocol" in (report.directory / "j_epoch_time.md").read_text()
+    (planner,) = records(report.directory, "j_pipedream_plan")  # the GPT-2 cell: the planner's choice and pp=1's
+    assert (planner["dataset"], planner["network"], planner["GPUs"]) == ("tokens", "gpt2_tiny", "2")
+    assert planner["planner's choice"] in ("2 (4)", "1-1 (1+3)", "1-1 (2+2)", "1-1 (3+1)")
+    measured = planner["configurations measured"].split("; ")
+    assert len(measured) == 2 and measured[1].startswith("2 (4): ")  # pp=1: one stage on both ranks
+    assert planner["measured best"] in (planner["planner's choice"], "2 (4)")
+    if planner["measured best"] != planner["planner's choice"]:
+        assert float(planner["choice / best"]) > 1  # slower than the best measured
+    # The study's row is the planner's point: its step a round of lcm(replicas) mini-batches of 4.
+    rounds = math.lcm(*map(int, planner["planner's choice"].split(" ")[0].split("-")))
+    epoch = {r["strategy"]: r for r in records(report.directory, "j_epoch_time") if r["dataset"] == "tokens"}
+    assert epoch["pipedream"]["batch"] == str(4 * rounds)
 
 
 @pytest.mark.slow  # runs a sweep's points

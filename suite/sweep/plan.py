@@ -159,7 +159,11 @@ def make_point(overrides: list[str], experiment: str | None, torch_version: str,
             # The planner prices the point through the predictor, which reads Points.
             from suite.predict.pipedream_plan import resolve_auto
 
+            print(f"[{point_label(cfg)}] strategy.pp=auto: PipeDream's planner profiles and plans", file=sys.stderr,
+                  flush=True)
             resolve_auto(cfg)
+            print(f"[{point_label(cfg)}] the planner chose {'-'.join(map(str, cfg.strategy.replicas))}, layers "
+                  f"{'+'.join(map(str, cfg.strategy.balance))}", file=sys.stderr, flush=True)
         strategy, layout = validate(cfg, torch_version, runs_here)
     except (BadValue, OlderTorch):
         raise
