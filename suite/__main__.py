@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
     from analysis.views import NotRun
     from launchers.batch import SchedulerError
     from suite.paths import REPO_ROOT
+    from suite.predict.pipedream_plan import resolve_auto
     from suite.predict.predictor import recorded_prediction
     from suite.records.manifest import git_sha
     from suite.records.point_dir import error_line
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
         jobs = [job for line in lines for job in expand(line + args.overrides, multirun)]
         records_invalid = bool(args.sweep) and sweep_file(args.sweep).get("invalid_points") == "record"
         invalid = [] if records_invalid else None
-        points = plan(jobs, experiment=args.sweep, invalid=invalid)
+        points = plan(jobs, experiment=args.sweep, invalid=invalid, plan_auto=resolve_auto)
         if not points:
             raise ConfigError(f"none of the {len(invalid)} point(s) can run here: "
                               + "; ".join(f"{p.label}: {p.error}" for p in invalid[:3]))

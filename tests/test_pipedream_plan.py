@@ -8,7 +8,7 @@ import pytest
 from conftest import run_make
 from suite.errors import ConfigError
 from suite.predict.links import LinkModel
-from suite.predict.pipedream_plan import Costs, Planner, point_planner, pricing_point
+from suite.predict.pipedream_plan import Costs, Planner, point_planner, pricing_point, resolve_auto
 from suite.sweep import plan as sweep_plan
 
 FAST = LinkModel.from_hardware(5.0, 10.0, "test")
@@ -100,7 +100,7 @@ LASSEN_VGG = ["dataset=imagenet", "network=vgg16", "cluster=lassen", "cluster.jo
 
 
 def test_pp_auto_runs_the_planners_choice_under_the_identity_of_auto(results):
-    (auto,) = sweep_plan.plan([[*LASSEN_VGG, "strategy.pp=auto"]], runs_here=False)
+    (auto,) = sweep_plan.plan([[*LASSEN_VGG, "strategy.pp=auto"]], runs_here=False, plan_auto=resolve_auto)
     planner, _ = point_planner(pricing_point(auto.cfg))
     chosen = planner.plans()[0]
     assert list(auto.cfg.strategy.replicas) == chosen.replicas and list(auto.cfg.strategy.balance) == chosen.balance
@@ -115,6 +115,9 @@ def test_pp_auto_runs_the_planners_choice_under_the_identity_of_auto(results):
 
 def test_pp_auto_without_a_link_model_is_one_line_before_launch(results):
     with pytest.raises(ConfigError) as info:
-        sweep_plan.plan([["dataset=digits", "strategy=pipedream", "strategy.pp=auto", "workers=2"]])
+        sweep_plan.plan([["dataset=digits", "strategy=pipedream", "strategy.pp=auto", "workers=2"]],
+                        plan_auto=resolve_auto)
     assert "cluster local has no link costs" in str(info.value) and "\n" not in str(info.value)
     assert not (results / "points").exists()
+    with pytest.raises(ConfigError, match="pp=auto is chosen by PipeDream's planner, which this command does not"):
+        sweep_plan.plan([["dataset=digits", "strategy=pipedream", "strategy.pp=auto", "workers=2"]])

@@ -97,7 +97,8 @@ class PipeDream(DistributedPipeline):
 
     def check_workers(self, cfg, stages: int) -> None:
         if self.pp == "auto" and self.replicas is None:
-            raise ConfigError("strategy pipedream: pp=auto is resolved by PipeDream's planner when a sweep is planned")
+            raise ConfigError("strategy pipedream: pp=auto is chosen by PipeDream's planner, which this command does "
+                              "not run (run, sweep, predict and status do)")
         if self.replicas is None:
             super().check_workers(cfg, stages)
         elif self.pp not in (None, "auto"):

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,7 @@ IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": Fals
                      "math.tf32": None, "math.cudnn_benchmark": False, "grad_accum": 1, "network.attention": "auto"}
 # `strategy.pp=auto`: PipeDream's planner chooses these when the point is planned.
 AUTO, AUTO_CHOOSES = "auto", ("strategy.replicas", "strategy.balance")
+PlanAuto = Callable[[DictConfig], None]  # writes the planner's choice into a pp=auto point's config
 
 
 class Named:
@@ -146,7 +148,8 @@ def _compose(overrides: list[str]) -> DictConfig:
         raise ConfigError(composition_error_line(e)) from e
 
 
-def make_point(overrides: list[str], experiment: str | None, torch_version: str, runs_here: bool = True) -> Point:
+def make_point(overrides: list[str], experiment: str | None, torch_version: str, runs_here: bool = True,
+               plan_auto: PlanAuto | None = None) -> Point:
     cfg = _compose(overrides)
     resolve_network(cfg.network)  # the name it is recorded by is what is built, before its identity is taken
     if experiment and not any(o.startswith("tracking.experiment=") for o in overrides):
@@ -155,13 +158,10 @@ def make_point(overrides: list[str], experiment: str | None, torch_version: str,
         cfg.nodes = math.ceil(cfg.workers / cfg.cluster.workers_per_node)
     cfg.dataset.loader_workers = loader_workers(cfg)
     try:
-        if OmegaConf.select(cfg, "strategy.pp") == AUTO:
-            # The planner prices the point through the predictor, which reads Points.
-            from suite.predict.pipedream_plan import resolve_auto
-
+        if OmegaConf.select(cfg, "strategy.pp") == AUTO and plan_auto is not None:
             print(f"[{point_label(cfg)}] strategy.pp=auto: PipeDream's planner profiles and plans", file=sys.stderr,
                   flush=True)
-            resolve_auto(cfg)
+            plan_auto(cfg)
             print(f"[{point_label(cfg)}] the planner chose {'-'.join(map(str, cfg.strategy.replicas))}, layers "
                   f"{'+'.join(map(str, cfg.strategy.balance))}", file=sys.stderr, flush=True)
         strategy, layout = validate(cfg, torch_version, runs_here)
@@ -184,12 +184,14 @@ def problem_line(message: str, where: list[str], total: int) -> str:
 
 
 def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[InvalidPoint] | None = None,
-         torch_version: str | None = None, runs_here: bool = True) -> list[Point]:
+         torch_version: str | None = None, runs_here: bool = True, plan_auto: PlanAuto | None = None) -> list[Point]:
     """Compose and validate every job; raise ConfigError listing all bad ones. With an `invalid` list, the
     points that compose but cannot run are appended to it instead (once per config hash). Points whose strategy
     needs a newer torch than `torch_version` (default: this environment's) are left out, one line on stderr per
     strategy; if that leaves none, those lines are the ConfigError. `runs_here=False` plans points only to price
-    them: a one-machine cluster's (the local launcher's) GPUs are not asked of this machine."""
+    them: a one-machine cluster's (the local launcher's) GPUs are not asked of this machine. `plan_auto` chooses a
+    `strategy.pp=auto` point's configuration (suite.predict.pipedream_plan.resolve_auto: the planner prices through
+    the predictor, which plans points, so whoever plans hands it in); without it such a point is rejected."""
     register_schema()
     GlobalHydra.instance().clear()
     points, unrunnable = [], {}
@@ -198,7 +200,8 @@ def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[Inv
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for overrides in jobs:
             try:
-                points.append(make_point(overrides, experiment, torch_version or torch.__version__, runs_here))
+                points.append(make_point(overrides, experiment, torch_version or torch.__version__, runs_here,
+                                         plan_auto))
             except OlderTorch as e:
                 refused.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
             except ConfigError as e:

@@ -21,6 +21,7 @@ import sys
 from analysis.tables import Table
 from suite.errors import ConfigError, OneLineParser
 from suite.predict import correction
+from suite.predict.pipedream_plan import resolve_auto
 from suite.predict.predictor import FITTED, PREDICTORS, Prediction, predict
 from suite.profiling.profiles import MAX_STEPS, STEPS, WARMUP, WINDOW_S
 from suite.sweep.plan import InvalidPoint, Point, plan
@@ -41,7 +42,7 @@ def parse_args(argv: list[str], description: str) -> argparse.Namespace:
 
 def plan_points(overrides: list[str], invalid: list[InvalidPoint] | None = None) -> list[Point]:
     return plan([job + NOTHING_SUBMITTED for job in expand(overrides, multirun=True)], experiment="predict",
-                invalid=invalid, runs_here=False)
+                invalid=invalid, runs_here=False, plan_auto=resolve_auto)
 
 
 def describe(point: Point) -> str:
