@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from suite.records.store import run_status
-from suite.vocabulary import MEMORY_SPLIT, Status
+from suite.vocabulary import AUTO, AUTO_CHOOSES, MEMORY_SPLIT, Status
 
 # Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).
 SPLIT_METRICS = (*MEMORY_SPLIT, "comm_mb_per_step")
@@ -57,6 +57,9 @@ def row_from_run(run) -> Row:
     settings = {k.removeprefix("strategy."): v for k, v in p.items()
                 if (k.startswith("strategy.") and k not in ("strategy._target_", "strategy.name"))
                 or k in VARIANT_PARAMS}
+    if settings.get("pp") == AUTO:  # the planner's choice: not the point's identity
+        for key in AUTO_CHOOSES:
+            settings.pop(key.removeprefix("strategy."), None)
     return Row(
         run_id=run.info.run_id, dataset=p.get("dataset", "?"), network=p.get("network", "?"),
         strategy=p.get("strategy", "?"), workers=int(p.get("workers", 0)), status=run_status(run),
@@ -77,7 +80,10 @@ def label_variants(rows: list[Row]) -> list[Row]:
     labelled = []
     for row in rows:
         same = groups[row.workload, row.strategy]
-        differ = sorted((k for k in row.settings if len({r.settings.get(k) for r in same}) > 1),
+        # A knob left unset (None) does not name a row; one a row does not record (the planner's choice, where
+        # strategy.pp=auto) does not set it apart.
+        differ = sorted((k for k, v in row.settings.items() if v != "None"
+                         and len({r.settings[k] for r in same if k in r.settings}) > 1),
                         key=lambda k: (k in VARIANT_PARAMS, k))  # the strategy's own knobs first
         label = " ".join([row.strategy, *(f"{k}={row.settings[k]}" for k in differ)])
         labelled.append(replace(row, label=label))

@@ -19,6 +19,7 @@ from analysis.sanity import flag_cell
 from analysis.stats import Estimate
 from analysis.tables import Table, interval_cell, interval_note
 from analysis.views import Context, Section, save_figure, table_section, view
+from suite.vocabulary import AUTO
 
 STRATEGIES = ("horovod", "gpipe", "pipedream")  # the thesis' distribution models beside PyTorch on 1 GPU
 DATASETS = ("mnist", "cifar10", "imagenet", "highres")
@@ -72,7 +73,7 @@ def repeats_of(ctx: Context, dataset: str, network: str, strategy: str, workers:
 
 def planned(row: Row) -> bool:
     """A pipedream point whose configuration PipeDream's planner chose (strategy.pp=auto)."""
-    return row.strategy == "pipedream" and row.settings.get("pp") == "auto"
+    return row.strategy == "pipedream" and row.settings.get("pp") == AUTO
 
 
 def configuration(row: Row) -> str:

@@ -140,3 +140,6 @@ SUMMARY_METRICS = ("epoch_time_s_mean", "throughput_samples_s_mean", "peak_memor
 # `effective.<name>`.
 SUMMARY_DETAILS = ("memory_by_rank", "breakdown_by_rank", "strategy_metrics", "step_losses", "run_tags", "run_params")
 EFFECTIVE_PREFIX = "effective."
+
+# `strategy.pp=auto`: PipeDream's planner chooses these when the point is planned; they are not its identity.
+AUTO, AUTO_CHOOSES = "auto", ("strategy.replicas", "strategy.balance")

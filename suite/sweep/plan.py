@@ -31,6 +31,7 @@ from suite.paths import CONF_DIR, searchpath_overrides
 from suite.placement import loader_workers
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
+from suite.vocabulary import AUTO, AUTO_CHOOSES
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 # network.family and .size: what the network was chosen by; its name, architecture and dimensions say what is built.
@@ -42,8 +43,6 @@ MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
 IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False, "cluster.gpu_order": None,
                      "math.tf32": None, "math.cudnn_benchmark": False, "grad_accum": 1, "network.attention": "auto"}
-# `strategy.pp=auto`: PipeDream's planner chooses these when the point is planned.
-AUTO, AUTO_CHOOSES = "auto", ("strategy.replicas", "strategy.balance")
 PlanAuto = Callable[[DictConfig], None]  # writes the planner's choice into a pp=auto point's config
 
 
