@@ -14,7 +14,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: help setup setup-offline wheelhouse horovod test test-fast test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
+.PHONY: help setup setup-offline wheelhouse horovod axonn test test-fast test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
 	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend plan-pipedream bench-model \
 	validate-published
 
@@ -57,9 +57,15 @@ setup-offline:  ## .venv on an offline machine from WHEELS
 horovod: setup  ## build Horovod against the environment's torch (once per machine)
 	$(PY) -m suite.tools.build_horovod
 
+# AxoNN 0.2.0 with mpi4py and MPICH's wheel (suite/tools/install_axonn.py): seconds; on a machine without a CUDA
+# device its installed sources are patched to run on CPU ranks (the rank records `upstream` or `cpu-patched`).
+# The tests need it; a sweep with a strategy=axonn point refuses to launch without it (and says to run this).
+axonn: setup  ## install AxoNN, mpi4py and MPICH (patched for CPU ranks where there is no GPU)
+	$(PY) -m suite.tools.install_axonn
+
 # On TEST_WORKERS pytest-xdist workers (3 on 2 cores: much of a test is waiting on the processes it starts); the
 # tests of a module that share a fixture run on one worker (their `xdist_group`), so it is built once.
-test: setup horovod  ## every test (about 25 minutes on 2 cores)
+test: setup horovod axonn  ## every test (about 25 minutes on 2 cores)
 	$(PY) -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup
 
 # The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.

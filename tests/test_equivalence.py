@@ -323,6 +323,15 @@ def test_horovod_equivalence(store, workload, common):
         assert split["mem_optim_mb"] == pytest.approx(2 * split["mem_params_mb"], rel=0.01)
 
 
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_axonn_data_parallel_equivalence(store, workload):
+    """AxoNN's own engine (`make axonn`; patched for CPU ranks here), its data parallelism on 2 ranks."""
+    reference, axonn = train_pair(store, WORKLOADS[workload], ["strategy=axonn"], workers=2, global_batch=8)
+    assert_same_training(reference, axonn)
+    effective = axonn.summary()["run_params"]
+    assert (effective["axonn.version"], effective["axonn.build"]) == ("0.2.0", "cpu-patched")
+
+
 # LAMB with a learning rate of its own; the larger eps as for Adam (GPT-2's key bias, above).
 LAMB = ["optimizer.name=lamb", "optimizer.lr=0.01", "optimizer.weight_decay=0.01", "optimizer.eps=1e-6"]
 

@@ -1,0 +1,113 @@
+"""Install AxoNN (the version constraints.txt pins) with mpi4py and an MPI (MPICH's wheel), once per machine.
+
+AxoNN 0.2.0 is written for GPUs: its communication handle sets a CUDA device and creates every process group with
+`backend="nccl"`, and its inter-layer engine autocasts for CUDA, synchronizes CUDA and receives into CUDA buffers.
+Where torch sees a CUDA device the package is installed as it is published (`upstream`); where it sees none (CPU
+ranks, these machines) the installed sources are patched (`cpu-patched`, `PATCHES`: each replacement must match as
+many times as listed, or the install stops), so that its groups take the backend of the process group the suite
+initializes (gloo) and its tensors stay on the CPU. What was installed, and how, is written beside the package
+(`BUILD_FILE`); each rank records it (`effective.axonn.build`, `effective.axonn.version`).
+
+    python -m suite.tools.install_axonn     # what `make axonn` runs; skips when the pinned build is in place
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from suite.tools.build_horovod import CONSTRAINTS, pinned_version
+
+PACKAGES = ("axonn", "mpi4py", "mpich")
+BUILD_FILE = "suite_build.json"  # in the installed axonn package: {"version": ..., "build": upstream | cpu-patched}
+
+
+@dataclass(frozen=True)
+class Patch:
+    file: str  # in the axonn package
+    old: str
+    new: str
+    count: int  # times `old` occurs in 0.2.0
+    why: str
+
+
+PATCHES = (
+    Patch("communication.py", "        torch.cuda.set_device(self.local_rank)\n",
+          "        if torch.cuda.is_available():\n            torch.cuda.set_device(self.local_rank)\n", 1,
+          "a CPU rank has no CUDA device to set"),
+    Patch("communication.py", 'backend="nccl"', "backend=None", 7,
+          "its process groups take the backend of the group the suite initializes (gloo on CPU ranks)"),
+    Patch("inter_layer.py", 'torch.autocast(device_type="cuda", dtype=self.computation_dtype)',
+          'torch.autocast(device_type="cpu", dtype=self.computation_dtype, '
+          'enabled=self.computation_dtype != torch.float32)', 1,
+          "autocast on the CPU, off in full precision (CPU autocast warns on float32 at every forward)"),
+    Patch("inter_layer.py", "        torch.cuda.synchronize()  # TODO - replace with stream synchronize.\n", "", 1,
+          "nothing is queued on a CPU: no CUDA to synchronize before MPI reads the buffer"),
+    Patch("inter_layer.py", 'device="cuda"', 'device="cpu"', 2, "receive buffers in host memory"),
+)
+
+
+def package_dir() -> Path | None:
+    spec = importlib.util.find_spec("axonn")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def installed_build() -> dict | None:
+    """What `make axonn` installed ({"version", "build"}); None where it has not (or another installer did)."""
+    directory = package_dir()
+    record = directory / BUILD_FILE if directory else None
+    return json.loads(record.read_text()) if record and record.exists() else None
+
+
+def wanted_build() -> str:
+    import torch
+
+    return "upstream" if torch.cuda.is_available() else "cpu-patched"
+
+
+def apply_patches(directory: Path) -> None:
+    for patch in PATCHES:
+        path = directory / patch.file
+        text = path.read_text()
+        found = text.count(patch.old)
+        if found != patch.count:
+            raise RuntimeError(f"{path}: {patch.old.strip()!r} occurs {found} times, not {patch.count} (not AxoNN "
+                               f"{pinned_version('axonn')} as published?)")
+        path.write_text(text.replace(patch.old, patch.new))
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
+
+
+def main() -> int:
+    version, build = pinned_version("axonn"), wanted_build()
+    if installed_build() == {"version": version, "build": build}:
+        print(f"axonn {version} ({build}): installed, nothing to do")
+        return 0
+    # A fresh copy of the published sources before patching, so that a patch never applies twice.
+    pip("install", "--quiet", "--force-reinstall", "--no-deps", "-c", str(CONSTRAINTS), *PACKAGES)
+    directory = package_dir()
+    if directory is None:
+        print(f"axonn {version}: pip installed it but `axonn` is not importable", file=sys.stderr)
+        return 1
+    if build == "cpu-patched":
+        apply_patches(directory)
+    (directory / BUILD_FILE).write_text(json.dumps({"version": version, "build": build}))
+    probe = subprocess.run([sys.executable, "-c", "from axonn import axonn; from axonn.inter_layer import "
+                            "AxoNN_Inter_Layer_Engine; from mpi4py import MPI; print(MPI.Get_library_version())"],
+                           capture_output=True, text=True)
+    if probe.returncode:
+        print(f"axonn {version}: installed, but its engine or MPI does not import: {probe.stderr.strip()[-500:]}",
+              file=sys.stderr)
+        return 1
+    print(f"axonn {version} ({build}): ready; {probe.stdout.splitlines()[0].strip()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
