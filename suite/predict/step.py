@@ -36,6 +36,7 @@ from suite.predict.costs import (
 from suite.predict.links import LinkModel, sent_bytes
 from suite.profiling.profiles import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.strategies.axonn import AxoNN
 from suite.strategies.base import Strategy
 from suite.strategies.ddp import DDP
 from suite.strategies.fsdp import FSDP, HALF
@@ -90,8 +91,8 @@ class Workload:
 
 
 def data_parallel(w: Workload, variant: str) -> StepTime:
-    """single, ddp, horovod: every rank runs the whole network on its batch, gradients are all-reduced, in the last
-    micro-batch's backward where gradients accumulate over several (the profile is of one micro-batch)."""
+    """single, ddp, horovod, axonn: every rank runs the whole network on its batch, gradients are all-reduced, in the
+    last micro-batch's backward where gradients accumulate over several (the profile is of one micro-batch)."""
     layers, dp, micro = w.layers, w.layout.dp, w.layout.micro_batches
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
@@ -102,7 +103,8 @@ def data_parallel(w: Workload, variant: str) -> StepTime:
         if isinstance(w.strategy, DDP) and w.strategy.forward_sync_buffers:  # in every micro-batch's forward
             sent += micro * sent_bytes("broadcast", w.profile.buffer_bytes, dp)
     if dp > 1 and variant == "study_j":
-        threshold = w.strategy.fusion_threshold_mb if isinstance(w.strategy, Horovod) else w.strategy.bucket_cap_mb
+        threshold = (w.strategy.fusion_threshold_mb if isinstance(w.strategy, Horovod)
+                     else w.strategy.bucket_cap_mb if isinstance(w.strategy, DDP) else None)  # AxoNN: no fusion
         fused = min(grads, threshold * MIB) if threshold else grads
         comm = 2 * (dp - 1) * w.links.send(fused / dp)  # Eq. 5.1's ring, every step on the calibrated link
     elif dp > 1:
@@ -148,8 +150,11 @@ def _exposed_reduction(w: Workload, kind: str, ranks: int, sizes: list[float], s
 def _overlapped_all_reduce(w: Workload, backward: float, shrink: float) -> float:
     """DDP's buckets (`bucket_cap_mb`, the first one at 1 MiB; compressed by `shrink`) or Horovod's fusion
     buffers (up to `fusion_threshold_mb` of what is ready at each `cycle_time_ms` tick) all-reduced while
-    backward runs on; what ends after backward is exposed (all of it where compute does not hide it)."""
+    backward runs on; what ends after backward is exposed (all of it where compute does not hide it). AxoNN's
+    all-reduces, one per layer's gradients here (one per tensor in fact), all follow backward."""
     sizes, ready = _grads_in_backward_order(w)
+    if isinstance(w.strategy, AxoNN):  # `sync_gradients`: each gradient on its own once backward has ended
+        return sum(w.links.collective("all_reduce", n * shrink, w.layout.dp) for n in sizes if n)
     if isinstance(w.strategy, Horovod):
         cycle = w.strategy.cycle_time_ms / 1000
         ticks = [math.ceil(at / cycle) * cycle for at in ready]
