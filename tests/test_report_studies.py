@@ -131,7 +131,9 @@ def test_study_j_report_has_every_artifact_and_keeps_failed_points(slice_store):
     epoch = {r["strategy"]: r for r in records(report.directory, "j_epoch_time") if r["dataset"] == "digits"}
     assert epoch["pipedream"]["status"].startswith("failed") and epoch["single"]["status"] == "finished"
     single = epoch["single"]
-    assert single["repeats"] == "2" and 0 <= float(single["CV"]) < 1  # a fraction in CSV, a percentage on screen
+    assert single["repeats"] == "2" and float(single["CV"]) >= 0
+    # a fraction in CSV, a percentage on screen (a loaded machine's two repeats may differ by more than 100%)
+    assert f"{100 * float(single['CV']):.1f}%" in (report.directory / "j_epoch_time.md").read_text()
     assert single["s/epoch n"] == "2"  # the interval spans the two repeats
     # the interval in columns of its own
     assert float(single["s/epoch low"]) <= float(single["s/epoch"]) <= float(single["s/epoch high"])
