@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launchers.horovod import batch_launch_command
+from launchers import horovod, mpiexec
 from suite.errors import ConfigError
 from suite.records.tracking_server import without_own_password
 
@@ -159,12 +159,15 @@ class Scheduler(ABC):
         """The state of each job the scheduler still knows (jobs it has forgotten are left out)."""
 
     def stop_signal(self, step: Step) -> str:
-        """The signal the job script sends the step's launcher to stop its ranks (horovodrun stops them on SIGTERM)."""
-        return "TERM" if step.rank_launcher == "horovodrun" else self.launcher_stop_signal
+        """The signal the job script sends the step's launcher to stop its ranks (horovodrun and mpiexec stop them on
+        SIGTERM)."""
+        return "TERM" if step.rank_launcher else self.launcher_stop_signal
 
     def launch_command(self, job: Job, step: Step) -> str:
         if step.rank_launcher == "horovodrun":
-            return batch_launch_command(job.python, step.ranks, step.nodes, step.ranks_per_node)
+            return horovod.batch_launch_command(job.python, step.ranks, step.nodes, step.ranks_per_node)
+        if step.rank_launcher == "mpiexec":
+            return mpiexec.batch_launch_command(job.python, step.ranks, step.ranks_per_node)
         template = job.cluster.job.launcher or self.rank_launcher
         return template.format(ranks=step.ranks, nodes=step.nodes, ranks_per_node=step.ranks_per_node,
                                cores=job.cores_per_rank, gpus=job.step_gpus(step),

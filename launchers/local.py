@@ -4,8 +4,8 @@ The ranks get what torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL
 MASTER_ADDR, MASTER_PORT) without torchrun's agent, which costs seconds per point, and are forked
 from the sweep's fork server (`launchers.fork_server`), which imported torch and the suite once, instead
 of each starting Python and importing them again. As with torchrun, the first rank to fail ends the
-point: the others are stopped, and each rank's exit code is kept. A strategy whose ranks horovodrun must
-start (`Strategy.rank_launcher`) gets one horovodrun process instead, which reports its ranks' exits in
+point: the others are stopped, and each rank's exit code is kept. A strategy whose ranks horovodrun or
+mpiexec must start (`Strategy.rank_launcher`) gets one such process instead, which reports its ranks' exits in
 its output.
 """
 
@@ -26,6 +26,7 @@ from typing import IO
 
 from launchers.fork_server import ForkedRank, fork_server
 from launchers.horovod import horovodrun_command
+from launchers.mpiexec import mpiexec_command
 from suite.signals import Stopped
 
 
@@ -126,10 +127,10 @@ def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str,
     """Run `suite.worker <point_dir>` as `workers` ranks until they end or `timeout_s` passes."""
     start = time.monotonic()
     address = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    if rank_launcher == "horovodrun":
-        processes = [Process("", partial(subprocess.Popen, horovodrun_command(point_dir, workers),
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                         env={**env, **address}))]
+    if rank_launcher:
+        command = {"horovodrun": horovodrun_command, "mpiexec": mpiexec_command}[rank_launcher]
+        processes = [Process("", partial(subprocess.Popen, command(point_dir, workers), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, env={**env, **address}))]
     else:
         server = fork_server(env)
         processes = [Process(f"[rank{rank}]: ", partial(server.start, str(point_dir),
@@ -151,8 +152,8 @@ def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str,
         failed = {rank: code for rank, code in ranks.exit_codes().items() if code != 0}
         for rank, code in sorted(failed.items()):
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            log.write(f"launcher: {'horovodrun' if rank_launcher else f'rank {rank}'} {how}\n")
+            log.write(f"launcher: {rank_launcher or f'rank {rank}'} {how}\n")
     returncode = next(iter(failed.values()), 0) if not timed_out else None
-    # horovodrun's own exit code is not a rank's: the verdict reads its ranks' exits from its output.
+    # horovodrun's or mpiexec's own exit code is not a rank's: the verdict reads its ranks' exits from its output.
     return LaunchResult(returncode, timed_out, time.monotonic() - start, stopped_by,
                         {} if rank_launcher else failed, frozenset(ranks.stopped))

@@ -332,6 +332,20 @@ def test_axonn_data_parallel_equivalence(store, workload):
     assert (effective["axonn.version"], effective["axonn.build"]) == ("0.2.0", "cpu-patched")
 
 
+@pytest.mark.parametrize("workload,workers", [("cnn", 2), ("gpt2", 2), ("gpt2", 4)], ids=["cnn", "gpt2", "gpt2_dp2"])
+def test_axonn_inter_layer_equivalence(store, workload, workers):
+    """AxoNN's pipelining: 2 stages (G_inter) sending activations and their gradients with mpi4py, its ranks MPI's
+    (started by MPICH's mpiexec); on 4 ranks, 2 replicas of it (G_data). GPT-2's tied embedding and head sit on
+    different stages."""
+    replicas = workers // 2
+    candidate = ["strategy=axonn", f"workers={workers}", "strategy.pp=2", f"batch_size={GLOBAL_BATCH // replicas}",
+                 f"strategy.micro_batches={4 // replicas}"]
+    reference, axonn = train_pipeline_pair(store, WORKLOADS[workload], candidate)
+    assert_same_training(reference, axonn)
+    assert f"rank 1 of {workers} (local 1 of {workers}) from mpiexec/Hydra" in axonn.rank_log(1).read_text()
+    assert axonn.summary()["strategy_metrics"]["bubble_fraction_ideal"] == pytest.approx(1 / (4 // replicas + 1))
+
+
 # LAMB with a learning rate of its own; the larger eps as for Adam (GPT-2's key bias, above).
 LAMB = ["optimizer.name=lamb", "optimizer.lr=0.01", "optimizer.weight_decay=0.01", "optimizer.eps=1e-6"]
 

@@ -189,6 +189,24 @@ def test_horovod_points_start_horovodrun_on_the_first_node_over_the_allocations_
 
 
 @pytest.mark.slow
+def test_axonn_pipelines_start_mpiexec_on_the_first_node(results):
+    """AxoNN's pipelining sends over MPI: `make axonn`'s mpiexec (MPICH's Hydra, which reads the allocation of the
+    scheduler it runs under) replaces srun, jsrun and the site's mpiexec; its data parallelism alone keeps the
+    scheduler's launcher."""
+    point = [o for o in POINT if o != "strategy=ddp"]
+    common = [*point, "strategy=axonn", "cluster=slurm,lassen,sophia", "workers=8", "cluster.job.account=acct",
+              "cluster.job.cores_per_worker=8"]
+    pipelined = dry_run(*common, "strategy.pp=2", "batch_size=8")
+    for cluster, per_node in (("slurm", 4), ("lassen", 4), ("sophia", 8)):
+        (step,) = re.findall(r"^run_point .*$", pipelined[cluster, 8], re.MULTILINE)
+        assert re.search(rf"^run_point \d+ TERM .*\S+/mpiexec -n 8 -ppn {per_node} -prepend-pattern '\[rank%r\]: ' "
+                         r"\S+/python -m suite\.worker ", step), step
+        assert not re.search(r"\b(srun|jsrun|horovodrun)\b", step), step
+    data_parallel = dry_run(*common)
+    assert "/mpiexec -n" not in data_parallel["slurm", 8] and " srun " in data_parallel["slurm", 8]
+
+
+@pytest.mark.slow
 def test_every_script_exports_the_rendezvous_and_stops_the_ranks_before_the_time_limit(site_scripts):
     """Each step exports rank 0's host and a port of its own before its ranks start (Open MPI forwards them);
     LSF warns the script with SIGTERM (-wa), PBS warns nobody, so the script's own timer does."""

@@ -105,6 +105,16 @@ def test_pals_mpiexec_variables(tmp_path):
         (6, 8, 2, 4, "x3001", "mpiexec/PMI")
 
 
+def test_mpichs_hydra_rank_under_slurm():
+    """MPICH's mpiexec (`make axonn`'s, for AxoNN's pipelining) names the local rank MPI_LOCALRANKID, not
+    PMI_LOCAL_RANK; inside a Slurm job its ranks also see the job script's SLURM_PROCID=0."""
+    env = {"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4", "SLURM_PROCID": "0",
+           "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "77"}
+    r = discover(env)
+    assert (r.rank, r.world_size, r.local_rank, r.local_world_size, r.master_addr, r.source) == \
+        (5, 8, 1, 4, "gpu07", "mpiexec/Hydra")
+
+
 def test_open_mpi_rank_on_another_host_meets_at_the_job_scripts_master():
     """mpirun (Sophia) hands a remote rank only its OMPI_* and the variables named with -x: the job script's
     MASTER_ADDR and MASTER_PORT, not the scheduler's."""

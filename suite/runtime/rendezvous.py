@@ -1,5 +1,5 @@
 """Where a rank sits in its job, read from whatever started it: the local launcher, torchrun, horovodrun,
-srun, jsrun, mpiexec or mpirun.
+srun, jsrun, mpiexec (Cray's PALS, MPICH's Hydra) or mpirun.
 
 Each launcher describes a rank in its own variables. Rank 0's host and port come from MASTER_ADDR and
 MASTER_PORT, which a batch job script exports before each of its steps (every launcher hands them on, Open
@@ -34,6 +34,7 @@ LAUNCHERS = (
     ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("mpiexec/PMI", "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE"),
+    ("mpiexec/Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
     ("mpiexec/PALS", "PALS_RANKID", None, "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE"),
     ("srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
 )

@@ -46,9 +46,6 @@ class Supports:
     # True where all its communication goes through torch.distributed process groups, so that suite.runtime.comm's
     # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
     counts_communication: bool = False
-    # What starts the point's ranks: None for the cluster's own launcher (the local one here, srun, jsrun or
-    # mpiexec on a batch cluster), "horovodrun" for strategies whose library brings its own.
-    rank_launcher: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +105,11 @@ class Strategy:
 
     def check(self, cfg) -> None:
         """Before launch: raise ConfigError for a point this strategy cannot run."""
+
+    def rank_launcher(self, cfg) -> str | None:
+        """What starts the point's ranks: None for the cluster's own launcher (the local one here, srun, jsrun or
+        mpiexec on a batch cluster); "horovodrun" or "mpiexec" where the strategy's library needs its own."""
+        return None
 
     # What a point that asks this strategy for gradient accumulation is told instead, where it does not accumulate
     # (None: to leave it 1, and which strategies do).

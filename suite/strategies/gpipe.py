@@ -92,7 +92,8 @@ class TorchGPipeRuntime(Runtime):
         by_device = memory_by_rank[0].get("by_device", {})
         peaks = {i: by_device[str(d)]["peak_memory_mb"] for i, d in enumerate(self.model.devices)
                  if str(d) in by_device}
-        return pipeline_metrics(self.rank.timer, self.rank.layout.micro_batches, True, lambda s: s, peaks)
+        layout = self.rank.layout
+        return pipeline_metrics(self.rank.timer, layout.pp, layout.micro_batches, True, lambda s: s, peaks)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {name: value for layer in self.layers for name, value in layer.named_state().items()}

@@ -17,7 +17,7 @@ from torch import nn
 
 from suite.errors import BadValue
 from suite.runtime.optim import build_optimizer
-from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports
+from suite.strategies.base import DataParallel, Library, RankContext, Strategy
 from suite.vocabulary import Family
 
 MIB = 1024 * 1024
@@ -54,10 +54,12 @@ class Horovod(Strategy):
     family: ClassVar[Family] = Family.replicated
     label: ClassVar[str] = "Horovod"
     base_memory_of: ClassVar[str] = "horovod"  # its library's rank, not DDP's
-    supports: ClassVar[Supports] = Supports(rank_launcher="horovodrun")
     requires: ClassVar[tuple[Library, ...]] = (Library("Horovod", "horovod", "horovod", ("horovodrun",)),)
     fusion_threshold_mb: float = 128.0
     cycle_time_ms: float = 1.0
+
+    def rank_launcher(self, cfg) -> str:
+        return "horovodrun"
 
     def check(self, cfg) -> None:
         if self.fusion_threshold_mb < 0:

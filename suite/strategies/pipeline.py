@@ -124,9 +124,11 @@ def partition_settings(stage_layers: list[int]) -> dict[str, str]:
     return {"pipeline.stage_layers": ",".join(map(str, stage_layers))}
 
 
-def pipeline_metrics(timer: PhaseTimer, micro_batches: int, flushes: bool, stage_device: Callable[[int], int],
-                     stage_peaks: dict[int, float], fill_share: float = 1.0) -> dict[str, float]:
-    """Bubble and stage metrics from the stage timings of every rank (a collective every rank joins).
+def pipeline_metrics(timer: PhaseTimer, devices: int, micro_batches: int, flushes: bool,
+                     stage_device: Callable[[int], int], stage_peaks: dict[int, float],
+                     fill_share: float = 1.0) -> dict[str, float]:
+    """Bubble and stage metrics of a pipeline over `devices` from the stage timings of every rank (a collective every
+    rank joins; a schedule the suite does not time, AxoNN's, gives the ideal bubble only).
     `flushes`: the schedule drains the pipeline every step (GPipe, 1F1B); PipeDream's does not. `fill_share`: what a
     fill slot costs as a share of a device's work on one micro-batch (the schedule's `Pipeline.fill_share` over the
     chunks a device holds: a slot is one chunk's)."""
@@ -142,7 +144,7 @@ def pipeline_metrics(timer: PhaseTimer, micro_batches: int, flushes: bool, stage
         device = stage_device(stage)
         device_time[device] = device_time.get(device, 0.0) + seconds
     step = max(t.get("pipeline", 0.0) for t in gathered)
-    p, m = len(device_time), micro_batches
+    p, m = devices, micro_batches
     metrics = {f"peak_memory_mb_stage{i}": mb for i, mb in stage_peaks.items()}
     # GPipe's and 1F1B's idle fraction with balanced stages, (p - 1) / (m + p - 1) (a zero-bubble schedule's fill
     # slots cost less); none in PipeDream's steady state.
@@ -232,7 +234,12 @@ class DistributedStages(Runtime):
         return {**super().effective_settings(), **partition_settings(self.stage_layers)}
 
     def sync_grads(self) -> None:
-        """Sum the gradients of tied copies across stages, then average over the data-parallel replicas. A split
+        """Sum the gradients of tied copies across stages, then average over the data-parallel replicas."""
+        self.sum_tied_grads()
+        self.topology.average_grads([p for p in self.model.parameters() if p.requires_grad])
+
+    def sum_tied_grads(self) -> None:
+        """Give every copy of a tied weight the sum of their gradients, on this rank and across stages. A split
         parameter's gradient is first given its placement (the split embedding's comes back whole from backward)."""
         for param in self.model.parameters():
             if isinstance(param.grad, DTensor) and param.grad.placements != param.placements:
@@ -246,7 +253,6 @@ class DistributedStages(Runtime):
                 for p in copies:
                     local_tensor(p.grad).copy_(total)
         self.topology.sum_tied_grads([p for copies in self.tied for p in copies[:1]])
-        self.topology.average_grads([p for p in self.model.parameters() if p.requires_grad])
 
     def optimizer_step(self) -> None:
         self.rank.precision.step(self.optimizer)
@@ -279,8 +285,8 @@ class DistributedStages(Runtime):
         layout = self.rank.layout
         peaks = {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if layout.place(r).stage == i)
                  for i in range(layout.pp)}
-        return pipeline_metrics(self.rank.timer, layout.micro_batches, self.flushes, layout.chunk_stage, peaks,
-                                self.fill_share / layout.virtual_stages)
+        return pipeline_metrics(self.rank.timer, layout.pp, layout.micro_batches, self.flushes, layout.chunk_stage,
+                                peaks, self.fill_share / layout.virtual_stages)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Replica 0's stages; the blocks split over a stage's ranks gathered whole (a collective they join)."""

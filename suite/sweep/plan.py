@@ -76,7 +76,7 @@ class Point(Named):
 
     @property
     def rank_launcher(self) -> str | None:
-        return self.strategy.supports.rank_launcher
+        return self.strategy.rank_launcher(self.cfg)
 
     @property
     def config_files(self) -> dict:

@@ -98,7 +98,8 @@ class Trainer:
         self.timer = PhaseTimer(env.device)
         rank = RankContext(cfg, env, self.layout, make_precision(cfg.precision, env.device), self.timer, loss_fn)
         self.parallel = strategy.setup(model, rank)
-        self.comm = CommVolume(strategy.supports.counts_communication)  # counts the groups `setup` made too
+        # Counts the groups `setup` made too; not where the ranks are MPI's, whose messages it does not see.
+        self.comm = CommVolume(strategy.supports.counts_communication and strategy.rank_launcher(cfg) != "mpiexec")
         self.loaders = make_loaders(cfg, self.data, self.layout, env)
         available = len(self.loaders.train)
         self.steps_per_epoch = min(cfg.steps_per_epoch or available, available)
