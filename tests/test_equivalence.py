@@ -346,6 +346,16 @@ def test_axonn_inter_layer_equivalence(store, workload, workers):
     assert axonn.summary()["strategy_metrics"]["bubble_fraction_ideal"] == pytest.approx(1 / (4 // replicas + 1))
 
 
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_axonn_intra_layer_equivalence(store, workload):
+    """G_intra = 2: the rows of every linear layer but GPT-2's tied head split over 2 ranks (AxoNN's Linear, which
+    gathers both ranks' samples around its product), each rank its own 4 samples, AxoNN's `sync_gradients`."""
+    reference, axonn = train_pair(store, WORKLOADS[workload], ["strategy=axonn", "strategy.tp=2"], workers=2,
+                                  global_batch=8)
+    assert_same_training(reference, axonn)
+    assert axonn.summary()["run_params"]["axonn.split_linears"] == {"cnn": 1, "gpt2": 8}[workload]
+
+
 # LAMB with a learning rate of its own; the larger eps as for Adam (GPT-2's key bias, above).
 LAMB = ["optimizer.name=lamb", "optimizer.lr=0.01", "optimizer.weight_decay=0.01", "optimizer.eps=1e-6"]
 

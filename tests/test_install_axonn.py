@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from suite.tools.install_axonn import PATCHES, apply_patches, installed_build, package_dir, wanted_build
+from suite.tools.install_axonn import PATCH_SET, PATCHES, apply_patches, installed_build, package_dir, wanted_build
 
 PATCHED_HERE = pytest.mark.skipif(wanted_build() != "cpu-patched",
                                   reason="a CUDA device: AxoNN is installed as published")
@@ -12,7 +12,7 @@ PATCHED_HERE = pytest.mark.skipif(wanted_build() != "cpu-patched",
 
 @PATCHED_HERE
 def test_axonn_is_installed_patched_for_cpu_ranks():
-    assert installed_build() == {"version": "0.2.0", "build": "cpu-patched"}
+    assert installed_build() == {"version": "0.2.0", "build": "cpu-patched", "patches": PATCH_SET}
     directory = package_dir()
     for patch in PATCHES:
         text = (directory / patch.file).read_text()

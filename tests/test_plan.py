@@ -86,6 +86,11 @@ MALFORMED = {
     "megatron tp not dividing heads": (["dataset=tokens", "network=gpt2_tiny", "strategy=megatron", "workers=4",
                                         "strategy.tp=4"],
                                        "tp=4 does not divide n_head=2"),
+    "axonn tp not dividing workers": (["strategy=axonn", "workers=3", "strategy.tp=2"],
+                                      "strategy axonn: tp=2 does not divide workers=3"),
+    "axonn tp with its pipeline": (["strategy=axonn", "workers=4", "strategy.tp=2", "strategy.pp=2"],
+                                   "strategy axonn: tp > 1 (intra-layer) runs outside AxoNN's engine, one micro-batch "
+                                   "per step: leave pp at 1 and micro_batches, micro_batch_size and preset unset"),
     "3D layout not the world size": (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=6",
                                       "strategy.pp=2", "strategy.tp=2"],
                                      "strategy 1f1b: workers=6 do not form pipelines of 2 stages x tp=2"),

@@ -17,15 +17,17 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
+from suite.layout import Layout
 from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.pipeline.microbatch import MicroBatching
 from suite.pipeline.partition import cut
-from suite.placement import will_use_cuda
-from suite.strategies.base import Library, RankContext, Supports
+from suite.runtime.optim import build_optimizer
+from suite.strategies.base import DataParallel, Library, RankContext, Runtime, Supports
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages, profile_sample
 from suite.vocabulary import Family
 
@@ -106,12 +108,92 @@ class AxoNNStages(DistributedStages):
         return super().summary_metrics(memory_by_rank) if self.rank.layout.pp > 1 else {}
 
     def effective_settings(self) -> dict[str, Any]:
-        from suite.tools.install_axonn import installed_build
+        scaler = " + its loss scaler" if self.rank.cfg.precision == "fp16" else ""
+        return {**super().effective_settings(), **axonn_settings(),
+                "precision.implementation": "AxoNN's engine" + scaler}
 
-        build = installed_build() or {"version": "unknown", "build": "not installed by make axonn"}
-        return {**super().effective_settings(), "axonn.version": build["version"], "axonn.build": build["build"],
-                "precision.implementation": "AxoNN's engine" + (" + its loss scaler"
-                                                                if self.rank.cfg.precision == "fp16" else "")}
+
+def axonn_settings() -> dict[str, Any]:
+    """The installed AxoNN: its version, and whether `make axonn` patched it for CPU ranks."""
+    from suite.tools.install_axonn import installed_build
+
+    build = installed_build() or {"version": "unknown", "build": "not installed by make axonn"}
+    return {"axonn.version": build["version"], "axonn.build": build["build"]}
+
+
+class SplitLinear(nn.Module):
+    """An nn.Linear as AxoNN's intra-layer parallelism runs it: its weight's rows split over the G_intra ranks
+    (`axonn.intra_layer.Linear`, which gathers the ranks' batches around its product), loaded whole and cut there. The
+    bias stays whole on every rank and is averaged with the data-parallel weights: AxoNN 0.2.0's split bias takes, on
+    each rank, the gradient of that rank's own samples only."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        from axonn.intra_layer import Linear
+
+        super().__init__()
+        self.linear = Linear(linear.in_features, linear.out_features, bias=False, init_method=lambda weight: None)
+        self.linear.load_state_dict({"weight": linear.weight.detach()})
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        return y if self.bias is None else y + self.bias
+
+    def full_weight(self) -> torch.Tensor:
+        """The whole weight, from every rank's rows (a collective of its G_intra ranks)."""
+        from axonn import axonn as ax
+
+        group = ax.comm_handle.outer_intra_layer_parallel_group
+        rows = [torch.empty_like(self.linear.weight) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(rows, self.linear.weight.detach().contiguous(), group=group)
+        return torch.cat(rows).reshape(self.linear.out_features, self.linear.in_features)
+
+
+def split_linears(model: nn.Module, ranks: int) -> list[str]:
+    """Replace every nn.Linear whose output rows divide over `ranks` with a SplitLinear, except one whose weight is
+    tied to another module's (GPT-2's head, its embedding's); returns the names of those replaced."""
+    counts: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        counts[id(param)] = counts.get(id(param), 0) + 1
+    replaced = []
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and module.out_features % ranks == 0 and counts[id(module.weight)] == 1:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, SplitLinear(module))
+            replaced.append(name)
+    return replaced
+
+
+class AxoNNIntraLayer(DataParallel):
+    """AxoNN's intra-layer parallelism as its own training loops run it (outside its engine, whose gradient sync is
+    its expert mode's): the network's linear layers split over G_intra = `tp` ranks, everything else data parallel
+    over every rank, each rank its own samples; forward and backward under the suite's precision, then AxoNN's
+    `sync_gradients` (the split weights over the data-parallel group, the rest over every rank, averaged)."""
+
+    def __init__(self, model: nn.Module, rank: RankContext, tp: int) -> None:
+        from axonn import axonn as ax
+
+        layout, cfg = rank.layout, rank.cfg
+        ax.init(G_inter=1, G_data=layout.dp // tp, G_intra_r=tp, gpus_per_node=cfg.cluster.workers_per_node)
+        self.split = split_linears(model, tp)
+        model = model.to(rank.env.device)
+        super().__init__(rank, model, build_optimizer(model.parameters(), cfg.optimizer), sync_buffers=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        from axonn.intra_layer import sync_gradients
+
+        super().backward(loss)
+        sync_gradients(self.model, mean=True)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        for name in self.split:
+            del state[f"{name}.linear.weight"]
+            state[f"{name}.weight"] = self.model.get_submodule(name).full_weight().cpu()
+        return state
+
+    def effective_settings(self) -> dict[str, Any]:
+        return {**super().effective_settings(), **axonn_settings(), "axonn.split_linears": len(self.split)}
 
 
 @dataclass(frozen=True)
@@ -124,9 +206,14 @@ class AxoNN(DistributedPipeline):
     requires: ClassVar[tuple[Library, ...]] = (Library("AxoNN", "axonn", "axonn", ("mpiexec",)),)
     accumulation_hint: ClassVar[str] = "AxoNN's micro-batches are its accumulation (strategy.micro_batches)"
     pp: int = 1  # G_inter: stages per replica
+    tp: int = 1  # G_intra: ranks that split each linear layer (with pp = 1)
 
     @property
-    def family(self) -> Family:
+    def family(self) -> Family | None:
+        """Data parallel, or a flushed pipeline; its intra-layer mode (each rank its own samples, linear layers
+        split over gathered batches) is not one the performance model prices."""
+        if self.tp > 1:
+            return None
         return Family.replicated if self.pp == 1 else Family.flushed_pipeline
 
     @classmethod
@@ -140,15 +227,26 @@ class AxoNN(DistributedPipeline):
             return MicroBatching(1, cfg.batch_size)
         return super().batching(cfg)
 
+    def layout(self, cfg) -> Layout:
+        """Every rank its own samples, `batch_size` of them, where the linear layers are split (G_intra): AxoNN
+        gathers the batches of a layer's ranks around its product."""
+        if self.tp > 1:
+            return Layout(dp=cfg.workers, mini_batch=cfg.batch_size)
+        return super().layout(cfg)
+
     def rank_launcher(self, cfg) -> str | None:
         """MPI ranks where AxoNN talks MPI: its pipeline's sends, its loss scaler's overflow vote."""
-        return "mpiexec" if self.pp > 1 or cfg.precision == "fp16" else None
+        return "mpiexec" if self.pp > 1 or (cfg.precision == "fp16" and self.tp == 1) else None
 
     def check(self, cfg) -> None:
-        if cfg.precision == "fp16" and not will_use_cuda(cfg.cluster):
-            raise ConfigError("strategy axonn: precision=fp16 (AxoNN's loss scaling) runs on GPUs only; use fp32 or "
-                              "bf16 on CPU ranks")
+        if self.tp < 1 or cfg.workers % self.tp:
+            raise ConfigError(f"strategy axonn: tp={self.tp} does not divide workers={cfg.workers}")
+        if self.tp > 1 and (self.pp > 1 or self.micro_batches or self.micro_batch_size or self.preset):
+            raise ConfigError("strategy axonn: tp > 1 (intra-layer) runs outside AxoNN's engine, one micro-batch per "
+                              "step: leave pp at 1 and micro_batches, micro_batch_size and preset unset")
         super().check(cfg)
 
-    def setup(self, model: nn.Module, rank: RankContext) -> AxoNNStages:
+    def setup(self, model: nn.Module, rank: RankContext) -> Runtime:
+        if self.tp > 1:
+            return AxoNNIntraLayer(model, rank, self.tp)
         return AxoNNStages(self, model, rank)

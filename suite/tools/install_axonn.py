@@ -1,18 +1,21 @@
 """Install AxoNN (the version constraints.txt pins) with mpi4py and an MPI (MPICH's wheel), once per machine.
 
 AxoNN 0.2.0 is written for GPUs: its communication handle sets a CUDA device and creates every process group with
-`backend="nccl"`, and its inter-layer engine autocasts for CUDA, synchronizes CUDA and receives into CUDA buffers.
+`backend="nccl"`, its inter-layer engine autocasts for CUDA, synchronizes CUDA and receives into CUDA buffers, and its
+intra-layer layers initialise their weights and exchange batch sizes and activations in CUDA memory.
 Where torch sees a CUDA device the package is installed as it is published (`upstream`); where it sees none (CPU
 ranks, these machines) the installed sources are patched (`cpu-patched`, `PATCHES`: each replacement must match as
 many times as listed, or the install stops), so that its groups take the backend of the process group the suite
 initializes (gloo) and its tensors stay on the CPU. What was installed, and how, is written beside the package
-(`BUILD_FILE`); each rank records it (`effective.axonn.build`, `effective.axonn.version`).
+(`BUILD_FILE`, with the set of patches applied: a newer set installs again); each rank records it
+(`effective.axonn.build`, `effective.axonn.version`).
 
     python -m suite.tools.install_axonn     # what `make axonn` runs; skips when the pinned build is in place
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import subprocess
@@ -23,7 +26,8 @@ from pathlib import Path
 from suite.tools.build_horovod import CONSTRAINTS, pinned_version
 
 PACKAGES = ("axonn", "mpi4py", "mpich")
-BUILD_FILE = "suite_build.json"  # in the installed axonn package: {"version": ..., "build": upstream | cpu-patched}
+# In the installed axonn package: {"version": ..., "build": upstream | cpu-patched, "patches": PATCH_SET or ""}
+BUILD_FILE = "suite_build.json"
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,17 @@ PATCHES = (
     Patch("inter_layer.py", "        torch.cuda.synchronize()  # TODO - replace with stream synchronize.\n", "", 1,
           "nothing is queued on a CPU: no CUDA to synchronize before MPI reads the buffer"),
     Patch("inter_layer.py", 'device="cuda"', 'device="cpu"', 2, "receive buffers in host memory"),
+    Patch("intra_layer/asym_communication.py", 'torch.tensor(local_batch_size, device="cuda")',
+          "torch.tensor([local_batch_size])", 1,
+          "the batch sizes a split layer's ranks gather, on the host, one element each (gloo's all-gather wants the "
+          "input's shape to be one slot of the output's)"),
+    Patch("intra_layer/asym_communication.py", 'device="cuda"', 'device="cpu"', 4,
+          "the gathered batch sizes and the exchanged activations in host memory"),
+    Patch("intra_layer/fully_connected.py", 'init_device="cuda"', 'init_device="cpu"', 1,
+          "a split layer's whole weight is initialised (then cut) in host memory"),
 )
+# Which patches an installed copy carries: a machine installed before a patch was added installs again.
+PATCH_SET = hashlib.sha256(repr(PATCHES).encode()).hexdigest()[:12]
 
 
 def package_dir() -> Path | None:
@@ -57,7 +71,8 @@ def package_dir() -> Path | None:
 
 
 def installed_build() -> dict | None:
-    """What `make axonn` installed ({"version", "build"}); None where it has not (or another installer did)."""
+    """What `make axonn` installed ({"version", "build", "patches"}); None where it has not (or another installer
+    did)."""
     directory = package_dir()
     record = directory / BUILD_FILE if directory else None
     return json.loads(record.read_text()) if record and record.exists() else None
@@ -86,7 +101,8 @@ def pip(*args: str) -> None:
 
 def main() -> int:
     version, build = pinned_version("axonn"), wanted_build()
-    if installed_build() == {"version": version, "build": build}:
+    wanted = {"version": version, "build": build, "patches": PATCH_SET if build == "cpu-patched" else ""}
+    if installed_build() == wanted:
         print(f"axonn {version} ({build}): installed, nothing to do")
         return 0
     # A fresh copy of the published sources before patching, so that a patch never applies twice.
@@ -97,9 +113,10 @@ def main() -> int:
         return 1
     if build == "cpu-patched":
         apply_patches(directory)
-    (directory / BUILD_FILE).write_text(json.dumps({"version": version, "build": build}))
+    (directory / BUILD_FILE).write_text(json.dumps(wanted))
     probe = subprocess.run([sys.executable, "-c", "from axonn import axonn; from axonn.inter_layer import "
-                            "AxoNN_Inter_Layer_Engine; from mpi4py import MPI; print(MPI.Get_library_version())"],
+                            "AxoNN_Inter_Layer_Engine; from axonn.intra_layer import Linear; from mpi4py import MPI; "
+                            "print(MPI.Get_library_version())"],
                            capture_output=True, text=True)
     if probe.returncode:
         print(f"axonn {version}: installed, but its engine or MPI does not import: {probe.stderr.strip()[-500:]}",
