@@ -262,6 +262,24 @@ def check_time_ratio(ctx: Context, claim: dict) -> Verdict | None:
     return _range_verdict(_time_ratios(ctx, claim), claim, "time ratio")
 
 
+def check_constant_ratio(ctx: Context, claim: dict) -> Verdict | None:
+    """Epoch time of `framework` over `relative_to`'s at every GPU count both ran, per network: the offset between
+    their curves is constant when each count's ratio lies within `tolerance` of the network's median ratio (a constant
+    offset between curves on log axes); it needs two counts. `spread`: that tolerance, a fraction."""
+    ratios = _time_ratios(ctx, claim)
+    verdicts = []
+    for network in sorted({n for n, _ in ratios}):
+        mine = {key: value for key, value in ratios.items() if key[0] == network}
+        if len(mine) < 2:
+            continue
+        middle = sorted(v.value for v in mine.values())[len(mine) // 2]
+        band = {"min": middle * (1 - claim["spread"]), "max": middle * (1 + claim["spread"])}
+        verdicts += [judged(value, band) for value in mine.values()]
+    if not verdicts:
+        return None
+    return Verdict(_ratio_text(ratios, "time ratio"), combined(verdicts), estimates=tuple(ratios.values()))
+
+
 def check_memory_ratio(ctx: Context, claim: dict) -> Verdict | None:
     """Peak memory of `framework` over `relative_to`'s at every GPU count above `min_workers` both ran."""
     return _range_verdict(_memory_ratios(ctx, claim), claim, "memory ratio")
@@ -311,7 +329,8 @@ def check_none(ctx: Context, claim: dict) -> Verdict | None:
 
 
 CHECKS = {"speedup": check_speedup, "epoch_time": check_epoch_time, "decreasing": check_decreasing,
-          "fastest": check_fastest, "time_ratio": check_time_ratio, "memory_ratio": check_memory_ratio,
+          "fastest": check_fastest, "time_ratio": check_time_ratio, "constant_ratio": check_constant_ratio,
+          "memory_ratio": check_memory_ratio,
           "memory_reduction": check_memory_reduction, "single_gpu_ratio": check_single_gpu_ratio,
           "status": check_status, "eq_6_1": check_eq_6_1, "comm_share": check_comm_share, "none": check_none}
 

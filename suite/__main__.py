@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     from suite.sweep.jobs import batch_experiments, check_submittable, collect
     from suite.sweep.plan import plan
     from suite.sweep.status import end_abandoned_sweep_runs, status_table
-    from suite.sweep.sweep_files import expand, repeat_overrides, sweep_file, sweep_lines
+    from suite.sweep.sweep_files import expand, repeat_overrides, sweep_file, sweep_jobs
 
     parent = None  # the sweep invocation's run in the store
     try:
@@ -68,9 +68,11 @@ def main(argv: list[str]) -> int:
             waiting = collect(args.sweep)
             print(f"{len(waiting)} job point(s) still queued or running")
             return 0
-        lines = sweep_lines(args.sweep, args.repeats) if args.sweep else [repeat_overrides(args.repeats or 1)]
-        multirun = args.multirun or bool(args.sweep) or (args.repeats or 1) > 1
-        jobs = [job for line in lines for job in expand(line + args.overrides, multirun)]
+        if args.sweep:
+            jobs = sweep_jobs(args.sweep, args.overrides, args.repeats)
+        else:
+            multirun = args.multirun or (args.repeats or 1) > 1
+            jobs = expand(repeat_overrides(args.repeats or 1) + args.overrides, multirun)
         records_invalid = bool(args.sweep) and sweep_file(args.sweep).get("invalid_points") == "record"
         invalid = [] if records_invalid else None
         points = plan(jobs, experiment=args.sweep, invalid=invalid, plan_auto=resolve_auto)

@@ -105,6 +105,37 @@ def test_a_sweep_files_points_reuse_its_workloads(conf_copy):
         ["epochs=1", "strategy=single", "seed=${workers}"]]
 
 
+def test_a_sweep_line_that_names_its_clusters_gives_no_points_on_another(conf_copy):
+    """Study N ran AxoNN on Lassen only: its lines name their clusters, the rest run on every cluster; a point that
+    names no cluster runs on conf/config.yaml's default (local)."""
+    (conf_copy / "sweep" / "somewhere.yaml").write_text(
+        "points:\n  - strategy=ddp workers=1,2\n  - line: strategy=axonn workers=2\n    clusters: [lassen, local]\n")
+    assert sweep_files.sweep_jobs("somewhere", ["cluster=sophia,lassen"]) == [
+        ["strategy=ddp", "workers=1", "cluster=sophia"], ["strategy=ddp", "workers=1", "cluster=lassen"],
+        ["strategy=ddp", "workers=2", "cluster=sophia"], ["strategy=ddp", "workers=2", "cluster=lassen"],
+        ["strategy=axonn", "workers=2", "cluster=lassen"]]
+    assert sweep_files.sweep_jobs("somewhere", []) == [["strategy=ddp", "workers=1"], ["strategy=ddp", "workers=2"],
+                                                       ["strategy=axonn", "workers=2"]]
+    study_n = {cluster: {job[job.index("strategy=axonn") - 1] for job in sweep_files.sweep_jobs(
+        "study_n", [f"cluster={cluster}"]) if "strategy=axonn" in job} for cluster in ("lassen", "sophia")}
+    assert study_n == {"lassen": {"precision=fp16"}, "sophia": set()}
+
+
+@pytest.mark.parametrize(("entry", "expected"), [
+    ("  - line: workers=2\n    clusters: [lasen]\n",
+     "sweep clustered: point 'workers=2' names cluster(s) lasen (known: "),
+    ("  - line: workers=2\n", "sweep clustered: point {'line': 'workers=2'} is neither an override line nor "
+                               "`line: ..., clusters: [...]`"),
+    ("  - line: workers=2\n    clusters: []\n", "sweep clustered: point {'line': 'workers=2', 'clusters': []} is "
+                                                 "neither an override line nor `line: ..., clusters: [...]`"),
+])
+def test_a_sweep_lines_clusters_are_known_ones(conf_copy, entry, expected):
+    (conf_copy / "sweep" / "clustered.yaml").write_text(f"points:\n{entry}")
+    with pytest.raises(ConfigError, match=None) as info:
+        sweep_file("clustered")
+    assert str(info.value).startswith(expected)
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("workloads:\n  gpt2: dataset=tokens\npoints:\n  - ${workloads.gpt3} strategy=ddp\n",
      "sweep interpolated: points[0]: Interpolation key 'workloads.gpt3' not found (workloads: gpt2)"),

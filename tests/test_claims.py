@@ -12,6 +12,7 @@ from analysis.claims import (
     NOT_MEASURED,
     NOT_TESTABLE,
     check_comm_share,
+    check_constant_ratio,
     claims_view,
     combined,
     compared,
@@ -151,3 +152,30 @@ def test_a_full_size_claim_is_not_testable_on_a_miniature(tmp_path):
     measured = claims_module.Verdict("1 s", FAILS, estimates=(Estimate(1.0, 0.9, 1.1, 0.05, 3, "t", "repeats"),))
     assert claims_module.untestable(ctx, claim, measured) == ("a claim on the study's full sizes: this sweep is a "
                                                               "miniature (2 CPU workers)")
+
+
+def gpt2_at(strategy: str, workers: int) -> Row:
+    return Row(run_id=f"{strategy}-{workers}", dataset="tokens", network="gpt2_medium", strategy=strategy,
+               workers=workers, status="finished", epoch_time_s=1.0, throughput=1.0, peak_memory_mb=100.0,
+               val_metric=None, val_value=None, start_time=0, params={"warmup_steps": "1", "optimizer.name": "lamb"},
+               metrics={"samples_per_epoch": 64, "train_set_samples": 64})
+
+
+def test_a_constant_offset_is_a_time_ratio_that_stays_near_its_median_over_the_gpu_counts(tmp_path):
+    """AxoNN against DDP at 1, 2 and 4 GPUs (five epochs each): 1.2x at every count holds (a constant offset, not
+    equal times); 1.2x, 1.2x and 1.6x fails; a ratio whose interval reaches past the 10% band is inconclusive; one
+    GPU count measures nothing."""
+    (claim,) = [c for c in load_claims("study_n") if c["id"] == "axonn_constant_offset_from_ddp"]
+    rows = [gpt2_at(s, w) for s in ("ddp", "axonn") for w in (1, 2, 4)]
+
+    def verdict(axonn_times: list[float], spread: float = 0.01, keep=rows):
+        times = {r.run_id: [r.workers * (1 + spread * (i - 2)) for i in range(5)] for r in keep}
+        times.update({f"axonn-{w}": [w * t * (1 + spread * (i - 2)) for i in range(5)]
+                      for w, t in zip((1, 2, 4), axonn_times)})
+        return check_constant_ratio(Context("study_n", keep, Epochs(times), None, tmp_path, claims="study_n"), claim)
+
+    held = verdict([1.2, 1.2, 1.2])
+    assert held.verdict == HOLDS and held.measured.startswith("time ratio 1.2 [")
+    assert verdict([1.2, 1.2, 1.6]).verdict == FAILS
+    assert verdict([1.2, 1.2, 1.3], spread=0.02).verdict == INCONCLUSIVE
+    assert verdict([1.2], keep=[r for r in rows if r.workers == 1]) is None

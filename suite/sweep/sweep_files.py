@@ -53,7 +53,8 @@ SWEEP_KEYS = ("workloads", "common", "points", "repeats", "invalid_points", "rep
 
 
 def sweep_file(name: str) -> DictConfig:
-    """conf/sweep/<name>.yaml: `common` overrides, `points` (one override line each), optional `workloads` (named
+    """conf/sweep/<name>.yaml: `common` overrides, `points` (one override line each, or `line:` and the `clusters:`
+    it runs on, where a study ran some frameworks on some of its machines only), optional `workloads` (named
     override lines that points and `common` reuse through OmegaConf interpolation, `- ${workloads.gpt2}
     strategy=ddp workers=1,2`), `repeats` (each point measured that many times, `repeat=0..N-1`), `invalid_points`
     (reject | record), `report` (the tables and figures of its report, see analysis.views) and `study_settings`
@@ -81,10 +82,26 @@ def sweep_file(name: str) -> DictConfig:
     if not isinstance(settings, list) or not all(isinstance(s, dict) and s.keys() == {"setting", "source"}
                                                  and all(isinstance(v, str) for v in s.values()) for s in settings):
         raise ConfigError(f"sweep {name}: study_settings is not a list of `setting: ..., source: ...` entries")
+    _check_points(name, OmegaConf.to_container(sweep, resolve=True).get("points", []))
     repeats = sweep.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"sweep {name}: repeats={repeats} is not a positive integer")
     return sweep
+
+
+def _check_points(name: str, points) -> None:
+    clusters = config_names("cluster")
+    for entry in points if isinstance(points, list) else [points]:
+        if isinstance(entry, str):
+            continue
+        if not (isinstance(entry, dict) and entry.keys() == {"line", "clusters"} and isinstance(entry["line"], str)
+                and isinstance(entry["clusters"], list) and entry["clusters"]):
+            raise ConfigError(f"sweep {name}: point {entry!r} is neither an override line nor `line: ..., clusters: "
+                              "[...]`")
+        unknown = [c for c in entry["clusters"] if c not in clusters]
+        if unknown:
+            raise ConfigError(f"sweep {name}: point {entry['line']!r} names cluster(s) {', '.join(map(str, unknown))}"
+                              f" (known: {', '.join(clusters)})")
 
 
 def _check_interpolations(name: str, sweep: DictConfig, workloads: dict) -> None:
@@ -106,9 +123,36 @@ def repeat_overrides(repeats: int) -> list[str]:
     return [f"repeat=range(0,{repeats})"] if repeats > 1 else []
 
 
+def _entries(sweep: DictConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """Each point's override line and the clusters it runs on (none named: every cluster)."""
+    return [(entry, ()) if isinstance(entry, str) else (entry["line"], tuple(entry["clusters"]))
+            for entry in OmegaConf.to_container(sweep, resolve=True)["points"]]
+
+
 def sweep_lines(name: str, repeats: int | None = None) -> list[list[str]]:
     """The override lines of a sweep file, `common` first, each repeated `repeats` times (default: the file's)."""
     sweep = sweep_file(name)
     common = list(sweep.get("common", []))
     repeat = repeat_overrides(repeats or sweep.get("repeats", 1))
-    return [common + line.split() + repeat for line in sweep.points]
+    return [common + line.split() + repeat for line, _ in _entries(sweep)]
+
+
+def default_cluster() -> str:
+    """The cluster of a point that names none (conf/config.yaml's defaults)."""
+    defaults = OmegaConf.load(config_file("config.yaml")).defaults
+    return next(entry.cluster for entry in defaults if isinstance(entry, DictConfig) and "cluster" in entry)
+
+
+def sweep_jobs(name: str, overrides: list[str], repeats: int | None = None) -> list[list[str]]:
+    """The jobs of a sweep file with the command line's `overrides` (every line a sweep): a line that names the
+    clusters it runs on gives none on another cluster."""
+    sweep = sweep_file(name)
+    common = list(sweep.get("common", []))
+    repeat = repeat_overrides(repeats or sweep.get("repeats", 1))
+    jobs = []
+    for line, clusters in _entries(sweep):
+        for job in expand(common + line.split() + repeat + overrides, multirun=True):
+            cluster = next((o.split("=", 1)[1] for o in reversed(job) if o.startswith("cluster=")), default_cluster())
+            if not clusters or cluster in clusters:
+                jobs.append(job)
+    return jobs

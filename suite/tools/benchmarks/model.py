@@ -41,7 +41,7 @@ from suite.predict.predictor import Prediction, predict, recorded_prediction
 from suite.records.store import Store, run_status
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import InvalidPoint, Point, plan
-from suite.sweep.sweep_files import expand, sweep_lines
+from suite.sweep.sweep_files import sweep_jobs
 from suite.tools.predict import describe
 from suite.vocabulary import Status
 
@@ -236,8 +236,7 @@ def held_out(points: list[Point], scored: list[tuple[Scored, Prediction]],
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
-        lines = sweep_lines(args.sweep, args.repeats)
-        jobs = [job for line in lines for job in expand(line + args.overrides, multirun=True)]
+        jobs = sweep_jobs(args.sweep, args.overrides, args.repeats)
         if args.strategies:  # before planning: an override the other strategies' points cannot take is no error
             jobs = [job for job in jobs if strategy_of(job) in args.strategies.split(",")]
         unrunnable: list[InvalidPoint] = []  # a study's points recorded as invalid: nothing to predict
