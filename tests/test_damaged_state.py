@@ -213,11 +213,16 @@ def venv_without(tmp_path: Path, left_out: str) -> Path:
 
 
 @pytest.mark.slow  # the driver, in another environment
-@pytest.mark.parametrize("left_out", ["horovod*", "nothing"], ids=["without_horovod", "without_horovodrun"])
-def test_a_horovod_point_without_horovod_is_refused_before_launch(tmp_path, results, left_out):
+@pytest.mark.parametrize("strategy,left_out,library", [
+    ("horovod", "horovod*", "Horovod horovod"), ("horovod", "nothing", "Horovod horovod"),
+    ("axonn", "axonn*", "AxoNN axonn"), ("axonn", "nothing", "AxoNN axonn")],
+    ids=["without_horovod", "without_horovodrun", "without_axonn", "without_mpiexec"])
+def test_a_point_without_its_library_is_refused_before_launch(tmp_path, results, strategy, left_out, library):
+    """Horovod (its package, or horovodrun beside the interpreter), AxoNN (its package, or MPICH's mpiexec)."""
     venv = venv_without(tmp_path, left_out)
-    result = subprocess.run([str(venv / "bin" / "python"), "-m", "suite", *TINY_GPT, "strategy=horovod", "workers=2"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([str(venv / "bin" / "python"), "-m", "suite", *TINY_GPT, f"strategy={strategy}",
+                             "workers=2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    name, target = library.split()
     assert (result.returncode, result.stderr) == (
-        2, f"error: Horovod is not installed in {venv}: run `make horovod VENV={venv}`\n"), result.stderr[-3000:]
+        2, f"error: {name} is not installed in {venv}: run `make {target} VENV={venv}`\n"), result.stderr[-3000:]
     assert not (results / "mlflow.db").exists() and not (results / "points").exists()

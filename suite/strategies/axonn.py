@@ -1,14 +1,16 @@
-"""AxoNN (Singh and Bhatele; Study N's authors' framework), run through its own engine as Study N ran it.
+"""AxoNN (Singh and Bhatele; Study N's authors' framework), run as Study N ran it and in its two other modes.
 
 `axonn.init` builds AxoNN's process groups over the suite's process group (already initialised: gloo on CPU ranks,
-NCCL on GPUs): G_inter = `strategy.pp` stages per replica (its inter-layer parallelism), G_data = workers / pp
-replicas. Each step is AxoNN's `AxoNN_Inter_Layer_Engine.forward_backward_optimizer` on the rank's stage: with one
-stage, the replica's micro-batches forward and backward in turn; with several, AxoNN's message-driven pipeline, the
-first stage injecting pp micro-batches and then one per message it receives, activations and their gradients sent
-with mpi4py (so the ranks are MPI's: mpiexec starts them, `launchers.mpiexec`); then the cross-entropy's gradients
-(computed in full precision), `sync_gradients` averaging over the data-parallel group, and the optimizer's step.
-Study N ran it data parallel (pp = 1). The installed package is `make axonn`'s (suite/tools/install_axonn.py): as
-published on GPU machines, patched for CPU ranks elsewhere; the run records which.
+NCCL on GPUs): G_inter = `strategy.pp` stages per replica (its inter-layer parallelism), G_intra = `strategy.tp`
+(its intra-layer parallelism), G_data = workers / (pp x tp). With tp 1 each step is AxoNN's
+`AxoNN_Inter_Layer_Engine.forward_backward_optimizer` on the rank's stage (`AxoNNStages`): with one stage (Study N's
+data parallelism), the replica's micro-batches forward and backward in turn; with several, AxoNN's message-driven
+pipeline, the first stage injecting pp micro-batches and then one per message it receives, activations and their
+gradients sent with mpi4py (so the ranks are MPI's: mpiexec starts them, `launchers.mpiexec`); then the
+cross-entropy's gradients (computed in full precision), `sync_gradients` averaging over the data-parallel group, and
+the optimizer's step. With tp > 1 its split linear layers train outside the engine (`AxoNNIntraLayer`). The installed
+package is `make axonn`'s (suite/tools/install_axonn.py): as published on GPU machines, patched for CPU ranks
+elsewhere; the run records which.
 """
 
 from __future__ import annotations
