@@ -3,7 +3,10 @@
 import shutil
 
 import pytest
+import torch
 
+from suite.errors import ConfigError
+from suite.strategies.axonn import check_build
 from suite.tools.install_axonn import PATCH_SET, PATCHES, apply_patches, installed_build, package_dir, wanted_build
 
 PATCHED_HERE = pytest.mark.skipif(wanted_build() != "cpu-patched",
@@ -28,3 +31,11 @@ def test_a_patch_that_does_not_match_stops_the_install(tmp_path):
     shutil.copytree(package_dir(), copy)
     with pytest.raises(RuntimeError, match=r"communication.py: .backend=\"nccl\". occurs 0 times, not 7 \(not AxoNN"):
         apply_patches(copy)
+
+
+@PATCHED_HERE
+def test_a_gpu_rank_refuses_axonn_patched_for_cpu_ranks():
+    """A venv `make axonn` patched on a login node without a GPU, shared with the GPU nodes: the rank says so."""
+    with pytest.raises(ConfigError, match=r"patched for CPU ranks .* run `make axonn` on a GPU node"):
+        check_build(torch.device("cuda", 0))
+    check_build(torch.device("cpu"))

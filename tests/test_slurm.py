@@ -160,6 +160,17 @@ def test_horovod_point_runs_as_a_slurm_job_under_horovodrun(slurm, results, stor
     assert "rank 1 of 2 (local 1 of 2) from horovodrun" in out.rank_log(1).read_text()
 
 
+def test_axonn_pipeline_runs_as_a_slurm_job_under_mpiexec(slurm, results, store):
+    """AxoNN's 2 stages, MPI ranks: the job script starts MPICH's mpiexec, which reads the Slurm allocation and starts
+    its proxy with srun; the ranks find their places in its variables and send activations over MPI."""
+    job_id, out = submit(results, "strategy=axonn", "workers=2", "strategy.pp=2", "strategy.micro_batches=4")
+    wait_until(lambda: jobs_ended([job_id]), f"Slurm job {job_id}")
+    assert make("collect").returncode == 0
+    (run,) = store.runs("adhoc")
+    assert run.data.tags["suite.status"] == "finished", run.data.tags.get("suite.error")
+    assert "rank 1 of 2 (local 1 of 2) from mpiexec/Hydra" in out.rank_log(1).read_text()
+
+
 def test_slurms_warning_to_the_batch_shell_stops_the_point_and_it_is_recorded_as_timeout(slurm, results, store):
     """What `--signal=B:USR1@<margin>` sends before the time limit, sent now: the script stops the running ranks
     (SIGUSR2 to srun, which hands it on), they keep the epoch they completed, and the point is `timeout`, not

@@ -39,9 +39,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def activation_shapes(cfg, stage_layers: list[int]) -> list[list[int]]:
     """The shape of the activation entering each stage, then of the last stage's output (-1: the micro-batch), from
-    one sample through the network on the meta device (nothing computed)."""
+    one sample through the network on the meta device (nothing computed; in evaluation mode, where BatchNorm takes a
+    batch of one)."""
     with torch.device("meta"):
-        layers = flatten_layers(build_model(cfg.network, cfg.dataset))
+        layers = flatten_layers(build_model(cfg.network, cfg.dataset).eval())
         x = profile_sample(cfg, 1)
         shapes = []
         for group in cut(layers, stage_layers):
@@ -77,6 +78,7 @@ class AxoNNStages(DistributedStages):
         from axonn import axonn as ax
         from axonn.inter_layer import AxoNN_Inter_Layer_Engine
 
+        check_build(rank.env.device)
         super().__init__(spec, model, rank, sum_tied=True)
         layout, cfg = rank.layout, rank.cfg
         ax.init(G_inter=layout.pp, G_data=layout.dp, gpus_per_node=cfg.cluster.workers_per_node)
@@ -113,6 +115,17 @@ class AxoNNStages(DistributedStages):
         scaler = " + its loss scaler" if self.rank.cfg.precision == "fp16" else ""
         return {**super().effective_settings(), **axonn_settings(),
                 "precision.implementation": "AxoNN's engine" + scaler}
+
+
+def check_build(device: torch.device) -> None:
+    """Refuse AxoNN patched for CPU ranks on a GPU rank: `make axonn` ran where torch saw no GPU (a login node) and
+    the venv is shared with the GPU nodes. Checked in the rank, where the device is known (a job script is written
+    on a login node, whose own AxoNN build says nothing of the nodes')."""
+    from suite.tools.install_axonn import installed_build
+
+    if device.type == "cuda" and (installed_build() or {}).get("build") == "cpu-patched":
+        raise ConfigError("AxoNN in this environment is patched for CPU ranks (`make axonn` ran where torch saw no "
+                          "GPU): run `make axonn` on a GPU node")
 
 
 def axonn_settings() -> dict[str, Any]:
@@ -175,6 +188,7 @@ class AxoNNIntraLayer(DataParallel):
     def __init__(self, model: nn.Module, rank: RankContext, tp: int) -> None:
         from axonn import axonn as ax
 
+        check_build(rank.env.device)
         layout, cfg = rank.layout, rank.cfg
         ax.init(G_inter=1, G_data=layout.dp // tp, G_intra_r=tp, gpus_per_node=cfg.cluster.workers_per_node)
         self.split = split_linears(model, tp)
