@@ -53,6 +53,10 @@ def process_group(out: PointDir, cfg, processes: int, what: str) -> Iterator[Dis
         raise ConfigError(f"started as {rendezvous.world_size} ranks by {rendezvous.source}, "
                           f"but the job runs {processes} ({what})")
     log.info(rendezvous.describe())
+    if rendezvous.source == "mpiexec/Hydra":
+        # Joining MPI first (importing mpi4py initialises it): mpiexec stops every rank as soon as one that joined
+        # fails; one that fails before joining would leave the others waiting in a collective until the time limit.
+        from mpi4py import MPI  # noqa: F401
     env = init_distributed(cfg.cluster.device, cfg.cluster.threads_per_worker, rendezvous,
                            cfg.cluster.share_gpus, cfg.cluster.gpu_order)
     try:
