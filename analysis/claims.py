@@ -264,8 +264,8 @@ def check_time_ratio(ctx: Context, claim: dict) -> Verdict | None:
 
 def check_constant_ratio(ctx: Context, claim: dict) -> Verdict | None:
     """Epoch time of `framework` over `relative_to`'s at every GPU count both ran, per network: the offset between
-    their curves is constant when each count's ratio lies within `tolerance` of the network's median ratio (a constant
-    offset between curves on log axes); it needs two counts. `spread`: that tolerance, a fraction."""
+    their curves is constant when each count's ratio lies within `spread` (a fraction) of the network's median ratio (a
+    constant offset between curves on log axes); it needs two counts."""
     ratios = _time_ratios(ctx, claim)
     verdicts = []
     for network in sorted({n for n, _ in ratios}):

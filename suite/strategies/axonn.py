@@ -81,12 +81,9 @@ class AxoNNStages(DistributedStages):
         check_build(rank.env.device)
         super().__init__(spec, model, rank, sum_tied=True)
         layout, cfg = rank.layout, rank.cfg
+        # MPI is initialised where AxoNN talks it (`AxoNN.rank_launcher`): mpiexec's ranks join it before the process
+        # group (suite.worker.rank).
         ax.init(G_inter=layout.pp, G_data=layout.dp, gpus_per_node=cfg.cluster.workers_per_node)
-        if cfg.precision == "fp16":  # its loss scaler agrees on overflows over MPI_COMM_WORLD, at any pp
-            from mpi4py import MPI
-
-            if not MPI.Is_initialized():
-                MPI.Init()
         ax.config.micro_batch_size = layout.micro_batch_size
         (stage,) = self.model
         (index,) = self.stage_ids

@@ -123,18 +123,20 @@ def repeat_overrides(repeats: int) -> list[str]:
     return [f"repeat=range(0,{repeats})"] if repeats > 1 else []
 
 
-def _entries(sweep: DictConfig) -> list[tuple[str, tuple[str, ...]]]:
-    """Each point's override line and the clusters it runs on (none named: every cluster)."""
-    return [(entry, ()) if isinstance(entry, str) else (entry["line"], tuple(entry["clusters"]))
+def _lines(name: str, repeats: int | None) -> list[tuple[list[str], tuple[str, ...]]]:
+    """Each point's override line, `common` first, repeated `repeats` times (default: the file's), and the clusters it
+    runs on (none named: every cluster)."""
+    sweep = sweep_file(name)
+    common = list(sweep.get("common", []))
+    repeat = repeat_overrides(repeats or sweep.get("repeats", 1))
+    return [(common + entry.split() + repeat, ()) if isinstance(entry, str)
+            else (common + entry["line"].split() + repeat, tuple(entry["clusters"]))
             for entry in OmegaConf.to_container(sweep, resolve=True)["points"]]
 
 
 def sweep_lines(name: str, repeats: int | None = None) -> list[list[str]]:
     """The override lines of a sweep file, `common` first, each repeated `repeats` times (default: the file's)."""
-    sweep = sweep_file(name)
-    common = list(sweep.get("common", []))
-    repeat = repeat_overrides(repeats or sweep.get("repeats", 1))
-    return [common + line.split() + repeat for line, _ in _entries(sweep)]
+    return [line for line, _ in _lines(name, repeats)]
 
 
 def default_cluster() -> str:
@@ -146,13 +148,11 @@ def default_cluster() -> str:
 def sweep_jobs(name: str, overrides: list[str], repeats: int | None = None) -> list[list[str]]:
     """The jobs of a sweep file with the command line's `overrides` (every line a sweep): a line that names the
     clusters it runs on gives none on another cluster."""
-    sweep = sweep_file(name)
-    common = list(sweep.get("common", []))
-    repeat = repeat_overrides(repeats or sweep.get("repeats", 1))
+    default = default_cluster()
     jobs = []
-    for line, clusters in _entries(sweep):
-        for job in expand(common + line.split() + repeat + overrides, multirun=True):
-            cluster = next((o.split("=", 1)[1] for o in reversed(job) if o.startswith("cluster=")), default_cluster())
+    for line, clusters in _lines(name, repeats):
+        for job in expand(line + overrides, multirun=True):
+            cluster = next((o.split("=", 1)[1] for o in reversed(job) if o.startswith("cluster=")), default)
             if not clusters or cluster in clusters:
                 jobs.append(job)
     return jobs
