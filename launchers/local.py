@@ -1,7 +1,8 @@
 """Start one point on this machine: one process per rank, in torchrun's environment, and wait for it.
 
 The ranks get what torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT) without torchrun's agent, which costs seconds per point, and are forked
+MASTER_ADDR, MASTER_PORT) without torchrun's agent, which costs seconds per point, and meet at a store the
+launcher serves as torchrun's agent does (`rendezvous_store`); they are forked
 from the sweep's fork server (`launchers.fork_server`), which imported torch and the suite once, instead
 of each starting Python and importing them again. As with torchrun, the first rank to fail ends the
 point: the others are stopped, and each rank's exit code is kept. A strategy whose ranks horovodrun or
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -43,10 +43,16 @@ class LaunchResult:
     stopped_ranks: frozenset[int] = frozenset()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(workers: int):
+    """The store a point's ranks meet at, served from the launcher on a port the OS assigns as it binds: no other
+    process can take the port between its choice and its use, as one could a free port chosen, released and bound
+    again by rank 0 (EADDRINUSE, now and then, with sweeps or tests side by side). The ranks join it as clients, as
+    torchrun's ranks join its agent's store (torch.distributed.rendezvous: TORCHELASTIC_USE_AGENT_STORE)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, workers, is_master=True, wait_for_workers=False)
+    return store, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                   "TORCHELASTIC_RESTART_COUNT": "0"}  # torch before 2.6 prefixes the store's keys with the count
 
 
 def rank_env(rank: int, workers: int) -> dict[str, str]:
@@ -126,7 +132,7 @@ def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str,
                  rank_launcher: str | None = None) -> LaunchResult:
     """Run `suite.worker <point_dir>` as `workers` ranks until they end or `timeout_s` passes."""
     start = time.monotonic()
-    address = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    store, address = rendezvous_store(workers)  # served until the ranks are done
     if rank_launcher:
         command = {"horovodrun": horovodrun_command, "mpiexec": mpiexec_command}[rank_launcher]
         processes = [Process("", partial(subprocess.Popen, command(point_dir, workers), stdout=subprocess.PIPE,

@@ -2,6 +2,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,13 +12,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers.local import free_port  # noqa: F401  (the tests' free port, the local launcher's own)
 from suite.paths import REPO_ROOT
 from suite.records.store import Store
 
 # A small, fast point that learns: ResNet-18 on scikit-learn's real 8x8 digits.
 DIGITS = ["dataset=digits", "network=resnet18", "dataset.samples=256", "dataset.val_samples=64", "batch_size=16",
           "epochs=2", "warmup_steps=1"]
+
+
+def free_port() -> int:
+    """A port free now, for a server a test starts (MLflow's, a rank's store): another process may take it first."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import DIGITS, free_port
 from launchers.hosts import allocation_hosts, lsf_hosts, slurm_hosts
+from launchers.local import rendezvous_store
 from suite.paths import REPO_ROOT
 from suite.runtime.rendezvous import allocation_master, discover
 from suite.sweep.plan import plan
@@ -214,3 +215,18 @@ def test_polaris_ranks_take_the_gpu_beside_their_cores(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # no GPU here: the node's count, as on Polaris
     assert [resolve_device("cuda", r, point.cfg.cluster.gpu_order).index for r in range(4)] == [3, 2, 1, 0]
     assert [resolve_device("cuda", r).index for r in range(6)] == [0, 1, 2, 3, 0, 1]  # elsewhere: the local rank's
+
+
+def test_the_local_launcher_holds_the_port_its_ranks_meet_at(monkeypatch):
+    """The store is the launcher's, bound before any rank starts: no other process can take its port (the race of
+    a free port chosen, released and bound again by rank 0), and env:// makes every rank, rank 0 too, its client."""
+    import torch.distributed as dist
+
+    store, address = rendezvous_store(2)
+    with socket.socket() as s, pytest.raises(OSError):  # EADDRINUSE
+        s.bind((address["MASTER_ADDR"], int(address["MASTER_PORT"])))
+    for key, value in address.items():
+        monkeypatch.setenv(key, value)
+    rank0_store, rank, world_size = next(dist.rendezvous("env://", rank=0, world_size=2))
+    rank0_store.set("joined", "rank 0")
+    assert (rank, world_size) == (0, 2) and store.get("joined") == b"rank 0"
