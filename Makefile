@@ -14,7 +14,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: help setup setup-offline wheelhouse horovod axonn test test-fast test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
+.PHONY: help setup setup-offline wheelhouse horovod axonn test test-fast test-numerics test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
 	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend plan-pipedream bench-model \
 	validate-published
 
@@ -66,11 +66,24 @@ axonn: setup  ## install AxoNN, mpi4py and MPICH (patched for CPU ranks where th
 # On TEST_WORKERS pytest-xdist workers (3 on 2 cores: much of a test is waiting on the processes it starts); the
 # tests of a module that share a fixture run on one worker (their `xdist_group`), so it is built once.
 test: setup horovod axonn  ## every test (about 25 minutes on 2 cores)
-	$(PY) -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup
+	$(PY) -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup --durations=20
 
 # The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
 test-fast: setup  ## the tests that start no processes (about 2 minutes)
 	$(PY) -m pytest -m "not slow"
+
+# The tests that compare trained losses and weights within a tolerance, under every vector width this CPU has
+# (ATEN_CPU_CAPABILITY: the last bits of a reduction depend on it) and 1 and 2 threads: a bound that holds on one
+# processor family only fails here, not on the next CI machine.
+NUMERIC_TESTS := tests/test_megatron_tuning.py tests/test_megatron_batch.py tests/test_pipedream.py \
+	tests/test_models.py tests/test_activation_checkpointing.py tests/test_zero_precision.py tests/test_fsdp_tuning.py \
+	tests/test_tp_fp16.py
+test-numerics: setup  ## the numeric tests under each CPU vector width and thread count
+	@for width in default avx2 $$(grep -q -w avx512f /proc/cpuinfo && echo avx512); do for threads in 1 2; do \
+		echo "ATEN_CPU_CAPABILITY=$$width OMP_NUM_THREADS=$$threads"; \
+		ATEN_CPU_CAPABILITY=$$width OMP_NUM_THREADS=$$threads $(PY) -m pytest -q -p no:cacheprovider \
+			$(NUMERIC_TESTS) || exit 1; \
+	done; done
 
 # The suite on the oldest torch it declares (Strategy.needs_torch; COMPAT_PINS is that torch with the torchvision
 # and numpy it was built with): an environment of its own, $(COMPAT_VENV) (4 to 9 minutes to make on 2 cores: pip's
