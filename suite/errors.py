@@ -19,6 +19,11 @@ class BadValue(ConfigError):
     rejected even by a sweep or a prediction that lists the points it cannot run."""
 
 
+class Diverged(Exception):
+    """Training that no longer measures anything: a non-finite loss, or every step skipped by loss scaling. The point
+    stops at once and is recorded `diverged`, with the step and the value, never `finished`."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose mistakes are one line, `error: ...`, and exit 2, as the suite's other bad input."""
 

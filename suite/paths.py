@@ -48,3 +48,20 @@ def config_names(group: str) -> list[str]:
     """The configs of a group (conf/<group>/*.yaml and the site directories'), by name."""
     names = {path.stem for directory in (CONF_DIR, *site_config_dirs()) for path in (directory / group).glob("*.yaml")}
     return sorted(names - {"cluster_schema"})
+
+
+# A name becomes one directory or file under the results directory (points/<experiment>/, reports/<sweep>/,
+# calibration/<cluster>.yaml): with room left in the file system's 255 bytes for the suffixes the suite adds.
+NAME_MAX_BYTES = 200
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a directory of its own under the results directory (a separator or `..` would put it
+    elsewhere), or None."""
+    if not name or name in (".", ".."):
+        return "is empty or a relative directory"
+    if "/" in name or "\\" in name or "\0" in name:
+        return "holds a path separator (it names one directory under the results directory)"
+    if len(name.encode()) > NAME_MAX_BYTES:
+        return f"is {len(name.encode())} bytes long, over the {NAME_MAX_BYTES} a name may have"
+    return None

@@ -15,6 +15,7 @@ class Status(StrEnum):
     timeout = "timeout"
     failed = "failed"
     invalid = "invalid"
+    diverged = "diverged"  # the training loss became non-finite (or fp16's loss scaling skipped every step)
 
 
 class PrecisionName(StrEnum):

@@ -194,6 +194,59 @@ def test_the_driver_rejects_a_non_positive_capacity_before_launch(results, capsy
     assert not results.exists()
 
 
+@pytest.mark.parametrize(("override", "expected"), [
+    ("optimizer.lr=nan", "optimizer.lr=nan"), ("optimizer.lr=inf", "optimizer.lr=inf"),
+    ("optimizer.momentum=-inf", "optimizer.momentum=-inf"), ("cluster.hardware.nic_bandwidth_gbs=nan",
+                                                             "cluster.hardware.nic_bandwidth_gbs=nan")])
+def test_a_knob_that_is_not_a_finite_number_is_refused_before_launch(results, capsys, override, expected):
+    """Hostile inputs 3, case 1: nan passes `value <= 0` and inf any upper bound; every number of a point is checked
+    finite before any range, whatever its knob."""
+    assert driver.main([*DIGITS, override]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {expected} must be a finite number"]
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--sweep", "../../../x/outside/evil"], "sweep name '../../../x/outside/evil' holds a path separator"),
+    ([*DIGITS, "tracking.experiment=../../escaped-exp"], "tracking.experiment='../../escaped-exp' holds a path "
+                                                          "separator"),
+    ([*DIGITS, "tracking.experiment=.."], "tracking.experiment='..' is empty or a relative directory"),
+    ([*DIGITS, f"tracking.experiment={'x' * 300}"], "tracking.experiment='xxx"),
+], ids=["sweep", "experiment", "dot-dot", "too-long"])
+def test_a_name_that_would_write_outside_the_results_directory_is_refused(tmp_path, monkeypatch, capsys, argv,
+                                                                          expected):
+    """Hostile inputs 3, case 2: names that become directories (a sweep's, an experiment's, a cluster's) stay one
+    directory under the results directory, checked before anything is created, there or anywhere."""
+    results = tmp_path / "a" / "b" / "results"
+    monkeypatch.setenv("SUITE_RESULTS_DIR", str(results))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert driver.main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {expected}"), line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("file", "text", "argv", "expected"), [
+    ("sweep/empty.yaml", "", ["--sweep", "empty"], "{dir}/sweep/empty.yaml: has no points (a sweep file maps "
+                                                    "`points` to a list of override lines)"),
+    ("sweep/listed.yaml", "- workers=1\n", ["--sweep", "listed"], "{dir}/sweep/listed.yaml: is not a mapping (a "
+                                                                  "sweep file maps `points` to a list of override "
+                                                                  "lines)"),
+    ("cluster/nameless.yaml", "defaults: [cluster_schema]\nscheduler: local\n", [*DIGITS, "cluster=nameless"],
+     "cluster.name not set: cluster=nameless's config file must set it"),
+], ids=["empty sweep", "sweep list", "nameless cluster"])
+def test_a_malformed_site_file_is_one_line_naming_it(tmp_path, results, monkeypatch, capsys, file, text, argv,
+                                                     expected):
+    """Hostile inputs 3, case 3: files under --config-dir that are empty, not a mapping or lack a required key."""
+    site = tmp_path / "site"
+    (site / file).parent.mkdir(parents=True)
+    (site / file).write_text(text)
+    monkeypatch.setenv("SUITE_CONFIG_DIR", str(site))
+    assert driver.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {expected.format(dir=site)}"]
+    assert not results.exists()
+
+
 def test_a_yaml_syntax_error_in_conf_is_one_line_with_file_line_column(conf_copy):
     """Case 5: a sweep file (read by the planner) and a group's option (composed by Hydra)."""
     sweep = conf_copy / "sweep" / "broken.yaml"

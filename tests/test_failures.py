@@ -129,3 +129,20 @@ def test_horovod_point_killed_or_hung_is_recorded_and_leaves_no_ranks(store, res
     assert hung.data.tags["suite.status"] == "timeout"
     leftover = subprocess.run(["pgrep", "-f", str(results / "points")], capture_output=True, text=True).stdout
     assert leftover == ""
+
+
+def test_a_diverged_point_is_recorded_diverged_with_its_step_and_value(store):
+    """A loss that becomes non-finite ends the point at once: `diverged`, the step and the value in its error line,
+    no epoch time or speedup reported, and the sweep's exit says it did not finish. lr=1e30 overflows GPT-2's
+    weights on the first update, so the second warm-up step's loss is nan; lr=1 trains."""
+    result = run_suite("-m", "dataset=tokens", "network=gpt2_nano", "dataset.seq_len=16", "dataset.samples=64",
+                       "dataset.val_samples=16", "batch_size=16", "epochs=2", "warmup_steps=2",
+                       "optimizer.lr=1e30,1")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "1 of 2 point(s) did not finish" in result.stderr
+    runs = {r.data.params["optimizer.lr"]: r for r in store.runs("adhoc")}
+    diverged = runs["1e+30"].data
+    assert diverged.tags["suite.status"] == "diverged" and runs["1.0"].data.tags["suite.status"] == "finished"
+    assert diverged.tags["suite.error"] == ("rank 0: Diverged: loss nan at warm-up step 2: training diverged "
+                                            "(optimizer.lr=1e+30)")
+    assert "epoch_time_s_mean" not in diverged.metrics

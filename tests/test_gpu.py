@@ -164,25 +164,25 @@ def test_fp16_overflow_skips_the_step_and_is_counted():
     assert torch.equal(weight.detach(), torch.ones(4, device="cuda"))  # the step was skipped
 
 
-# Adam's first step moves every weight by about lr: from then on the fp16 activations overflow, every gradient is inf
-# or NaN and loss scaling skips every step, leaving the weights where the first step put them. 5 steps.
+# Adam's first step moves every weight by about lr: from then on the fp16 activations overflow and the loss is nan.
 DIVERGING = ["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=128", "dataset.samples=64",
              "dataset.val_samples=8", "batch_size=8", "optimizer.name=adam", "optimizer.lr=10000", "precision=fp16",
              "workers=1", "cluster.device=cuda", "epochs=1", "warmup_steps=1", "steps_per_epoch=4", "eval_batches=1",
              "tracking.experiment=fp16_overflow"]
 
 
-def test_zero_counts_the_fp16_steps_deepspeeds_scaler_skipped(results, store):
-    """ZeRO scales the loss and skips overflowed steps inside DeepSpeed's engine, where the suite's scaler never runs:
-    its count has to come from there (review gpu-paths, W4: it was always 0). The same diverging point skips the
-    same steps under `single` as under ZeRO 1 and 3."""
+def test_an_overflowing_fp16_point_is_recorded_diverged_under_each_loss_scaler(results, store):
+    """The suite's scaler under `single`, DeepSpeed's inside ZeRO 1 and 3 (where the suite's never runs): once the
+    loss is nan the point ends `diverged` at the same step under each, never `finished` with its steps skipped
+    (hostile inputs 3, case 1). That ZeRO counts the steps DeepSpeed's scaler skipped is checked on the gpu_checks
+    sweep's fp16 points (test_fp16_runs_count_the_steps_loss_scaling_skipped)."""
     for strategy in (["strategy=single"], ["strategy=zero", "strategy.zero_stage=1,3"]):
         done = run_suite("-m", *DIVERGING, *strategy)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    skipped = {(r.data.params["strategy"], r.data.params.get("strategy.zero_stage", "")):
-               r.data.metrics.get("fp16_skipped_steps") for r in store.runs("fp16_overflow")}
-    assert skipped[("single", "")] >= 2  # every step after the first one taken
-    assert skipped == dict.fromkeys([("single", ""), ("zero", "1"), ("zero", "3")], skipped[("single", "")])
+        assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    tags = [r.data.tags for r in store.runs("fp16_overflow")]
+    assert [t["suite.status"] for t in tags] == ["diverged"] * 3
+    assert len({t["suite.error"] for t in tags}) == 1, [t["suite.error"] for t in tags]
+    assert tags[0]["suite.error"].startswith("rank 0: Diverged: loss ")
 
 
 def test_sharding_leaves_no_unsharded_copy_in_the_reserved_peak(gpu_runs):

@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from suite.errors import ConfigError
+from suite.errors import ConfigError, Diverged
 from suite.records.owner import Owner
 from suite.signals import Stopped
 from suite.vocabulary import Status
@@ -32,6 +32,8 @@ def failure_status(exc: BaseException) -> Status:
         return Status.invalid
     if isinstance(exc, Stopped):
         return Status.timeout
+    if isinstance(exc, Diverged):
+        return Status.diverged
     if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):  # torch.OutOfMemoryError from 2.5, the same class
         return Status.oom
     text = str(exc).lower()

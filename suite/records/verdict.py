@@ -17,7 +17,7 @@ from suite.records.point_dir import PointDir
 from suite.vocabulary import Status
 
 # Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.
-OWN_FAILURES = (Status.failed, Status.oom, Status.invalid)
+OWN_FAILURES = (Status.failed, Status.oom, Status.invalid, Status.diverged)
 SIGTERM = -15  # how launchers stop the ranks that survive a failure: never the cause
 SIGABRT = -6
 HOROVODRUN_EXIT = re.compile(r"^Process (\d+) exit with status code (\d+)\.$")

@@ -15,6 +15,7 @@ from suite.errors import BadValue, ConfigError
 from suite.layout import Layout
 from suite.models import check_network
 from suite.models.gpt2 import flash_runs
+from suite.paths import name_problem
 from suite.placement import will_use_cuda
 from suite.runtime.activation_checkpointing import SELECTIVE, checkpoint_interval, recomputes
 from suite.runtime.gpu_query import first_gpu
@@ -31,7 +32,24 @@ class OlderTorch(ConfigError):
     runs this interpreter too): refused before anything is launched or submitted, while the other points run."""
 
 
+def _non_finite(tree, prefix: str = "") -> tuple[str, float] | None:
+    """The first number of a config tree (resolved) that is nan or infinite, with its key."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for key, value in items:
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            return name, value
+        found = _non_finite(value, name)
+        if found:
+            return found
+    return None
+
+
 def _check_ranges(cfg: DictConfig) -> None:
+    # nan passes `value <= 0` and inf passes it too: every number of the point is finite first, whatever its knob
+    non_finite = _non_finite(OmegaConf.to_container(cfg, resolve=True))
+    if non_finite:
+        raise BadValue(f"{non_finite[0]}={non_finite[1]} must be a finite number")
     positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum,
                 "epochs": cfg.epochs, "timeout_s": cfg.timeout_s, "log_every": cfg.log_every,
                 "optimizer.lr": cfg.optimizer.lr, "grad_compression.rank": cfg.grad_compression.rank,
@@ -53,6 +71,14 @@ def _check_ranges(cfg: DictConfig) -> None:
         raise BadValue(f"profile.steps must be >= 0, got {cfg.profile.steps}")
     if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
         raise BadValue(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
+
+
+def _check_names(cfg: DictConfig) -> None:
+    """The names that become directories under the results directory stay one directory there."""
+    for key, name in (("tracking.experiment", cfg.tracking.experiment), ("cluster.name", cfg.cluster.name)):
+        problem = name_problem(str(name))
+        if problem:
+            raise BadValue(f"{key}={name!r} {problem}")
 
 
 def _check_choices(cfg: DictConfig) -> None:
@@ -174,6 +200,7 @@ def validate(cfg: DictConfig, torch_version: str, runs_here: bool = True) -> tup
     """Raise ConfigError for a point that cannot run on a torch of `torch_version` (on this machine, where a local
     launcher would run it and `runs_here`); return its strategy and layout."""
     _check_ranges(cfg)
+    _check_names(cfg)
     _check_choices(cfg)
     _check_hardware(cfg.cluster)
     _check_device(cfg, runs_here)

@@ -142,9 +142,16 @@ def config_hash(cfg: DictConfig) -> str:
 def _compose(overrides: list[str]) -> DictConfig:
     """The point's config; site config directories ($SUITE_CONFIG_DIR) are searched after conf/."""
     try:
-        return compose(config_name="config", overrides=overrides + searchpath_overrides())
+        cfg = compose(config_name="config", overrides=overrides + searchpath_overrides())
     except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
         raise ConfigError(composition_error_line(e)) from e
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:  # a config file (a site's cluster, say) that leaves a required key unset
+        group = missing[0].split(".")[0]
+        choice = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(f"{group}=")), "the default")
+        raise BadValue(f"{', '.join(missing)} not set: {group}={choice}'s config file must set "
+                       f"{'them' if len(missing) > 1 else 'it'}")
+    return cfg
 
 
 def make_point(overrides: list[str], experiment: str | None, torch_version: str, runs_here: bool = True,

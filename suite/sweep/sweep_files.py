@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from suite.errors import ConfigError, yaml_error_line
-from suite.paths import config_file, config_names
+from suite.paths import config_file, config_names, name_problem
 
 
 def parse_overrides(overrides: list[str]) -> list[Override]:
@@ -61,6 +61,9 @@ def sweep_file(name: str) -> DictConfig:
     (what a study's sweep runs unlike the suite's defaults, each a `setting` and its `source`: the report's
     caption; not part of any point). Its interpolations are checked here and resolved as it is read; an override
     that interpolates the point's own config escapes it: `\\${dataset.name}`."""
+    problem = name_problem(name)
+    if problem:
+        raise ConfigError(f"sweep name {name!r} {problem}")
     path = config_file(f"sweep/{name}.yaml")
     if not path.exists():
         known = ", ".join(config_names("sweep"))
@@ -69,6 +72,9 @@ def sweep_file(name: str) -> DictConfig:
         sweep = OmegaConf.load(path)
     except yaml.YAMLError as e:
         raise ConfigError(yaml_error_line(e) or f"{path}: {' '.join(str(e).split())}") from e
+    if not isinstance(sweep, DictConfig) or not sweep.get("points"):
+        what = "has no points" if isinstance(sweep, DictConfig) else "is not a mapping"
+        raise ConfigError(f"{path}: {what} (a sweep file maps `points` to a list of override lines)")
     unknown = sorted(set(sweep.keys()) - set(SWEEP_KEYS))
     if unknown:
         raise ConfigError(f"sweep {name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(SWEEP_KEYS)})")

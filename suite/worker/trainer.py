@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from suite.data import Datasets, build_datasets
-from suite.errors import ConfigError
+from suite.errors import ConfigError, Diverged
 from suite.launch_timing import mark
 from suite.layout import Layout
 from suite.models import build_model
@@ -158,14 +158,22 @@ class Trainer:
         losses = [self._step(x, y) for x, y in self._batches(0, min(self.cfg.warmup_steps, self.steps_per_epoch))]
         synchronize(*self.parallel.devices)
         (elapsed,) = self._max([time.perf_counter() - start])
-        self.step_losses += self._reduce_losses(losses)
+        warm_up_losses = self._reduce_losses(losses)
+        for step, loss in enumerate(warm_up_losses, 1):
+            self._check_finite("loss", loss, f"warm-up step {step}")
+        self.step_losses += warm_up_losses
         return elapsed
+
+    def _check_finite(self, name: str, value: float, when: str) -> None:
+        """Diverged, on every rank alike (the value is reduced over them), where `value` is nan or infinite."""
+        if not math.isfinite(value):
+            raise Diverged(f"{name} {value} at {when}: training diverged (optimizer.lr={self.cfg.optimizer.lr:g})")
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         self.parallel.model.train()
         self.timer.enabled = True
         losses: list[torch.Tensor] = []
-        samples = 0
+        samples = checked = 0
         trace = self.trace if epoch == 1 else None
         if trace:
             trace.start()  # before the clock starts
@@ -177,8 +185,12 @@ class Trainer:
             self.timer.steps += 1
             samples += self.layout.mini_batch
             if step % self.cfg.log_every == 0 or step == self.steps_per_epoch:
-                # Every rank reduces: under pipelines only the last stage holds the loss.
-                (loss,) = self._reduce_losses(losses[-1:])
+                # Every rank reduces: under pipelines only the last stage holds the loss. The steps since the last
+                # line are checked too, so that a divergence names the step it began at.
+                since = self._reduce_losses(losses[checked:])
+                for at, loss in enumerate(since, checked + 1):
+                    self._check_finite("loss", loss, f"epoch {epoch} step {at}")
+                checked = step
                 rate = samples * self.layout.dp / (time.perf_counter() - start)
                 if self.env.is_main:
                     log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
@@ -193,6 +205,7 @@ class Trainer:
         self.timer.collect()
         step_losses = self._reduce_losses(losses)
         self.step_losses += step_losses
+        self._check_steps_taken(epoch)
         (epoch_time,) = self._max([elapsed])
         global_samples = samples * self.layout.dp  # every replica trains as many steps of a mini-batch
         return {
@@ -252,6 +265,7 @@ class Trainer:
             metrics = self._train_epoch(epoch)
             train_clock += metrics["epoch_time_s"]
             metrics.update(self.evaluate())
+            self._check_finite("val_loss", metrics["val_loss"], f"the evaluation after epoch {epoch}")
             metrics.update(epoch=epoch, train_time_s=train_clock, ended_at=time.time())
             epochs.append(metrics)
             if self.env.is_main:
@@ -270,6 +284,14 @@ class Trainer:
             return {}
         (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
         return {"comm_mb_per_step": mb}
+
+    def _check_steps_taken(self, epoch: int) -> None:
+        """fp16: Diverged where loss scaling skipped every optimizer step so far (the weights never moved)."""
+        skipped = self._skipped_steps().get("fp16_skipped_steps", 0)
+        taken = len(self.step_losses)  # warm-up and timed steps
+        if skipped and skipped >= taken:
+            raise Diverged(f"fp16 loss scaling skipped all {taken:g} optimizer steps by epoch {epoch}: every "
+                           "gradient overflowed")
 
     def _skipped_steps(self) -> dict[str, float]:
         """fp16: the optimizer steps (warm-up included) that loss scaling skipped, on the rank that skipped most."""
