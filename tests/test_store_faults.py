@@ -132,3 +132,38 @@ def test_two_sweeps_started_at_once_create_one_store_and_record_both(results):
     assert sorted(run.data.params["seed"] for run in runs) == ["1", "2"]
     assert all(run.data.tags["suite.status"] == "finished" for run in runs)
     assert (results / "mlflow.db.bak").exists()  # each sweep's copy of the store, taken before it wrote
+
+
+@pytest.fixture
+def read_only_directory(tmp_path):
+    """A directory on a read-only mount (a bind mount of an empty one): root writes through permissions, not this."""
+    source, mounted = tmp_path / "source", tmp_path / "results"
+    source.mkdir()
+    mounted.mkdir()
+    if subprocess.run(["mount", "--bind", str(source), str(mounted)], capture_output=True).returncode != 0:
+        pytest.skip("mount --bind is not permitted here (it needs root): no read-only file system to test on")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mounted)], check=True, capture_output=True)
+        yield mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
+
+
+@pytest.mark.slow  # mounts
+def test_a_read_only_results_directory_is_one_line_before_launch(read_only_directory, monkeypatch, capsys):
+    """Hostile inputs 3, case 3: EROFS on the store's lock file was a traceback."""
+    from suite import __main__ as driver
+
+    monkeypatch.setenv("SUITE_RESULTS_DIR", str(read_only_directory))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert driver.main([*DIGITS, "epochs=1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: cannot write in the results directory {read_only_directory} (Read-only file system): the store and "
+        "every point's files go there; make it writable or set SUITE_RESULTS_DIR"]
+
+
+def test_creating_the_store_prints_nothing_of_mlflows(results, capfd):
+    """Hostile inputs 3, case 8: MLflow's two INFO lines on every store it created stood around the suite's lines."""
+    Store()
+    assert (results / "mlflow.db").exists()
+    assert "mlflow" not in capfd.readouterr().err

@@ -8,6 +8,7 @@ import fcntl
 import functools
 import getpass
 import itertools
+import logging
 import os
 import sqlite3
 import ssl
@@ -242,7 +243,14 @@ class Store:
         if not self.path:
             return MlflowClient(tracking_uri=self.uri)
         self.make_directory()
-        with open(self.path.with_name(f"{self.path.name}.lock"), "a") as lock:
+        # Its "Creating initial MLflow database tables..." lines are not the suite's: stderr holds the suite's lines.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+        try:
+            lock = open(self.path.with_name(f"{self.path.name}.lock"), "a")
+        except OSError as e:
+            raise StoreError(f"cannot write in the results directory {self.path.parent} ({e.strerror}): the store "
+                             "and every point's files go there; make it writable or set SUITE_RESULTS_DIR") from None
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             return MlflowClient(tracking_uri=self.uri)
 
