@@ -343,6 +343,28 @@ def test_check_dataset_names_the_missing_real_file(tmp_path):
         check_dataset(dataset_conf("wikitext103", path=str(tmp_path)))
 
 
+def test_real_files_of_garbage_under_the_right_names_are_one_line_before_launch(tmp_path):
+    """Hostile inputs 3, case 5: random bytes named as MNIST's IDX files or as token ids failed at run time with an
+    AssertionError or an IndexError; their headers and token ids are checked against what the format says."""
+    fake_mnist(tmp_path)
+    check_dataset(dataset_conf("mnist", source="real", path=str(tmp_path)))
+    rng = np.random.default_rng(0)
+    images = tmp_path / "MNIST/raw/train-images-idx3-ubyte"
+    images.write_bytes(rng.integers(0, 256, 12 * 784 + 16, dtype=np.uint8).tobytes())
+    with pytest.raises(ConfigError, match=r"train-images-idx3-ubyte is not an MNIST IDX file of images"):
+        check_dataset(dataset_conf("mnist", source="real", path=str(tmp_path)))
+    fake_mnist(tmp_path)
+    labels = tmp_path / "MNIST/raw/t10k-labels-idx1-ubyte"
+    labels.write_bytes(labels.read_bytes()[:-1])  # one label short of its header's count
+    with pytest.raises(ConfigError, match=r"t10k-labels-idx1-ubyte is not an MNIST IDX file of labels"):
+        check_dataset(dataset_conf("mnist", source="real", path=str(tmp_path)))
+    fake_token_bins(tmp_path)
+    check_dataset(dataset_conf("wikitext103", path=str(tmp_path), seq_len=10))
+    rng.integers(0, 2**16, 200, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    with pytest.raises(ConfigError, match=r"val.bin holds token id \d+, beyond the vocabulary of 50257"):
+        check_dataset(dataset_conf("wikitext103", path=str(tmp_path), seq_len=10))
+
+
 def test_check_dataset_rejects_real_data_that_does_not_fit_the_config(tmp_path):
     fake_mnist(tmp_path)
     with pytest.raises(ConfigError, match="1-channel images, not channels=3"):

@@ -83,9 +83,34 @@ def _check_token_files(cfg, root: Path) -> None:
         if _token_count(root / file) <= cfg.seq_len:
             raise ConfigError(f"dataset {cfg.name}: {root / file} holds fewer than seq_len+1 = {cfg.seq_len + 1} "
                               "tokens")
+        largest = int(np.memmap(root / file, dtype=TOKEN_DTYPE, mode="r").max())  # a pass over the file: ~0.1 s/GB
+        if largest >= cfg.vocab_size:
+            raise ConfigError(f"dataset {cfg.name}: {root / file} holds token id {largest}, beyond the vocabulary of "
+                              f"{cfg.vocab_size} (not {TOKEN_DTYPE.__name__} token ids of GPT-2's tokenizer?)")
+
+
+# The IDX files' magic numbers (big-endian: 0, 0, the type 0x08 for unsigned bytes, the number of dimensions) and the
+# sizes of an image, by yann.lecun.com/exdb/mnist's description of the format.
+IDX_MAGIC = {"images-idx3-ubyte": 0x0803, "labels-idx1-ubyte": 0x0801}
+MNIST_IMAGE = (28, 28)
+
+
+def _check_mnist(root: Path) -> None:
+    for name in MNIST_FILES:
+        file, kind = root / name, name.split("-", 1)[1]
+        images = kind.startswith("images")
+        header = np.fromfile(file, dtype=">u4", count=4 if images else 2)  # magic, count[, rows, columns]
+        item = int(np.prod(MNIST_IMAGE)) if images else 1
+        if (len(header) < (4 if images else 2) or header[0] != IDX_MAGIC[kind]
+                or (images and tuple(header[2:]) != MNIST_IMAGE)
+                or file.stat().st_size != 4 * len(header) + int(header[1]) * item):
+            raise ConfigError(f"dataset mnist: {file} is not an MNIST IDX file of {kind.split('-')[0]} (its header or "
+                              "size is wrong: the official files, gunzipped)")
 
 
 def _check_images(cfg, root: Path) -> None:
+    if cfg.name == "mnist":
+        _check_mnist(root)
     channels, classes = IMAGE_SHAPES[cfg.name]
     if cfg.channels != channels:
         raise ConfigError(f"dataset {cfg.name} has {channels}-channel images, not channels={cfg.channels}")
