@@ -247,6 +247,16 @@ def test_a_malformed_site_file_is_one_line_naming_it(tmp_path, results, monkeypa
     assert not results.exists()
 
 
+def test_a_deepspeed_config_that_contradicts_the_batch_is_refused_before_launch(results, capsys):
+    """Hostile inputs 3, case 6: DeepSpeed asserted the contradiction only in the ranks (the point recorded failed)."""
+    zero = [*DIGITS, "strategy=zero", "workers=2", "optimizer.name=adam"]
+    assert driver.main([*zero, "+strategy.ds_config.train_batch_size=999"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: strategy zero: ds_config.train_batch_size=999 contradicts the point's 32: the batch is set by "
+        "batch_size, workers and grad_accum"]
+    assert not results.exists()
+
+
 def test_a_yaml_syntax_error_in_conf_is_one_line_with_file_line_column(conf_copy):
     """Case 5: a sweep file (read by the planner) and a group's option (composed by Hydra)."""
     sweep = conf_copy / "sweep" / "broken.yaml"

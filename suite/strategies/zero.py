@@ -236,6 +236,12 @@ class Zero(Strategy):
         if self.offload == "params" and self.zero_stage != 3:
             raise ConfigError(f"strategy zero: offload=params needs zero_stage=3 (got {self.zero_stage}); "
                               "stages 1 and 2 keep parameters on every rank")
+        batch = {"train_batch_size": self.layout(cfg).global_batch, "train_micro_batch_size_per_gpu": cfg.batch_size,
+                 "gradient_accumulation_steps": cfg.grad_accum}
+        for key, value in batch.items():  # DeepSpeed would refuse the contradiction only in the ranks
+            if self.ds_config.get(key, value) != value:
+                raise ConfigError(f"strategy zero: ds_config.{key}={self.ds_config[key]} contradicts the point's "
+                                  f"{value}: the batch is set by batch_size, workers and grad_accum")
 
     def generated_config(self, cfg, model: nn.Module | None = None) -> dict[str, Any]:
         """DeepSpeed's JSON config for this point (before launch, and again in each rank), its buckets sized to
