@@ -277,3 +277,16 @@ def test_a_points_identity_is_what_it_was_when_recorded(line):
     assert described.config_hash == point.config_hash
     held = {gb: plan([[*line, f"cluster.hardware.device_memory_gb={gb}"]])[0].config_hash for gb in (1, 2)}
     assert len({point.config_hash, *held.values()}) == 3
+
+
+def test_a_large_grid_says_how_many_points_it_plans_and_how_far_it_is(monkeypatch, capsys):
+    """Hostile inputs 3, case 7: 1,000 points planned in minutes of silence. The count first, then a line every
+    few seconds (here every point: the thresholds lowered)."""
+    from suite.sweep.plan import PlanningProgress
+
+    monkeypatch.setattr(PlanningProgress, "ANNOUNCED", 3)
+    monkeypatch.setattr(PlanningProgress, "EVERY_S", 0.0)
+    points = plan([["dataset=digits", "network=resnet18", f"seed={seed}"] for seed in range(3)])
+    assert len(points) == 3
+    assert capsys.readouterr().err.splitlines()[:3] == [
+        "planning 3 points", "planned 0 of 3 points in 0 s", "planned 1 of 3 points in 0 s"]

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -189,6 +190,26 @@ def problem_line(message: str, where: list[str], total: int) -> str:
     return f"{message} ({len(where)} of {total} points, e.g. {where[0]})"
 
 
+class PlanningProgress:
+    """A large grid's count before it is planned (composing a point takes about a tenth of a second), and a line every
+    few seconds while it is, on stderr."""
+
+    ANNOUNCED = 100  # points
+    EVERY_S = 5.0
+
+    def __init__(self, total: int) -> None:
+        self.total, self.start = total, time.monotonic()
+        self.shown = self.start
+        if total >= self.ANNOUNCED:
+            print(f"planning {total} points", file=sys.stderr, flush=True)
+
+    def show(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.shown >= self.EVERY_S:
+            self.shown = now
+            print(f"planned {done} of {self.total} points in {now - self.start:.0f} s", file=sys.stderr, flush=True)
+
+
 def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[InvalidPoint] | None = None,
          torch_version: str | None = None, runs_here: bool = True, plan_auto: PlanAuto | None = None) -> list[Point]:
     """Compose and validate every job; raise ConfigError listing all bad ones. With an `invalid` list, the
@@ -203,8 +224,10 @@ def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[Inv
     points, unrunnable = [], {}
     problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
     refused: dict[str, list[str]] = {}  # the same, for points this torch cannot run
+    progress = PlanningProgress(len(jobs))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        for overrides in jobs:
+        for done, overrides in enumerate(jobs):
+            progress.show(done)
             try:
                 points.append(make_point(overrides, experiment, torch_version or torch.__version__, runs_here,
                                          plan_auto))
