@@ -19,7 +19,10 @@ from analysis.tables import interval_note  # noqa: E402
 
 
 def _legend(ax) -> None:
-    """Below the axes, so that many strategy variants do not hide the lines."""
+    """Below the axes, so that many strategy variants do not hide the lines; none where nothing was drawn (a
+    workload whose every point failed)."""
+    if not ax.get_legend_handles_labels()[0]:
+        return
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
 
 

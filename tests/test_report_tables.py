@@ -43,3 +43,22 @@ def test_markdown_and_latex_show_the_same_cells_and_say_what_the_intervals_span(
 def test_an_interval_cell_is_the_value_alone_from_one_sample_and_a_dash_for_none():
     assert interval_cell(None) == "-" and interval_cell(estimate([2.0])) == "2"
     assert isinstance(interval_cell(estimate([2.0, 3.0])), Interval)
+
+
+def test_a_figure_of_a_workload_whose_every_point_failed_warns_nothing():
+    """Hostile inputs 3, case 8: matplotlib's 'No artists with labels found' stood beside a failed point's line."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from analysis.plots import _legend
+
+    fig, ax = plt.subplots()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _legend(ax)
+    assert ax.get_legend() is None
+    ax.plot([1, 2], [1, 2], label="ddp")
+    _legend(ax)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ddp"]
+    plt.close(fig)
