@@ -289,4 +289,4 @@ def test_a_large_grid_says_how_many_points_it_plans_and_how_far_it_is(monkeypatc
     points = plan([["dataset=digits", "network=resnet18", f"seed={seed}"] for seed in range(3)])
     assert len(points) == 3
     assert capsys.readouterr().err.splitlines()[:3] == [
-        "planning 3 points", "planned 0 of 3 points in 0 s", "planned 1 of 3 points in 0 s"]
+        "[plan] 3 points to plan", "[plan] 0 of 3 points planned in 0 s", "[plan] 1 of 3 points planned in 0 s"]

@@ -201,13 +201,14 @@ class PlanningProgress:
         self.total, self.start = total, time.monotonic()
         self.shown = self.start
         if total >= self.ANNOUNCED:
-            print(f"planning {total} points", file=sys.stderr, flush=True)
+            print(f"[plan] {total} points to plan", file=sys.stderr, flush=True)
 
     def show(self, done: int) -> None:
         now = time.monotonic()
         if now - self.shown >= self.EVERY_S:
             self.shown = now
-            print(f"planned {done} of {self.total} points in {now - self.start:.0f} s", file=sys.stderr, flush=True)
+            print(f"[plan] {done} of {self.total} points planned in {now - self.start:.0f} s", file=sys.stderr,
+                  flush=True)
 
 
 def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[InvalidPoint] | None = None,
