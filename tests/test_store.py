@@ -30,3 +30,27 @@ def test_an_undeclared_summary_metric_is_refused_and_nothing_is_written(store):
 def test_a_declared_summary_metric_is_recorded(store):
     run = store.client.get_run(record(store, {"epoch_time_s_mean": 2.5}))
     assert run.data.metrics["epoch_time_s_mean"] == 2.5
+
+
+def test_a_run_whose_params_were_edited_is_inconsistent_to_the_report_and_the_resume_alike(store):
+    """Hostile inputs 3, case 4: a run's params changed by hand in the sqlite file (strategy=warpdrive) were reported
+    as they read while a resumed sweep skipped the point by its unchanged config hash. Both now read the run as
+    `inconsistent`: the report leaves it out of its results and the sweep runs the point again."""
+    import sqlite3
+
+    from analysis.runs import row_from_run
+    from suite.records.store import INCONSISTENT, run_status
+    from suite.sweep.driver import skip_reason
+
+    now = time.time()
+    run_id = store.write_run("adhoc", "digits/resnet18/ddp/w2", {"strategy": "ddp", "workers": 2},
+                             {"suite.status": Status.finished, "suite.config_hash": "0123456789abcdef"}, [], [], now,
+                             now)
+    (run,) = store.runs("adhoc")
+    assert run_status(run) == Status.finished
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE params SET value = 'warpdrive' WHERE run_uuid = ? AND key = 'strategy'", (run_id,))
+    (run,) = store.runs("adhoc")
+    assert run.data.params["strategy"] == "warpdrive" and run_status(run) == INCONSISTENT
+    assert skip_reason(run, "code", force=False, retry_failed=False) is None  # run again
+    assert row_from_run(run).status == INCONSISTENT  # the report's row: not finished, so in no result

@@ -7,7 +7,9 @@ import contextlib
 import fcntl
 import functools
 import getpass
+import hashlib
 import itertools
+import json
 import logging
 import os
 import sqlite3
@@ -158,12 +160,21 @@ def run_params(cfg: DictConfig, knobs: dict[str, Any], layout: dict[str, Any]) -
 
 
 INCOMPLETE = "incomplete"  # the status of a point's run whose recording stopped part-way (a full disk, a crash)
+# The status of a point's run whose params are no longer those it was recorded with (its store edited by hand): its
+# config hash no longer says what it measured, so neither the report nor a resumed sweep trusts it.
+INCONSISTENT = "inconsistent"
+PARAMS_DIGEST = "suite.params_digest"
 # The tags that say how a point ended: Store.write_run writes them after everything else, just before it ends the run.
 VERDICT = ("suite.status", "suite.error")
 # A run write that another writer's lock holds up past sqlite's busy timeout (MLflow sets 20 s on every session)
 # is made again whole, this many times at most, after pauses of RETRY_AFTER_S, twice that, ...
 WRITE_ATTEMPTS = 4
 RETRY_AFTER_S = 2.0
+
+
+def params_digest(params: dict[str, Any]) -> str:
+    """A digest of a run's params as MLflow keeps them (strings), recorded with the run and checked when it is read."""
+    return hashlib.sha256(json.dumps(sorted((k, str(v)) for k, v in params.items())).encode()).hexdigest()[:16]
 
 
 def complete(run) -> bool:
@@ -207,8 +218,14 @@ def user() -> str:
 
 
 def run_status(run) -> str:
-    """How a point ended as its run says (the `suite.status` tag), or `incomplete` if the run is not complete."""
-    return run.data.tags.get("suite.status", "?") if complete(run) else INCOMPLETE
+    """How a point ended as its run says (the `suite.status` tag); `incomplete` if the run is not complete,
+    `inconsistent` if its params are not those it was recorded with."""
+    if not complete(run):
+        return INCOMPLETE
+    digest = run.data.tags.get(PARAMS_DIGEST)  # runs recorded before the digest was have none
+    if digest is not None and digest != params_digest(run.data.params):
+        return INCONSISTENT
+    return run.data.tags.get("suite.status", "?")
 
 
 class Store:
@@ -410,8 +427,8 @@ class Store:
         stops. The run carries the point's identity from the start (so that the next recorder finds and ends it if
         the process stops too), its verdict only at the end: a run cut short never reads as a point that finished."""
         run_id = self.client.create_run(self.experiment_id(experiment), start_time=int(start_time * 1000),
-                                        run_name=name, tags={k: v for k, v in tags.items() if k not in VERDICT}
-                                        ).info.run_id
+                                        run_name=name, tags={**{k: v for k, v in tags.items() if k not in VERDICT},
+                                                             PARAMS_DIGEST: params_digest(params)}).info.run_id
         half_written.append(run_id)
         self.client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()])
         for path in artifacts:

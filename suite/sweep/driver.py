@@ -20,7 +20,7 @@ from suite.placement import threads_per_worker
 from suite.records.manifest import git_sha
 from suite.records.point_dir import error_line
 from suite.records.record import finish
-from suite.records.store import INCOMPLETE, Store, run_params, run_status, source_tags
+from suite.records.store import INCOMPLETE, INCONSISTENT, Store, run_params, run_status, source_tags
 from suite.records.verdict import NotStarted
 from suite.strategies import missing_library
 from suite.sweep import jobs
@@ -76,7 +76,7 @@ def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str
             reason += (f"\n  (measured with code {measured[:10]}, now {code_now[:10]}: "
                        "add --force / FORCE=1 to measure again)")
         return reason
-    if retry_failed or "suite.interrupted" in tags or status == INCOMPLETE:
+    if retry_failed or "suite.interrupted" in tags or status in (INCOMPLETE, INCONSISTENT):
         return None
     return (f"its last run {previous.info.run_id} ended {status}: {tags.get('suite.error', '')} "
             "(--retry-failed / RETRY_FAILED=1 runs it again)")

@@ -7,7 +7,7 @@ from collections import Counter
 
 from launchers.batch import ENDED
 from suite.records.point_dir import PointDir
-from suite.records.store import INCOMPLETE, Store, run_status
+from suite.records.store import INCOMPLETE, INCONSISTENT, Store, run_status
 from suite.sweep import jobs
 from suite.sweep.plan import Point
 
@@ -39,6 +39,8 @@ def status_rows(points: list[Point], store: Store) -> list[tuple[str, ...]]:
         detail = tags.get("suite.error") or f"run {run.info.run_id}"
         if status == INCOMPLETE:
             detail = f"run {run.info.run_id}: recording stopped part-way"  # the next sweep runs the point again
+        elif status == INCONSISTENT:
+            detail = f"run {run.info.run_id}: its params were changed after it was recorded"  # run again, too
         rows.append((point.label, status, _epochs(tags.get("suite.point_dir"), point.cfg.epochs),
                      " ".join(filter(None, (tags.get("suite.scheduler"), tags.get("suite.job_id")))) or "-", detail))
     return rows
