@@ -114,21 +114,15 @@ SMALL = ("calibration.max_bytes=4194304 calibration.matmul_n=256 calibration.sec
          "calibration.probe_passes=2")
 
 
-_CALIBRATED: list = []  # made once per test process
-
-
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
-    """`make calibrate` on 2 gloo ranks, 4 KiB to 4 MiB, into a results directory of its own. Kept beyond the module
-    fixture's life: under pytest-xdist its setup ran twice in one `make test` (126 s each, --durations), the worker
-    having torn the module's fixtures down between two of its tests."""
-    if not _CALIBRATED:
-        results = tmp_path_factory.mktemp("calibrated") / "results"
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv("SUITE_RESULTS_DIR", str(results))
-            env.delenv("MLFLOW_TRACKING_URI", raising=False)
-            _CALIBRATED.append((results, run_make("calibrate", f"ARGS={SMALL}")))
-    return _CALIBRATED[0]
+    """`make calibrate` on 2 gloo ranks, 4 KiB to 4 MiB, into a results directory of its own."""
+    results = tmp_path_factory.mktemp("calibrated") / "results"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SUITE_RESULTS_DIR", str(results))
+        env.delenv("MLFLOW_TRACKING_URI", raising=False)
+        made = run_make("calibrate", f"ARGS={SMALL}")
+    return results, made
 
 
 @pytest.mark.slow
