@@ -236,12 +236,15 @@ class Zero(Strategy):
         if self.offload == "params" and self.zero_stage != 3:
             raise ConfigError(f"strategy zero: offload=params needs zero_stage=3 (got {self.zero_stage}); "
                               "stages 1 and 2 keep parameters on every rank")
-        batch = {"train_batch_size": self.layout(cfg).global_batch, "train_micro_batch_size_per_gpu": cfg.batch_size,
-                 "gradient_accumulation_steps": cfg.grad_accum}
-        for key, value in batch.items():  # DeepSpeed would refuse the contradiction only in the ranks
+        for key, value in self.batch_config(cfg).items():  # DeepSpeed would refuse the contradiction only in the ranks
             if self.ds_config.get(key, value) != value:
                 raise ConfigError(f"strategy zero: ds_config.{key}={self.ds_config[key]} contradicts the point's "
                                   f"{value}: the batch is set by batch_size, workers and grad_accum")
+
+    def batch_config(self, cfg) -> dict[str, int]:
+        """The ds_config's batch keys, which the point's batch_size, workers and grad_accum set."""
+        return {"train_batch_size": self.layout(cfg).global_batch, "train_micro_batch_size_per_gpu": cfg.batch_size,
+                "gradient_accumulation_steps": cfg.grad_accum}
 
     def generated_config(self, cfg, model: nn.Module | None = None) -> dict[str, Any]:
         """DeepSpeed's JSON config for this point (before launch, and again in each rank), its buckets sized to
@@ -260,9 +263,7 @@ class Zero(Strategy):
         if self.offload == "params":
             zero["offload_param"] = {"device": "cpu"}
         generated = {
-            "train_batch_size": self.layout(cfg).global_batch,
-            "train_micro_batch_size_per_gpu": cfg.batch_size,
-            "gradient_accumulation_steps": cfg.grad_accum,
+            **self.batch_config(cfg),
             "gradient_clipping": 0.0,  # DeepSpeed's default clips at norm 1.0; the other strategies do not clip
             "optimizer": {"type": DS_OPTIMIZERS[opt.name],
                           "params": {"lr": opt.lr, "eps": opt.eps, "weight_decay": opt.weight_decay, "torch_adam": True,

@@ -159,18 +159,20 @@ class Trainer:
         synchronize(*self.parallel.devices)
         (elapsed,) = self._max([time.perf_counter() - start])
         warm_up_losses = self._reduce_losses(losses)
-        for step, loss in enumerate(warm_up_losses, 1):
-            self._check_finite(loss, f"warm-up step {step}")
+        self._check_finite(warm_up_losses, 1, "warm-up step {}")
         self.step_losses += warm_up_losses
         return elapsed
 
-    def _check_finite(self, loss: float, when: str) -> None:
-        """Diverged, on every rank alike (the loss is reduced over them), where the training loss is nan or infinite.
+    def _check_finite(self, losses: list[float], first_step: int, when: str) -> None:
+        """Diverged, on every rank alike (the losses are reduced over them), at the first of these steps' training
+        losses (from `first_step`; `when` names a step by `{}`) that is nan or infinite.
         Not the validation loss: a network whose training loss stays finite can evaluate to nan (ResNet-152 as a
         2-stage pipeline on a few CIFAR-10-shaped samples, tests/test_pipeline_networks.py), a fault of the metric
         that the run records as it is, not a divergence."""
-        if not math.isfinite(loss):
-            raise Diverged(f"loss {loss} at {when}: training diverged (optimizer.lr={self.cfg.optimizer.lr:g})")
+        for step, loss in enumerate(losses, first_step):
+            if not math.isfinite(loss):
+                raise Diverged(f"loss {loss} at {when.format(step)}: training diverged "
+                               f"(optimizer.lr={self.cfg.optimizer.lr:g})")
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         self.parallel.model.train()
@@ -191,9 +193,8 @@ class Trainer:
                 # Every rank reduces: under pipelines only the last stage holds the loss. The steps since the last
                 # line are checked too, so that a divergence names the step it began at.
                 since = self._reduce_losses(losses[checked:])
-                for at, loss in enumerate(since, checked + 1):
-                    self._check_finite(loss, f"epoch {epoch} step {at}")
-                checked = step
+                self._check_finite(since, checked + 1, f"epoch {epoch} step {{}}")
+                loss, checked = since[-1], step
                 rate = samples * self.layout.dp / (time.perf_counter() - start)
                 if self.env.is_main:
                     log.info("%s epoch %d/%d step %d/%d loss %.4f %.1f samples/s", self.label, epoch,
