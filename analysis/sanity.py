@@ -2,7 +2,8 @@
 listed on the report's first screen (the `sanity` section), never hidden.
 
 A point is flagged for
-- a superlinear speedup: its throughput over its workload's 1-worker `single` baseline above its worker count;
+- a superlinear speedup: its throughput over its baseline point's (the speedup table's: the workload's 1-worker
+  `single`, else the same variant on the fewest workers) above the ratio of their worker counts;
 - a coefficient of variation above `HIGH_CV` across the samples behind its epoch time (repeats, or epochs);
 - an interval from fewer than `FEW_SAMPLES` samples;
 - a phase time (data, forward, backward, optimizer, communication) below `TIMER_RESOLUTION_S` per step: a phase that
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from analysis.measure import cells, epoch_time, finished, speedup
+from analysis.measure import cell_key, cells, epoch_time, finished, speedup
 from analysis.runs import Row
+from analysis.speedup import baseline_of
 from analysis.tables import Table
 from analysis.views import Context, Section, view
 from suite.vocabulary import PHASE_TIMES
@@ -27,8 +29,11 @@ FEW_SAMPLES = 5
 TIMER_RESOLUTION_S = 1e-4
 
 
-def _baseline(ctx: Context, row: Row) -> list[Row]:
-    return [r for r in ctx.rows if r.workload == row.workload and r.strategy == "single" and r.workers == 1]
+def _baseline(ctx: Context, row: Row) -> tuple[list[Row], int] | None:
+    """The repeats of the point `row`'s speedup is measured against, and its worker count; None for itself or none."""
+    grouped, key = cells(ctx.rows), cell_key(row)
+    base = baseline_of(key, grouped)
+    return None if base is None or base == key else (grouped[base], base[3])
 
 
 def _peers(row: Row) -> tuple:
@@ -55,11 +60,12 @@ def point_flags(ctx: Context, repeats: list[Row], usual: dict[tuple, float] | No
         flags.append(f"CV {t.cv:.0%}")
     if t is not None and t.n < FEW_SAMPLES:
         flags.append(f"interval from {t.n} sample(s)")
-    base = _baseline(ctx, row)
-    if base and row.workers > 1:
-        s = speedup(repeats, base, ctx.histories, ctx.protocol)
-        if s is not None and s.value > row.workers:
-            flags.append(f"superlinear speedup {s.value:.3g}x on {row.workers} workers")
+    baseline, workers = _baseline(ctx, row) or ([], row.workers)
+    if row.workers > workers:
+        s = speedup(repeats, baseline, ctx.histories, ctx.protocol)
+        if s is not None and s.value > row.workers / workers:
+            over = "" if baseline[0].strategy == "single" and workers == 1 else f" over {baseline[0].label} on {workers}"
+            flags.append(f"superlinear speedup {s.value:.3g}x on {row.workers} workers{over}")
     for phase in (*PHASE_TIMES, "time_comm_s"):
         values = [r.metrics[phase] for r in done if phase in r.metrics]
         if values and 0 < sum(values) / len(values) < TIMER_RESOLUTION_S:

@@ -4,7 +4,9 @@ The samples are a point's repeats (one value per run), or, for a point run once,
 says which (`Estimate.over`) and how many (`n`). Below SMALL samples a bootstrap cannot cover what it claims (at n=3
 a percentile bootstrap is about the sample's min-max and covers the true value some 75% of the time), so the value
 is the samples' mean with Student's t-interval (it assumes roughly normal samples; run-to-run noise of a timed epoch
-is; on log-normal samples of 30% spread it covers 93% at n=5). From SMALL samples on, the value is the statistic
+is; on log-normal samples of 30% spread it covers 93% at n=5), taken on the log scale for positive samples (the
+delta method's standard error of the log of the mean, s / (sqrt(n) mean)), so that the interval of a time or a rate
+never reaches below zero, however few and spread its samples. From SMALL samples on, the value is the statistic
 asked for (median over repeats, mean over epochs) with a BCa bootstrap interval (SciPy's, bias-corrected and
 accelerated, fixed seed so that a report is reproducible). A ratio of two such values (a speedup) gets a t-interval
 on the log of the ratio of means (Welch's degrees of freedom) below SMALL on either side, else a BCa bootstrap of
@@ -86,6 +88,8 @@ def estimate(samples: list[float], statistic: str = "median", seed: int = 0, ove
         return Estimate(float(values[0]), float(values[0]), float(values[0]), cv, n, "", over)
     if n < SMALL:
         mean, half = float(values.mean()), _t_quantile(n - 1) * float(values.std(ddof=1)) / math.sqrt(n)
+        if values.min() > 0:  # a time or a rate: its log's interval, as a ratio's, so that no bound is negative
+            return Estimate(mean, mean * math.exp(-half / mean), mean * math.exp(half / mean), cv, n, "t", over)
         return Estimate(mean, mean - half, mean + half, cv, n, "t", over)
     low, high = _bca((values,), STATISTICS[statistic], seed)
     return Estimate(float(STATISTICS[statistic](values)), low, high, cv, n, "BCa", over)

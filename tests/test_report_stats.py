@@ -34,10 +34,18 @@ def test_identical_samples_have_no_spread():
 def test_below_twenty_samples_the_interval_is_students_t_around_the_mean():
     samples = [10.0, 10.4, 9.7]
     e = estimate(samples, over=EPOCHS)
-    half = scipy_stats.t.ppf(0.975, 2) * statistics.stdev(samples) / 3 ** 0.5
+    half = scipy_stats.t.ppf(0.975, 2) * statistics.stdev(samples) / 3 ** 0.5 / statistics.fmean(samples)
     assert e.method == "t" and e.value == pytest.approx(statistics.fmean(samples))
-    assert (e.low, e.high) == pytest.approx((e.value - half, e.value + half))
+    assert (e.low, e.high) == pytest.approx((e.value * np.exp(-half), e.value * np.exp(half)))  # on the log scale
     assert e.spans() == "95% t-interval over 3 epochs of one run"
+
+
+def test_the_interval_of_a_positive_quantity_never_reaches_below_zero():
+    # Two epochs of 34.2 s and 40.2 s: on the raw scale [-0.83, 75.2] s around their 37.2 s mean
+    e = estimate([34.175, 40.156])
+    assert e.value == pytest.approx(37.17, abs=0.01) and (e.low, e.high) == pytest.approx((13.37, 103.3), abs=0.1)
+    signed = estimate([-1.0, 2.0, 0.5])  # a quantity that may be negative keeps the raw scale
+    assert signed.low < 0 < signed.high and signed.high - signed.value == pytest.approx(signed.value - signed.low)
 
 
 def test_from_twenty_samples_the_interval_is_a_bca_bootstrap_of_the_statistic_asked_for():

@@ -40,6 +40,20 @@ def test_suspect_points_are_flagged_with_the_reason(tmp_path):
     assert "superlinear speedup" in section.markdown and tmp_path / "sanity_flags.csv" in section.files
 
 
+def test_a_superlinear_speedup_is_flagged_over_the_baseline_the_speedup_table_takes(tmp_path):
+    # No `single` point: the speedup table's baseline is the variant on its fewest workers
+    rows = [run("fsdp", 1, 8), run("fsdp", 2, 8), run("fsdp", 4, 8)]
+    for row, run_id in zip(rows, ("w1", "w2", "w4")):
+        object.__setattr__(row, "run_id", run_id)
+    epochs = {"w1": {"epoch_time_s": [1.0] * 6, "throughput_samples_s": [8.0] * 6},
+              "w2": {"epoch_time_s": [0.25] * 6, "throughput_samples_s": [35.76] * 6},  # 4.47x on 2 workers
+              "w4": {"epoch_time_s": [0.4] * 6, "throughput_samples_s": [20.0] * 6}}
+    ctx = Context("exp", rows, Histories(epochs), None, tmp_path)
+    assert point_flags(ctx, [rows[0]]) == []
+    assert point_flags(ctx, [rows[1]]) == ["superlinear speedup 4.47x on 2 workers over fsdp on 1"]
+    assert point_flags(ctx, [rows[2]]) == []
+
+
 def test_a_sweep_says_how_far_it_is_and_how_long_is_left():
     """Unpriced points are expected to take the mean of those run; priced ones their price times how much longer
     than theirs the priced points run so far took."""
