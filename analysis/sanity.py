@@ -64,7 +64,8 @@ def point_flags(ctx: Context, repeats: list[Row], usual: dict[tuple, float] | No
     if row.workers > workers:
         s = speedup(repeats, baseline, ctx.histories, ctx.protocol)
         if s is not None and s.value > row.workers / workers:
-            over = "" if baseline[0].strategy == "single" and workers == 1 else f" over {baseline[0].label} on {workers}"
+            single = baseline[0].strategy == "single" and workers == 1
+            over = "" if single else f" over {baseline[0].label} on {workers}"
             flags.append(f"superlinear speedup {s.value:.3g}x on {row.workers} workers{over}")
     for phase in (*PHASE_TIMES, "time_comm_s"):
         values = [r.metrics[phase] for r in done if phase in r.metrics]

@@ -39,9 +39,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def config_error(error: Exception) -> int:
+    for line in str(error).splitlines():
+        print(f"error: {line}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    # Imported here so that `--help` and argument errors answer at once.
+    # Every point composed before the rest of the suite is imported (torch, MLflow, the strategies): a misspelt name
+    # or key is answered in a second or two.
+    from suite.sweep.compose import compose_all
+    from suite.sweep.sweep_files import expand, repeat_overrides, sweep_file, sweep_jobs
+    try:
+        if args.collect:
+            jobs = []
+        elif args.sweep:
+            jobs = sweep_jobs(args.sweep, args.overrides, args.repeats)
+        else:
+            multirun = args.multirun or (args.repeats or 1) > 1
+            jobs = expand(repeat_overrides(args.repeats or 1) + args.overrides, multirun)
+        composed = compose_all(jobs)
+    except ConfigError as e:
+        return config_error(e)
+    # Imported here so that `--help`, argument errors and configs that do not compose answer at once.
     from mlflow.exceptions import MlflowException
     from omegaconf import OmegaConf
 
@@ -60,7 +81,6 @@ def main(argv: list[str]) -> int:
     from suite.sweep.jobs import batch_experiments, check_submittable, collect
     from suite.sweep.plan import plan
     from suite.sweep.status import end_abandoned_sweep_runs, status_table
-    from suite.sweep.sweep_files import expand, repeat_overrides, sweep_file, sweep_jobs
 
     parent = None  # the sweep invocation's run in the store
     try:
@@ -68,14 +88,9 @@ def main(argv: list[str]) -> int:
             waiting = collect(args.sweep)
             print(f"{len(waiting)} job point(s) still queued or running")
             return 0
-        if args.sweep:
-            jobs = sweep_jobs(args.sweep, args.overrides, args.repeats)
-        else:
-            multirun = args.multirun or (args.repeats or 1) > 1
-            jobs = expand(repeat_overrides(args.repeats or 1) + args.overrides, multirun)
         records_invalid = bool(args.sweep) and sweep_file(args.sweep).get("invalid_points") == "record"
         invalid = [] if records_invalid else None
-        points = plan(jobs, experiment=args.sweep, invalid=invalid, plan_auto=resolve_auto)
+        points = plan(jobs, experiment=args.sweep, invalid=invalid, plan_auto=resolve_auto, composed=composed)
         if not points:
             raise ConfigError(f"none of the {len(invalid)} point(s) can run here: "
                               + "; ".join(f"{p.label}: {p.error}" for p in invalid[:3]))
@@ -107,9 +122,7 @@ def main(argv: list[str]) -> int:
         outcomes = run_sweep(points, store, force=args.force, retry_failed=args.retry_failed, dry_run=args.dry_run,
                               parent_run_id=parent, predict=recorded_prediction)
     except (ConfigError, SchedulerError) as e:
-        for line in str(e).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        return 2
+        return config_error(e)
     except MlflowException as e:
         print(f"error: the MLflow store: {error_line(e)}", file=sys.stderr)
         return 2

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
+from collections.abc import Iterable
 
 import yaml
-from omegaconf.errors import ValidationError
+from hydra.errors import MissingConfigException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 
 class ConfigError(ValueError):
@@ -54,15 +57,39 @@ def yaml_error_line(error: BaseException) -> str | None:
     return f"{mark.name}:{mark.line + 1}:{mark.column + 1}: {problem}" if mark else problem
 
 
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`did you mean ddp? ` for the choice nearest `name` (difflib's ratio of at least 0.6), else ''."""
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {match[0]}? " if match else ""
+
+
+def _cause(error: BaseException | None, kind) -> BaseException | None:
+    while error is not None and not isinstance(error, kind):
+        error = error.__cause__ or error.__context__
+    return error
+
+
 def composition_error_line(error: BaseException) -> str:
-    """One line for a config that does not compose: a YAML syntax error's place, a value outside its field's choices
-    or type (`precision=fp8 is not one of fp32, bf16, fp16`), else Hydra's own message."""
+    """One line for a config that does not compose: a YAML syntax error's place, a config name or key that does not
+    exist with the nearest that does (never Hydra's search path, never its `+key` advice, which would add the misspelt
+    key beside the real one), a value outside its field's choices or type (`precision=fp8 is not one of fp32, bf16,
+    fp16`), else Hydra's own message."""
     where = yaml_error_line(error)
     if where:
         return where
-    cause = error
-    while cause is not None and not isinstance(cause, ValidationError):
-        cause = cause.__cause__ or cause.__context__
+    if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
+        group, _, name = error.missing_cfg_file.rpartition("/")
+        group = group.replace("/", ".")
+        return (f"{group}={name}: no such {group}; {did_you_mean(name, error.options)}"
+                f"({group}: {', '.join(error.options)})")
+    unknown = _cause(error, (ConfigAttributeError, ConfigKeyError))
+    if unknown is not None and unknown.full_key and unknown.parent_node is not None:
+        parent, _, key = unknown.full_key.rpartition(".")
+        given = re.search(r"use \+(\S+)", str(error))
+        keys = sorted(k for k in map(str, unknown.parent_node.keys()) if not k.startswith("_") and k != "hydra")
+        return (f"{given[1] if given else unknown.full_key}: {parent or 'the config'} has no key {key}; "
+                f"{did_you_mean(key, keys)}(its keys: {', '.join(keys)})")
+    cause = _cause(error, ValidationError)
     if cause is None or not cause.full_key:
         return " ".join(str(error).split())
     problem = str(cause).splitlines()[0]

@@ -133,11 +133,11 @@ def conf_copy(tmp_path, monkeypatch):
     """A copy of conf/ that the planner, the sweep files, the catalog and the reports read instead, for files a test
     breaks."""
     from suite import paths
-    from suite.sweep import catalog, plan
+    from suite.sweep import catalog, compose
 
     conf = tmp_path / "conf"
-    shutil.copytree(plan.CONF_DIR, conf)
-    for module in (paths, plan, catalog):
+    shutil.copytree(compose.CONF_DIR, conf)
+    for module in (paths, compose, catalog):
         monkeypatch.setattr(module, "CONF_DIR", conf)
     return conf
 

@@ -34,6 +34,7 @@ from suite.published.records import Record
 from suite.strategies import strategy_class
 from suite.sweep import catalog
 from suite.sweep.checks import OlderTorch
+from suite.sweep.compose import compose_point
 from suite.sweep.plan import Point, make_point
 
 # Planning a record asks nothing of a scheduler: no account to charge (as `make predict`).
@@ -525,8 +526,9 @@ def plan_records(records: list[Record], torch_version: str | None = None) -> lis
                 planned.append(m)
                 continue
             try:
-                point = make_point([*m.overrides, *NOTHING_SUBMITTED], "published", torch_version or torch.__version__,
-                                   runs_here=False)
+                overrides = [*m.overrides, *NOTHING_SUBMITTED]
+                point = make_point(overrides, compose_point(overrides), "published",
+                                   torch_version or torch.__version__, runs_here=False)
             except (ConfigError, OlderTorch) as e:
                 planned.append(replace(m, reasons=(Reason(PLANNER, " ".join(str(e).split())),)))
             else:

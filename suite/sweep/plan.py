@@ -15,23 +15,19 @@ import hashlib
 import json
 import math
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from suite.config import register_schema
-from suite.errors import BadValue, ConfigError, composition_error_line
+from suite.errors import BadValue, ConfigError
 from suite.layout import Layout
 from suite.models import resolve_network
-from suite.paths import CONF_DIR, searchpath_overrides
 from suite.placement import loader_workers
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
+from suite.sweep.compose import compose_all, job_line, problem_line
 from suite.vocabulary import AUTO, AUTO_CHOOSES
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
@@ -140,24 +136,9 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _compose(overrides: list[str]) -> DictConfig:
-    """The point's config; site config directories ($SUITE_CONFIG_DIR) are searched after conf/."""
-    try:
-        cfg = compose(config_name="config", overrides=overrides + searchpath_overrides())
-    except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
-        raise ConfigError(composition_error_line(e)) from e
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:  # a config file (a site's cluster, say) that leaves a required key unset
-        group = missing[0].split(".")[0]
-        choice = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(f"{group}=")), "the default")
-        raise BadValue(f"{', '.join(missing)} not set: {group}={choice}'s config file must set "
-                       f"{'them' if len(missing) > 1 else 'it'}")
-    return cfg
-
-
-def make_point(overrides: list[str], experiment: str | None, torch_version: str, runs_here: bool = True,
-               plan_auto: PlanAuto | None = None) -> Point:
-    cfg = _compose(overrides)
+def make_point(overrides: list[str], cfg: DictConfig, experiment: str | None, torch_version: str,
+               runs_here: bool = True, plan_auto: PlanAuto | None = None) -> Point:
+    """The point of `overrides` from its composed config (suite.sweep.compose), its strategy and layout validated."""
     resolve_network(cfg.network)  # the name it is recorded by is what is built, before its identity is taken
     if experiment and not any(o.startswith("tracking.experiment=") for o in overrides):
         cfg.tracking.experiment = experiment
@@ -179,67 +160,33 @@ def make_point(overrides: list[str], experiment: str | None, torch_version: str,
     return Point(tuple(overrides), cfg, strategy, layout)
 
 
-def problem_line(message: str, where: list[str], total: int) -> str:
-    """One line per distinct problem: a problem of one point names it, one shared by several counts them."""
-    if total == 1:
-        return message
-    if len(where) == 1:
-        return f"{where[0]}: {message}"
-    if len(where) == total:
-        return f"{message} (all {total} points)"
-    return f"{message} ({len(where)} of {total} points, e.g. {where[0]})"
-
-
-class PlanningProgress:
-    """A large grid's count before it is planned (composing a point takes about a tenth of a second), and a line every
-    few seconds while it is, on stderr."""
-
-    ANNOUNCED = 100  # points
-    EVERY_S = 5.0
-
-    def __init__(self, total: int) -> None:
-        self.total, self.start = total, time.monotonic()
-        self.shown = self.start
-        if total >= self.ANNOUNCED:
-            print(f"[plan] {total} points to plan", file=sys.stderr, flush=True)
-
-    def show(self, done: int) -> None:
-        now = time.monotonic()
-        if now - self.shown >= self.EVERY_S:
-            self.shown = now
-            print(f"[plan] {done} of {self.total} points planned in {now - self.start:.0f} s", file=sys.stderr,
-                  flush=True)
-
-
 def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[InvalidPoint] | None = None,
-         torch_version: str | None = None, runs_here: bool = True, plan_auto: PlanAuto | None = None) -> list[Point]:
-    """Compose and validate every job; raise ConfigError listing all bad ones. With an `invalid` list, the
+         torch_version: str | None = None, runs_here: bool = True, plan_auto: PlanAuto | None = None,
+         composed: list[DictConfig] | None = None) -> list[Point]:
+    """Compose (unless `composed` holds the jobs' configs, suite.sweep.compose's) and validate every job; raise
+    ConfigError listing all bad ones. With an `invalid` list, the
     points that compose but cannot run are appended to it instead (once per config hash). Points whose strategy
     needs a newer torch than `torch_version` (default: this environment's) are left out, one line on stderr per
     strategy; if that leaves none, those lines are the ConfigError. `runs_here=False` plans points only to price
     them: a one-machine cluster's (the local launcher's) GPUs are not asked of this machine. `plan_auto` chooses a
     `strategy.pp=auto` point's configuration (suite.predict.pipedream_plan.resolve_auto: the planner prices through
     the predictor, which plans points, so whoever plans hands it in); without it such a point is rejected."""
-    register_schema()
-    GlobalHydra.instance().clear()
+    configs = compose_all(jobs) if composed is None else composed
     points, unrunnable = [], {}
     problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
     refused: dict[str, list[str]] = {}  # the same, for points this torch cannot run
-    progress = PlanningProgress(len(jobs))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        for done, overrides in enumerate(jobs):
-            progress.show(done)
-            try:
-                points.append(make_point(overrides, experiment, torch_version or torch.__version__, runs_here,
-                                         plan_auto))
-            except OlderTorch as e:
-                refused.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
-            except ConfigError as e:
-                if isinstance(e, Unrunnable) and invalid is not None:
-                    found = InvalidPoint(tuple(overrides), e.cfg, str(e))
-                    unrunnable.setdefault(found.config_hash, found)
-                else:
-                    problems.setdefault(str(e), []).append(" ".join(overrides) or "(defaults)")
+    for overrides, cfg in zip(jobs, configs, strict=True):
+        try:
+            points.append(make_point(overrides, cfg, experiment, torch_version or torch.__version__, runs_here,
+                                     plan_auto))
+        except OlderTorch as e:
+            refused.setdefault(str(e), []).append(job_line(overrides))
+        except ConfigError as e:
+            if isinstance(e, Unrunnable) and invalid is not None:
+                found = InvalidPoint(tuple(overrides), e.cfg, str(e))
+                unrunnable.setdefault(found.config_hash, found)
+            else:
+                problems.setdefault(str(e), []).append(job_line(overrides))
     if problems:
         raise ConfigError("\n".join(problem_line(message, where, len(jobs)) for message, where in problems.items()))
     refusals = [problem_line(message, where, len(jobs)) for message, where in refused.items()]
