@@ -161,7 +161,7 @@ report: setup  ## SWEEP's report: tables, figures, claims
 # for Study J's equations). `recommend` ranks every strategy and its main knobs for ARGS="dataset=... network=...
 # cluster=... workers=...".
 predict: setup  ## the performance model's price of ARGS's points (FORMAT=json)
-	$(SUITE) predict $(if $(filter json,$(FORMAT)),--json) $(ARGS)
+	@$(SUITE) predict $(if $(filter json,$(FORMAT)),--json) $(ARGS)
 
 recommend: setup  ## every strategy ranked for ARGS's workload and cluster
 	$(SUITE) recommend $(ARGS)

@@ -88,12 +88,19 @@ def main(argv: list[str]) -> int:
             waiting = collect(args.sweep)
             print(f"{len(waiting)} job point(s) still queued or running")
             return 0
-        records_invalid = bool(args.sweep) and sweep_file(args.sweep).get("invalid_points") == "record"
-        invalid = [] if records_invalid else None
+        # A grid's points that cannot run (single on 2 workers) are left out with a line each, or recorded where the
+        # sweep file says so; a point asked for alone is refused.
+        invalid = [] if len(jobs) > 1 else None
         points = plan(jobs, experiment=args.sweep, invalid=invalid, plan_auto=resolve_auto, composed=composed)
         if not points:
             raise ConfigError(f"none of the {len(invalid)} point(s) can run here: "
                               + "; ".join(f"{p.label}: {p.error}" for p in invalid[:3]))
+        if invalid and not (args.sweep and sweep_file(args.sweep).get("invalid_points") == "record"):
+            for point in invalid:
+                print(f"skipped {point.label}: {point.error}", file=sys.stderr)
+            print(f"skipped {len(invalid)} point(s) that cannot run; {len(points)} to run", file=sys.stderr,
+                  flush=True)
+            invalid = []
         if not (args.status or args.cfg):
             check_submittable(points, args.dry_run)
             check_installed(points)

@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # argparse names a parser without a prog after argv[0]: each command's usage line reads `suite predict ...`
+    sys.argv[0] = "suite" if module == COMMANDS["run"][0] else f"suite {argv[0]}"
     return importlib.import_module(module).main(args)
 
 

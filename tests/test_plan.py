@@ -198,12 +198,21 @@ def test_sweep_without_multirun_is_rejected():
 
 
 @pytest.mark.slow
-def test_cli_rejects_a_bad_sweep_before_launching_anything(results):
-    result = run_suite("-m", "strategy=single,ddp", "workers=2")
+def test_a_grid_skips_the_points_that_cannot_run_and_refuses_one_where_none_can(results):
+    result = run_suite("-m", "strategy=single,ddp", "workers=1,2", "--dry-run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-2:] == [
+        "skipped cifar10/resnet18/single/w2: strategy single runs one process, but workers=2",
+        "skipped 1 point(s) that cannot run; 3 to run"]
+    assert "3 point(s); results in" in result.stdout
+    result = run_suite("-m", "strategy=single", "workers=2,3")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "error: strategy=single workers=2: strategy single runs one process, but workers=2"
-    ]
+        "error: none of the 2 point(s) can run here: cifar10/resnet18/single/w2: strategy single runs one process, but "
+        "workers=2; cifar10/resnet18/single/w3: strategy single runs one process, but workers=3"]
+    result = run_suite("strategy=single", "workers=2")  # asked for alone: refused as it is
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: strategy single runs one process, but workers=2"]
     assert not (results / "points").exists()  # nothing was launched
 
 

@@ -1,13 +1,11 @@
 """From command-line overrides or a sweep file to a list of validated points, before anything runs.
 
-Every point of a sweep is composed and checked first; one bad point rejects the whole sweep with
-one line per problem, so a mistake never surfaces hours into a run. A sweep file that reproduces a
-study may say `invalid_points: record`: then a point that composes but that the strategy or machine
-cannot run (torchgpipe beyond one node, more pipeline stages than layers) is kept as an
-`InvalidPoint`, recorded with its reason as the study's own failures were, while a point that does
-not compose (a misspelt key or name) or holds a value no point could run with (`BadValue`: workers=0, a
-negative device memory) still rejects the sweep.
-"""
+Every point of a sweep is composed (suite.sweep.compose) and checked first, so a mistake never surfaces hours
+into a run. A point that does not compose (a misspelt key or name) or holds a value no point could run with
+(`BadValue`: workers=0, a negative device memory) rejects the sweep, one line per problem. A point that composes
+but that the strategy or machine cannot run (single on 2 workers, torchgpipe beyond one node, more pipeline stages
+than layers) is an `InvalidPoint` where the caller asks for them (the driver leaves them out of a grid with a line
+each, or records them where the sweep file says `invalid_points: record`), else it rejects the sweep too."""
 
 from __future__ import annotations
 
