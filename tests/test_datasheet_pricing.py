@@ -362,6 +362,23 @@ def test_sequence_parallel_pipeline_stages_send_each_other_slices_of_the_sequenc
     assert kinds == {"reduce_scatter", "all_gather"}
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sequence_parallelism_splits_the_activations_tensor_parallel_ranks_keep_whole(results, precision):
+    """Korthikanti et al. (2022): without sequence parallelism each tp rank keeps its blocks' LayerNorm inputs and
+    its column-parallel linears' inputs whole; sequence parallelism splits the LayerNorm inputs over the tp ranks
+    (the linears' gathered inputs torch keeps whole). Issue 59: both were priced at 10,234 MB for GPT-2 medium."""
+    common = ("workers=8", "strategy=megatron", "strategy.tp=8", f"precision={precision}", "optimizer.name=adam",
+              "network=gpt2_medium", "dataset.seq_len=1024", "dataset.vocab_size=50257")
+    whole, sliced = (predict(point(*common, f"strategy.sequence_parallel={sp}", cluster="dgx_h100"))
+                     for sp in ("false", "true"))
+    cfg, tp = whole.point.cfg, 8
+    tokens = whole.point.layout.micro_batch_size * cfg.dataset.seq_len
+    residual = tokens * cfg.network.n_embd * 4  # a block's output, the fp32 residual stream
+    assert whole.memory.activations - sliced.memory.activations == pytest.approx(
+        cfg.network.n_layer * 2 * residual * (1 - 1 / tp), rel=1e-6)
+    assert sliced.memory.peak < whole.memory.peak
+
+
 ACCUMULATING = {"ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"],
                 **{f"zero{stage}": ["strategy=zero", f"strategy.zero_stage={stage}"] for stage in (1, 2, 3)}}
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from suite.pipeline.pipedream import lag
 from suite.predict.costs import checkpointed
-from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers, tensor_split
+from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers, tensor_split, tp_kept
 from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
@@ -44,13 +44,15 @@ class Memory:
         return self.base + self.params + self.grads + self.optimizer + self.activations + self.transient
 
 
-def kept_for_backward(layers: Sequence[LayerProfile], wrapped: Sequence[bool], input_bytes: float = 0.0,
+def kept_for_backward(w: Workload, layers: Sequence[LayerProfile], wrapped: Sequence[bool], input_bytes: float = 0.0,
                       split: int = 1) -> float:
     """Bytes autograd keeps for one batch through `layers` (whose first reads `input_bytes`): each layer's saved
-    tensors (1/split of them where tensor parallelism splits the layers), or for a checkpointed (`wrapped`) block
-    only its input, whole."""
+    tensors (a rank's share where tensor parallelism splits the layers `split` ways, `tp_kept`), or for a
+    checkpointed (`wrapped`) block only its input, whole."""
     inputs = [input_bytes, *(layer.output_bytes for layer in layers[:-1])]
-    return sum(read if again else layer.saved_bytes / split for layer, again, read in zip(layers, wrapped, inputs))
+    sequence_parallel = getattr(w.strategy, "sequence_parallel", False)
+    return sum(read if again else tp_kept(layer, split, w.cfg.precision, sequence_parallel)
+               for layer, again, read in zip(layers, wrapped, inputs))
 
 
 def _state_ratio(w: Workload) -> float:
@@ -78,7 +80,7 @@ def replicated(w: Workload, base: float) -> Memory:
     buckets = 0.0
     if isinstance(w.strategy, DDP) and w.layout.dp > 1 and not w.strategy.gradient_as_bucket_view:
         buckets = p.param_bytes  # the reducer's flat buckets beside the gradients
-    kept = kept_for_backward(p.layers, checkpointed(p.layers, interval))
+    kept = kept_for_backward(w, p.layers, checkpointed(p.layers, interval))
     return Memory(base, params, p.param_bytes, _state_ratio(w) * p.param_bytes, kept,
                   buckets + _input_bytes(w) + _workspace(w))
 
@@ -110,7 +112,7 @@ def sharded(w: Workload, base: float) -> Memory:
     if zero and zero_stage < 3:
         config = w.zero_config
         buckets = config["reduce_bucket_size"] * PARAM_BYTES * (2 if config["overlap_comm"] else 1)
-    return Memory(base, params, grads, optimizer, kept_for_backward(p.layers, checkpointed(p.layers, interval)),
+    return Memory(base, params, grads, optimizer, kept_for_backward(w, p.layers, checkpointed(p.layers, interval)),
                   gathered + buckets + _input_bytes(w) + _workspace(w))
 
 
@@ -120,7 +122,8 @@ def tensor_parallel(w: Workload, base: float) -> Memory:
     held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
     again = checkpointed(list(p.layers), checkpoint_interval(w.cfg.activation_checkpointing))
     # A checkpointed block keeps only its input, whole on every rank of the group.
-    kept = sum(p.layers[i - 1].output_bytes if a else layer.saved_bytes / (tp if s else 1)
+    sequence_parallel = w.strategy.sequence_parallel
+    kept = sum(p.layers[i - 1].output_bytes if a else tp_kept(layer, tp if s else 1, w.cfg.precision, sequence_parallel)
                for i, (layer, s, a) in enumerate(zip(p.layers, split, again)))
     # The peak is where backward starts: its workspace is the last layer's temporaries (GPT-2's head: the logits'
     # softmax and gradients), split only where that layer is (the vocabulary).
@@ -168,7 +171,7 @@ def pipeline(w: Workload, base: float) -> Memory:
 def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:
     """A chunk's activations at its device's peak. torchgpipe's `checkpoint` keeps only the chunk's input for
     the micro-batches it recomputes (all, all but the last, none)."""
-    full = kept_for_backward(chunk.layers, chunk.checkpointed, chunk.input_bytes, chunk.tp)
+    full = kept_for_backward(w, chunk.layers, chunk.checkpointed, chunk.input_bytes, chunk.tp)
     in_flight = _in_flight(w, device)
     if not isinstance(w.strategy, GPipe):
         return full * in_flight

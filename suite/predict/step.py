@@ -177,15 +177,32 @@ def _buffer_broadcast(w: Workload) -> float:
     return w.links.collective("broadcast", w.profile.buffer_bytes, w.layout.dp)
 
 
+def tp_kept(layer: LayerProfile, tp: int, precision: str, sequence_parallel: bool) -> float:
+    """The bytes one of `tp` ranks that split `layer` keeps for backward. A transformer block's LayerNorm inputs (the
+    residual stream, fp32 under autocast: two tensors the size of its output) and its column-parallel linears'
+    inputs (the LayerNorms' outputs, in the compute dtype) stay whole on every rank (Korthikanti et al. 2022, Sec.
+    4.2.2: the 10 s b h of sbh(10 + 24/t + 5as/(ht))); sequence parallelism splits the LayerNorms' along the
+    sequence, and the linears' inputs, all-gathered, are kept whole as torch's tensor parallelism keeps them
+    (Megatron-LM keeps its slice and gathers it again in backward). The rest of a block, and any other split layer's
+    activations, split `tp` ways."""
+    if not layer.block or tp == 1:
+        return layer.saved_bytes / tp
+    linear_inputs = 2 * layer.output_bytes * (0.5 if precision in HALF else 1.0)
+    whole = min(linear_inputs + (0 if sequence_parallel else 2 * layer.output_bytes), layer.saved_bytes)
+    return whole + (layer.saved_bytes - whole) / tp
+
+
 def tensor_split(w: Workload) -> Workload:
     """The workload of one of the `tp` ranks that split every layer of the network (FSDP x TP: the blocks as megatron
     splits them, the embedding and head by vocabulary): 1/tp of each layer's time, FLOPs, parameters and kept
     activations, and of the optimizer's step and states; each layer's output, which the group holds whole, as it
-    is. The split layers' collectives are not in it (`split_block_collectives`, `vocab_collectives`)."""
-    tp = w.layout.tp
+    is (and what a block keeps whole, `tp_kept`). The split layers' collectives are not in it
+    (`split_block_collectives`, `vocab_collectives`)."""
+    tp, sequence_parallel = w.layout.tp, getattr(w.strategy, "sequence_parallel", False)
     layers = tuple(replace(layer, forward_s=layer.forward_s / tp, backward_s=layer.backward_s / tp,
                            forward_flops=layer.forward_flops // tp, backward_flops=layer.backward_flops // tp,
-                           saved_bytes=layer.saved_bytes // tp, param_bytes=layer.param_bytes // tp,
+                           saved_bytes=int(tp_kept(layer, tp, w.cfg.precision, sequence_parallel)),
+                           param_bytes=layer.param_bytes // tp,
                            tied_bytes=layer.tied_bytes // tp) for layer in w.layers)
     p = w.profile
     profile = replace(p, layers=layers, optimizer_s=p.optimizer_s / tp,
