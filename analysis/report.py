@@ -111,10 +111,15 @@ def terminal_summary(sections: list[Section], index: Path) -> str:
 
 
 def check_experiment(store: Store, experiment: str) -> None:
-    """Raise ConfigError, naming the known sweeps, unless the store holds `experiment` or it is a sweep's."""
+    """Raise ConfigError unless the store holds runs of `experiment`: naming the known sweeps where it is not one,
+    else the experiments that have runs (hand-run points are `adhoc`'s)."""
     if experiment not in store.experiment_names():
-
         sweep_file(experiment)
+    if not store.runs(experiment):
+        recorded = sorted(name for name in store.experiment_names() if store.runs(name))
+        raise ConfigError(f"no runs of {experiment} recorded in {store.uri}: points run without a sweep (`suite run "
+                          f"...`) are recorded under adhoc; experiments with runs: {', '.join(recorded) or 'none'} "
+                          "(`make report SWEEP=<name>`)")
 
 
 def main(argv: list[str]) -> int:

@@ -53,6 +53,16 @@ def test_make_report_of_an_unknown_sweep_names_the_known_ones_and_creates_nothin
     assert not results.exists()
 
 
+def test_a_report_of_an_experiment_without_runs_says_where_the_runs_are_and_writes_nothing(results, store):
+    """Issue 59: `make report` (SWEEP=smoke) after points run by hand printed "(no runs)", exited 0, wrote 2 files."""
+    store.client.create_run(store.experiment_id("adhoc"))
+    made = run_suite("report", "smoke")
+    assert made.returncode == 2 and error_lines(made.stderr) == [
+        f"error: no runs of smoke recorded in {store.uri}: points run without a sweep (`suite run ...`) are recorded "
+        "under adhoc; experiments with runs: adhoc (`make report SWEEP=<name>`)"]
+    assert not (results / "reports").exists()
+
+
 @pytest.mark.slow
 def test_a_store_under_a_regular_file_is_one_line_before_launch(results, tmp_path):
     regular = tmp_path / "notes.txt"
