@@ -216,6 +216,18 @@ def test_a_grid_skips_the_points_that_cannot_run_and_refuses_one_where_none_can(
     assert not (results / "points").exists()  # nothing was launched
 
 
+def test_points_of_one_label_are_named_apart_by_the_overrides_they_differ_in():
+    """Issue 59: 11 of study_n_mini's runs shared their name with another in MLflow's runs table."""
+    common = ["dataset=tokens", "network=gpt2_tiny", "workers=2", "optimizer.name=adam"]
+    points = plan([[*common, "strategy=zero", f"strategy.zero_stage={stage}"] for stage in (1, 3)]
+                  + [[*common, "strategy=ddp"], [*common[:-1], "strategy=ddp", "optimizer.name=lamb"]])
+    assert [p.run_name for p in points] == [
+        "tokens/gpt2_tiny/zero/w2 strategy.zero_stage=1", "tokens/gpt2_tiny/zero/w2 strategy.zero_stage=3",
+        "tokens/gpt2_tiny/ddp/w2 optimizer.name=adam", "tokens/gpt2_tiny/ddp/w2 optimizer.name=lamb"]
+    (alone,) = plan([[*common, "strategy=ddp"]])
+    assert alone.run_name == alone.label == "tokens/gpt2_tiny/ddp/w2"
+
+
 def test_multirun_expands_the_cartesian_product():
     jobs = expand(["strategy=ddp", "workers=1,2", "precision=fp32,bf16"], multirun=True)
     assert len(jobs) == 4 and ["strategy=ddp", "workers=2", "precision=bf16"] in jobs

@@ -35,8 +35,8 @@ def write_point(out: PointDir, store: Store, tags: dict[str, str], start: float,
     """A point's run: its params, epochs, summary and artifacts."""
     point = out.point()
     summary = {**(out.summary() or {}), **point.get("predictions", {})}  # predicted even if it did not run
-    return store.record(point["experiment"], point["label"], point["params"], tags, out.epochs(), summary,
-                        out.artifacts(), start, end)
+    return store.record(point["experiment"], point.get("run_name", point["label"]), point["params"], tags,
+                        out.epochs(), summary, out.artifacts(), start, end)
 
 
 def record_point(out: PointDir, store: Store, status: str, error: str | None, start: float, end: float,

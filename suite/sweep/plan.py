@@ -14,7 +14,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -59,6 +59,9 @@ class Point(Named):
     cfg: DictConfig
     strategy: Strategy
     layout: Layout
+    # The label and the overrides in which the point differs from the other points of its label in its sweep
+    # (`name_apart`), e.g. `tokens/gpt2_tiny/ddp/w2 optimizer.name=adam`: its run's name in the MLflow UI.
+    run_name: str = ""
 
     @property
     def global_batch_size(self) -> int:
@@ -195,4 +198,23 @@ def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[Inv
     if invalid is not None:
         invalid += unrunnable.values()
     unique = {p.config_hash: p for p in points}
-    return list(unique.values())
+    return name_apart(list(unique.values()))
+
+
+def _assignments(overrides: tuple[str, ...]) -> dict[str, str]:
+    return dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
+
+
+def name_apart(points: list[Point]) -> list[Point]:
+    """Each point with its `run_name`: its label, and where other points share the label (a strategy's knobs, an
+    optimizer set apart), the overrides in which they differ, as the report names its rows."""
+    same: dict[str, list[dict[str, str]]] = {}
+    for p in points:
+        same.setdefault(p.label, []).append(_assignments(p.overrides))
+    named = []
+    for p in points:
+        mine, peers = _assignments(p.overrides), same[p.label]
+        keys = sorted({k for assigned in peers for k in assigned})
+        differ = [k for k in keys if len({assigned.get(k) for assigned in peers}) > 1 and k in mine]
+        named.append(replace(p, run_name=" ".join([p.label, *(f"{k}={mine[k]}" for k in differ)])))
+    return named

@@ -71,9 +71,9 @@ def new_point_dir(point: Point, parent_run_id: str | None = None,
             continue
         out = PointDir(path)
         OmegaConf.save(for_ranks(point.cfg), out.config, resolve=True)
-        out.write_point({"label": point.label, "config_hash": point.config_hash,
-                         "experiment": point.cfg.tracking.experiment, "overrides": list(point.overrides),
-                         "git_sha": git_sha(REPO_ROOT),
+        out.write_point({"label": point.label, "run_name": point.run_name or point.label,
+                         "config_hash": point.config_hash, "experiment": point.cfg.tracking.experiment,
+                         "overrides": list(point.overrides), "git_sha": git_sha(REPO_ROOT),
                          "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params()),
                          "predictions": predictions or {}, "parent_run_id": parent_run_id})
         for name, content in point.config_files.items():
