@@ -13,9 +13,14 @@ TOKENS = ["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=16", "dataset.
 
 REJECTED = {
     "batch not divisible into micro-batches": (["strategy=1f1b", "workers=2", "batch_size=30",
-                                                "strategy.micro_batches=4"], "does not split into 4 equal"),
+                                                "strategy.micro_batches=4"],
+                                               "batch_size=30 does not split into strategy.micro_batches=4: set "
+                                               "strategy.micro_batches to a divisor of 30 (2, 3, 5) or batch_size to a "
+                                               "multiple of 4 (32)"),
     "batch not divisible by micro-batch size": (["strategy=gpipe_dist", "workers=2", "batch_size=30",
-                                                 "strategy.micro_batch_size=4"], "micro-batches of 4"),
+                                                 "strategy.micro_batch_size=4"],
+                                                "micro-batches of strategy.micro_batch_size=4: set "
+                                                "strategy.micro_batch_size to a divisor of 30"),
     "workers not a multiple of pp": (["strategy=1f1b", "workers=3", "strategy.pp=2"], "pipelines of 2 stages"),
     "gpipe beyond one node": (["strategy=gpipe", "workers=4", "cluster.workers_per_node=2"],
                               "one process on one node"),

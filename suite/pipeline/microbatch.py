@@ -52,9 +52,23 @@ def micro_batching(preset: str | None, micro_batches: int | None, micro_batch_si
         return MicroBatching(micro_batches, micro_batch_size)
     if micro_batch_size is not None:
         if batch_size % micro_batch_size:
-            raise ConfigError(f"batch_size={batch_size} does not split into micro-batches of {micro_batch_size}")
+            works = _what_works("strategy.micro_batch_size", batch_size, micro_batch_size)
+            raise ConfigError(f"batch_size={batch_size} does not split into micro-batches of strategy.micro_batch_size="
+                              f"{micro_batch_size}: {works}")
         return MicroBatching(batch_size // micro_batch_size, micro_batch_size)
     count = micro_batches or 4 * stages
     if batch_size % count:
-        raise ConfigError(f"batch_size={batch_size} does not split into {count} equal micro-batches")
+        given = (f"strategy.micro_batches={count}" if micro_batches else
+                 f"the default {count} micro-batches (4 for each of the {stages} stages)")
+        raise ConfigError(f"batch_size={batch_size} does not split into {given}: "
+                          f"{_what_works('strategy.micro_batches', batch_size, count)}")
     return MicroBatching(count, batch_size // count)
+
+
+def _what_works(knob: str, batch_size: int, value: int) -> str:
+    """`set strategy.micro_batches to a divisor of 32 (8, 16, 32) or batch_size to a multiple of 12 (36)`."""
+    divisors = [d for d in range(2, batch_size + 1) if batch_size % d == 0]
+    near = sorted(divisors, key=lambda d: (abs(d - value), d))[:3]
+    multiple = max(value, -(-batch_size // value) * value)
+    return (f"set {knob} to a divisor of {batch_size} ({', '.join(map(str, sorted(near))) or 'none above 1'}) or "
+            f"batch_size to a multiple of {value} ({multiple})")
