@@ -67,14 +67,19 @@ def test_bench_model_without_link_costs_says_so_before_it_measures(results):
 def test_recommend_ranks_the_strategies_of_a_cell(calibrated):
     result = run_make("recommend", f"ARGS={' '.join(TINY_GPT)} optimizer.name=sgd workers=2")
     assert result.returncode == 0, result.stderr[-3000:]
-    ranked = re.findall(r"^\| (\d+) \| ([^|]+) \| [^|]+ \| \d+ \| (\d+\.\d+) \|", result.stdout, re.M)
+    ranked = re.findall(r"^\| (\d+) \| ([^|]+) \| [^|]+ \| \d+ \| \d+ \| (\d+\.\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| "
+                        r"([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|", result.stdout, re.M)
     assert len(ranked) >= 5, result.stdout
-    times = [float(epoch) for _, _, epoch in ranked]
+    times = [float(row[2]) for row in ranked]
     assert times == sorted(times)
+    for row in ranked:  # the step's parts add up to it: compute, comm, bubble, core wait, optimizer, data, library
+        step, *parts = map(float, row[3:])
+        assert sum(parts) == pytest.approx(step, abs=6e-4), row
     assert "- zero zero_stage=1: strategy zero does not train with optimizer.name=sgd" in result.stdout
     pick = re.search(r"^recommendation for 2 workers: (.+) \((\d+\.\d+) s/epoch\), (\d+\.\d+)% faster than the next "
                      r"strategy, (.+)$", result.stdout, re.M)
     assert pick and pick.group(1) == ranked[0][1].strip(), result.stdout
+    assert float(pick.group(3)) >= 10 or "(within the model's typical error of 10%: measure both" in pick.group(4)
 
 
 def test_a_sweeps_runs_carry_their_prediction(calibrated, store):
