@@ -188,7 +188,8 @@ def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     assert ddp and ddp[0]["s/epoch high"]  # one repeat: the interval over its epochs
     sections = [line for line in (report.directory / "report.md").read_text().splitlines() if line.startswith("## ")]
     assert sections[0] == "## Sanity flags" and len(sections) == 10  # the flags, then the sweep file's 9 views
-    names = {r.info.run_name for r in store.runs("slice") if r.data.tags.get("suite.label") == "tokens/gpt2_tiny/ddp/w2"}
+    ddp = "tokens/gpt2_tiny/ddp/w2"
+    names = {r.info.run_name for r in store.runs("slice") if r.data.tags.get("suite.label") == ddp}
     assert names == {f"tokens/gpt2_tiny/ddp/w2 optimizer.name={name}" for name in ("lamb", "adam")}  # told apart
     systems = records(report.directory, "n_table2_systems")
     assert systems[0]["device kind"] == "CPU" and systems[0]["hosts used"] == "1" and systems[0]["device"]
