@@ -67,7 +67,7 @@ def test_bench_model_without_link_costs_says_so_before_it_measures(results):
 def test_recommend_ranks_the_strategies_of_a_cell(calibrated):
     result = run_make("recommend", f"ARGS={' '.join(TINY_GPT)} optimizer.name=sgd workers=2")
     assert result.returncode == 0, result.stderr[-3000:]
-    columns = r"^\| (\d+) \| ([^|]+) \| [^|]+ \| \d+ \| \d+ \| (\d+\.\d+) \|" + r" ([^|]+) \|" * 9  # the step, its parts
+    columns = r"^\| (\d+) \| ([^|]+) \| [^|]+ \| \d+ \| \d+ \| (\d+\.\d+) \|" + r" ([^|]+) \|" * 9
     ranked = re.findall(columns, result.stdout, re.M)
     assert len(ranked) >= 5, result.stdout
     times = [float(row[2]) for row in ranked]
