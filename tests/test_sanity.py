@@ -56,16 +56,28 @@ def test_a_superlinear_speedup_is_flagged_over_the_baseline_the_speedup_table_ta
 
 def test_a_sweep_says_how_far_it_is_and_how_long_is_left():
     """Unpriced points are expected to take the mean of those run; priced ones their price times how much longer
-    than theirs the priced points run so far took."""
+    than theirs the priced points run so far took, and no less than the quickest point so far; each line says
+    which."""
     now = [0.0]
     progress = Progress([None, None, None, None], clock=lambda: now[0])
     now[0] = 30.0
-    assert progress.point_done() == "1/4 run here, 30s elapsed, about 1m30s left"
+    assert progress.point_done() == "1/4 run here, 30s elapsed, about 1m30s left (30s a point, as the points run so " \
+                                    "far)"
     now[0] = 3700.0
-    assert progress.point_done() == "2/4 run here, 1h01m elapsed, about 1h01m left"
+    assert progress.point_done() == "2/4 run here, 1h01m elapsed, about 1h01m left (30m50s a point, as the points " \
+                                    "run so far)"
     progress.point_done()
     assert progress.point_done() == "4/4 run here, 1h01m elapsed"
     now[0] = 0.0
     priced = Progress([10.0, 100.0, None], clock=lambda: now[0])
     now[0] = 20.0  # twice its price
-    assert priced.point_done() == "1/3 run here, 20s elapsed, about 3m40s left"  # 2 x 100 s, and 20 s
+    assert priced.point_done() == ("1/3 run here, 20s elapsed, about 3m40s left (the model's prices x 2 as the points "
+                                   "run so far took, each at least 20s)")  # 2 x 100 s, and 20 s
+    # Issue 59: a small GPT-2 priced at 1 s after ResNets priced at 100 s that took 120 s: not 1.2 s each
+    now[0] = 0.0
+    grid = Progress([100.0, 100.0, 1.0, 1.0], clock=lambda: now[0])
+    now[0] = 120.0
+    grid.point_done()
+    now[0] = 240.0
+    assert grid.point_done().endswith("about 4m00s left (the model's prices x 1.2 as the points run so far took, "
+                                      "each at least 2m00s)")

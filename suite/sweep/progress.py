@@ -1,7 +1,10 @@
-"""A sweep's progress as it runs points here: points done of those to run, time elapsed, and the time left. A point
-the performance model priced (its recorded prediction: epoch time x epochs) is expected to take its price times how
-much longer the points run so far took than theirs (launch, evaluation and the model's error included); a point
-without a price, the mean wall time of the points run so far."""
+"""A sweep's progress as it runs points here: points done of those to run, time elapsed, and the time left, with what
+it rests on. A point the performance model priced (its recorded prediction: epoch time x epochs) is expected to take
+its price times how much longer the points run so far took than theirs (launch, evaluation and the model's error
+included), and no less than the quickest point run so far (a point's launch and evaluation do not shrink with its
+price: a grid's small GPT-2 after its ResNets was expected to take seconds); a point without a price, the mean wall
+time of the points run so far.
+"""
 
 from __future__ import annotations
 
@@ -29,10 +32,18 @@ class Progress:
         self.last = now
         done, left = len(self.walls), self.priced_s[len(self.walls):]
         line = f"{done}/{len(self.priced_s)} run here, {duration(now - self.started)} elapsed"
-        return line + (f", about {duration(self.left_s(left))} left" if left else "")
+        if not left:
+            return line
+        seconds, basis = self.left_s(left)
+        return line + f", about {duration(seconds)} left ({basis})"
 
-    def left_s(self, left: list[float | None]) -> float:
-        mean = sum(self.walls) / len(self.walls)
+    def left_s(self, left: list[float | None]) -> tuple[float, str]:
+        """The seconds the points `left` are expected to take, and what that rests on, in words."""
+        mean, floor = sum(self.walls) / len(self.walls), min(self.walls)
         priced = [(wall, price) for wall, price in zip(self.walls, self.priced_s) if price]
         scale = sum(w for w, _ in priced) / sum(p for _, p in priced) if priced else None
-        return sum(price * scale if price and scale else mean for price in left)
+        if scale is None or not any(left):
+            return mean * len(left), f"{duration(mean)} a point, as the points run so far"
+        seconds = sum(max(price * scale, floor) if price else mean for price in left)
+        return seconds, (f"the model's prices x {scale:.2g} as the points run so far took, each at least "
+                         f"{duration(floor)}")
