@@ -58,7 +58,9 @@ def breakdown_view(ctx: Context) -> Section:
     table = Table("breakdown", f"{ctx.experiment}: where a step's time goes (s per step, largest over ranks)",
                   ["dataset", "network", "strategy", "workers", "compute", "exposed comm", "idle", "all comm",
                    "comm % of step", "exposed % of comm", "TFLOP/s per device", "MFU %", "status"], rows,
-                  ["From each rank's profiler trace (`profile.steps`); `-`: the point was not profiled. Compute + "
+                  [*([] if bars else ["No point of this sweep was profiled: run it with `profile.steps=2` (e.g. "
+                                      "`make sweep ARGS=profile.steps=2 FORCE=1`) to fill this table."]),
+                   "From each rank's profiler trace (`profile.steps`); `-`: the point was not profiled. Compute + "
                    "exposed communication + idle is the step; communication overlapped by compute is in compute. "
                    "MFU against the peak the run names (`peak_tflops`, tag `suite.peak_source`)."])
     files = []

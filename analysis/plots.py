@@ -52,10 +52,13 @@ def plot_speedup(rows: list[Row], histories, protocol: str, path: Path) -> tuple
             ax.errorbar([w for w, _ in points], [s.value for _, s in points],
                         yerr=[[s.value - s.low for _, s in points], [s.high - s.value for _, s in points]],
                         marker="o", capsize=2, label=strategy)
-        ax.set(title="/".join(workload), xlabel="workers", ylabel="speedup vs baseline")
+        single = any(label == "single" and workers == 1 for label, pts in lines.items() for workers, _ in pts)
+        ax.set(title="/".join(workload), xlabel="workers",
+               ylabel="speedup vs single on 1 worker" if single else "speedup vs the strategy on its fewest workers")
         ax.set_xticks(sorted({w for pts in lines.values() for w, _ in pts} | {1}))
         _legend(ax)
-    note = interval_note((s.spans() for s in speedups.values() if s.method), "Error bars", "point")
+    note = interval_note((s.spans() for s in speedups.values() if s.method), "Error bars", "point", len(speedups),
+                         "the others are a baseline (1 exactly) or of one sample")
     fig.tight_layout(rect=(0, foot_note(fig, note), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)

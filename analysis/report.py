@@ -91,7 +91,8 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
     caption = study_settings_table(experiment, sweep or experiment)
     index, page = directory / "report.md", directory / "report.html"
     index.write_text(f"# {experiment}\n\n" + (caption.markdown() + "\n\n" if caption else "")
-                     + "\n\n".join(f"## {s.title}\n\n{s.markdown}" for s in sections) + "\n")
+                     + "\n\n".join(f"## {s.title}\n\n{s.markdown.removeprefix(f'### {s.title}').lstrip()}"
+                                    for s in sections) + "\n")
     page.write_text(markdown_to_html(index.read_text(), directory, experiment))
     files = [index, page, *(caption.write(directory) if caption else []),
              *(path for s in sections for path in s.files), *([write_runs_csv(runs, directory / "runs.csv")]

@@ -87,14 +87,20 @@ def flag_cell(ctx: Context, repeats: list[Row]) -> str:
 
 @view("sanity")
 def sanity_view(ctx: Context) -> Section:
+    """One row per flagged point; a flag every point carries (two epochs each: an interval from 2 samples) is said
+    once above the table instead, so that the points flagged for something of their own stand out."""
     usual = _usual_samples(ctx)
-    rows = [[d, n, label, str(w), "; ".join(flags)]
-            for (d, n, label, w), repeats in sorted(cells(ctx.rows).items())
-            if (flags := point_flags(ctx, repeats, usual))]
+    flagged = {key: point_flags(ctx, repeats, usual) for key, repeats in sorted(cells(ctx.rows).items())
+               if finished(repeats)}
+    everywhere = set.intersection(*(set(f) for f in flagged.values())) if len(flagged) > 1 else set()
+    rows = [[d, n, label, str(w), "; ".join(f for f in flags if f not in everywhere)]
+            for (d, n, label, w), flags in flagged.items() if set(flags) - everywhere]
+    common = [f"Every point: {'; '.join(f for f in next(iter(flagged.values())) if f in everywhere)}."] \
+        if everywhere else []
     table = Table("sanity_flags", f"{ctx.experiment}: values not to take at face value",
                   ["dataset", "network", "strategy", "workers", "flags"], rows,
-                  [f"Flagged: a speedup above the worker count, a CV above {HIGH_CV:.0%}, an interval from fewer than "
-                   f"{FEW_SAMPLES} samples, a phase below {TIMER_RESOLUTION_S:g} s per step, other samples per epoch "
-                   "than most points of the workload on as many workers. The epoch tables mark the same points in "
-                   "their `flags` column."])
+                  [*common, f"Flagged: a speedup above the worker count, a CV above {HIGH_CV:.0%}, an interval from "
+                   f"fewer than {FEW_SAMPLES} samples, a phase below {TIMER_RESOLUTION_S:g} s per step, other samples "
+                   "per epoch than most points of the workload on as many workers. The epoch tables mark the same "
+                   "points in their `flags` column."])
     return Section("Sanity flags", table.markdown(), table.write(ctx.directory))

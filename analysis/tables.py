@@ -73,13 +73,17 @@ def number(cell: str) -> float | int | str | None:
     return cell
 
 
-def interval_note(spans: Iterable[str], what: str = "Intervals", unit: str = "cell") -> str | None:
-    """What intervals span, counted: `Intervals: 95% t-interval over 3 repeats (4 cells); ...`; None for none."""
+def interval_note(spans: Iterable[str], what: str = "Intervals", unit: str = "cell", of: int | None = None,
+                  others: str = "") -> str | None:
+    """What intervals span, counted: `Intervals: 95% t-interval over 3 repeats (4 cells); ...`; None for none. With
+    `of`, the count of all that could have one (`3 of 6 points`), and what `others` (those without) are."""
     counted = Counter(span for span in spans if span)
     if not counted:
         return None
-    return f"{what}: " + "; ".join(f"{span} ({count} {unit}{'s' * (count > 1)})" for span, count in
-                                   sorted(counted.items())) + "."
+    total = f" of {of}" if of is not None and of > sum(counted.values()) else ""
+    return f"{what}: " + "; ".join(f"{span} ({count}{total} {unit}{'s' * (count > 1 or bool(total))})"
+                                   for span, count in sorted(counted.items())) + (
+        f"; {others}" if total and others else "") + "."
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,10 @@ def save_figure(fig, ctx: Context, name: str, note: str | None = None) -> list[P
     return paths
 
 
-def table_section(table: Table, ctx: Context, extra_files: list[Path] | None = None) -> Section:
-    return Section(table.title, table.markdown(), table.write(ctx.directory) + (extra_files or []))
+def table_section(table: Table, ctx: Context, extra_files: list[Path] | None = None,
+                  heading: str | None = None) -> Section:
+    """The table as a report section, under `heading` (default: the table's title, then not repeated below it)."""
+    return Section(heading or table.title, table.markdown(), table.write(ctx.directory) + (extra_files or []))
 
 
 @view("status")
@@ -105,7 +107,7 @@ def speedup_table_view(ctx: Context) -> Section:
     from analysis.speedup import speedup_table
     table = speedup_table(ctx.rows, ctx.histories, ctx.protocol,
                           f"{ctx.experiment}: speedup against each workload's baseline ({PROTOCOLS[ctx.protocol]})")
-    return table_section(table, ctx)
+    return table_section(table, ctx, heading="Speedup")
 
 
 @view("speedup")

@@ -81,3 +81,15 @@ def test_a_sweep_says_how_far_it_is_and_how_long_is_left():
     now[0] = 240.0
     assert grid.point_done().endswith("about 4m00s left (the model's prices x 1.2 as the points run so far took, "
                                       "each at least 2m00s)")
+
+
+def test_a_flag_every_point_carries_is_said_once_above_the_points_flagged_for_their_own(tmp_path):
+    """Issue 59: a sweep of two epochs a point had every point flagged at the top of its report, before any result."""
+    rows = [run("single", 1, 8), run("ddp", 2, 8), run("zero", 2, 8)]
+    epochs = {"single": {"epoch_time_s": [1.0, 1.0], "throughput_samples_s": [8.0, 8.0]},
+              "ddp": {"epoch_time_s": [0.5, 0.5], "throughput_samples_s": [16.0, 16.0]},
+              "zero": {"epoch_time_s": [0.3, 0.3], "throughput_samples_s": [26.0, 26.0]}}  # 3.25x on 2
+    section = sanity_view(Context("exp", rows, Histories(epochs), None, tmp_path))
+    body = [line for line in section.markdown.splitlines() if line.startswith("| tokens")]
+    assert body == ["| tokens | gpt2_tiny | zero | 2 | superlinear speedup 3.25x on 2 workers |"]
+    assert "Every point: interval from 2 sample(s)." in section.markdown
