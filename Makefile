@@ -14,7 +14,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 	$(if $(TIME_LIMIT),cluster.job.time_limit_min=$(TIME_LIMIT))
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
-.PHONY: help setup setup-offline wheelhouse horovod axonn test test-fast test-numerics test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
+.PHONY: help setup setup-offline wheelhouse horovod axonn browser test test-fast test-numerics test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
 	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend plan-pipedream bench-model \
 	validate-published
 
@@ -65,8 +65,17 @@ axonn: setup  ## install AxoNN, mpi4py and MPICH (patched for CPU ranks where th
 
 # On TEST_WORKERS pytest-xdist workers (3 on 2 cores: much of a test is waiting on the processes it starts); the
 # tests of a module that share a fixture run on one worker (their `xdist_group`), so it is built once.
-test: setup horovod axonn  ## every test (about 25 minutes on 2 cores)
+test: setup horovod axonn browser  ## every test (about 25 minutes on 2 cores)
 	$(PY) -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup --durations=20
+
+# A headless Chromium for the MLflow UI's browser test, where the machine's packages give one (Debian's chromium and
+# chromium-driver, as root); elsewhere that test is skipped, saying why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; }; } \
+	  || echo "no chromium and chromedriver here: the MLflow UI's browser test will be skipped"; }
 
 # The inner loop: the tests that start no processes (no driver, ranks, server, Slurm or make): under 2 minutes.
 test-fast: setup  ## the tests that start no processes (about 2 minutes)

@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Every point composed before the rest of the suite is imported (torch, MLflow, the strategies): a misspelt name
     # or key is answered in a second or two.
-    from suite.sweep.compose import compose_all
+    from suite.sweep.compose import compose_all, job_line, problem_line
     from suite.sweep.sweep_files import expand, repeat_overrides, sweep_file, sweep_jobs
     try:
         if args.collect:
@@ -92,9 +92,11 @@ def main(argv: list[str]) -> int:
         # sweep file says so; a point asked for alone is refused.
         invalid = [] if len(jobs) > 1 else None
         points = plan(jobs, experiment=args.sweep, invalid=invalid, plan_auto=resolve_auto, composed=composed)
-        if not points:
-            raise ConfigError(f"none of the {len(invalid)} point(s) can run here: "
-                              + "; ".join(f"{p.label}: {p.error}" for p in invalid[:3]))
+        if not points:  # none can: refused as a point asked for alone is, one line per distinct reason
+            reasons: dict[str, list[str]] = {}
+            for point in invalid:
+                reasons.setdefault(point.error, []).append(job_line(point.overrides))
+            raise ConfigError("\n".join(problem_line(error, where, len(jobs)) for error, where in reasons.items()))
         if invalid and not (args.sweep and sweep_file(args.sweep).get("invalid_points") == "record"):
             for point in invalid:
                 print(f"skipped {point.label}: {point.error}", file=sys.stderr)

@@ -208,8 +208,8 @@ def test_a_grid_skips_the_points_that_cannot_run_and_refuses_one_where_none_can(
     result = run_suite("-m", "strategy=single", "workers=2,3")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "error: none of the 2 point(s) can run here: cifar10/resnet18/single/w2: strategy single runs one process, but "
-        "workers=2; cifar10/resnet18/single/w3: strategy single runs one process, but workers=3"]
+        "error: strategy=single workers=2: strategy single runs one process, but workers=2",
+        "error: strategy=single workers=3: strategy single runs one process, but workers=3"]
     result = run_suite("strategy=single", "workers=2")  # asked for alone: refused as it is
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["error: strategy single runs one process, but workers=2"]

@@ -2,13 +2,14 @@
 tables that parse, failed and invalid points kept in the status matrix, claims evaluated; a sweep invocation as
 a parent run with its points as children."""
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from analysis.report import write_report
-from conftest import DIGITS, run_suite
+from conftest import DIGITS, free_port, run_suite
 from suite.sweep.driver import record_invalid
 from suite.sweep.plan import plan
 
@@ -196,10 +197,29 @@ def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
     assert "None" not in (report.directory / "n_table2_systems.csv").read_text()
 
 
+@pytest.fixture(scope="module")
+def digits_sweep(tmp_path_factory):
+    """The `digits` sweep run once into a store of its own: (its store, its results directory)."""
+    from suite.records.store import Store
+    results = tmp_path_factory.mktemp("digits") / "results"
+    saved = {k: os.environ.get(k) for k in ("SUITE_RESULTS_DIR", "MLFLOW_TRACKING_URI")}
+    os.environ["SUITE_RESULTS_DIR"] = str(results)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    try:
+        result = run_suite("--sweep", "digits")
+        assert result.returncode == 0, result.stderr[-3000:]
+        yield Store(), results
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @pytest.mark.slow  # runs a sweep's points
-def test_sweep_invocation_is_a_parent_run_with_the_report(results, store):
-    result = run_suite("--sweep", "digits")
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_sweep_invocation_is_a_parent_run_with_the_report(digits_sweep):
+    store, results = digits_sweep
     runs = store.runs("digits")
     (parent,) = [r for r in runs if r.data.tags.get("suite.sweep") == "digits"]
     children = [r for r in runs if r is not parent]
@@ -225,17 +245,14 @@ def test_sweep_invocation_is_a_parent_run_with_the_report(results, store):
     check_in_the_ui(experiment.experiment_id, parent.info.run_id)
 
 
-def check_in_the_ui(experiment_id: str, parent_id: str) -> None:
-    """`make ui`'s server, asked what its runs table and the sweep run's artifact view ask (the UI's own REST calls,
-    no browser here): the points with their `speedup` and throughput beside the sweep invocation's run, which holds
-    the sweep's params, summary metrics and a report page with its figures embedded."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    ui = subprocess.Popen([sys.executable, "-m", "suite.tools.ui", "--port", str(port), "digits"],
+@contextlib.contextmanager
+def ui_server(experiment: str):
+    """`make ui` on the experiment, as a user starts it: (the server's address, the URL it printed) once it answers."""
+    port = free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "suite.tools.ui", "--port", str(port), experiment],
                           stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert ui.stdout.readline().strip() == f"MLflow UI: http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs"
+        url = ui.stdout.readline().strip().removeprefix("MLflow UI: ")
         base = f"http://127.0.0.1:{port}"
         for _ in range(120):
             try:
@@ -243,6 +260,19 @@ def check_in_the_ui(experiment_id: str, parent_id: str) -> None:
                 break
             except OSError:
                 time.sleep(0.5)
+        yield base, url
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+
+def check_in_the_ui(experiment_id: str, parent_id: str) -> None:
+    """`make ui`'s server, asked what its runs table and the sweep run's artifact view ask (the UI's own REST calls):
+    the points with their `speedup` and throughput beside the sweep invocation's run, which holds the sweep's params,
+    summary metrics and a report page with its figures embedded."""
+    with ui_server("digits") as (base, url):
+        assert url == (f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&"
+                       "viewStateShareKey=suite")
         request = urllib.request.Request(f"{base}/ajax-api/2.0/mlflow/runs/search", method="POST",
                                          data=json.dumps({"experiment_ids": [experiment_id]}).encode(),
                                          headers={"Content-Type": "application/json"})
@@ -257,9 +287,48 @@ def check_in_the_ui(experiment_id: str, parent_id: str) -> None:
         page = urllib.request.urlopen(f"{base}/get-artifact?path=report/report.html&run_uuid={parent_id}",
                                       timeout=30).read().decode()
         assert "<table>" in page and "data:image/png;base64," in page
-    finally:
-        os.killpg(ui.pid, signal.SIGTERM)
-        ui.wait(timeout=30)
+
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.mark.slow  # runs a sweep's points, MLflow's server and a browser
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="no chromium and chromedriver on PATH (Debian: apt-get "
+                    "install chromium chromium-driver; `make test` installs them where it can)")
+def test_the_ui_shows_each_points_comparison_metrics_in_a_browser(digits_sweep, tmp_path):
+    """Issue 59: MLflow 3 opened on its GenAI pages with one collapsed row and no metric column. In headless Chromium,
+    the URL `make ui` prints shows the model-training pages and every point's speedup, epoch time, samples/s, peak
+    memory and status as columns."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    store, _ = digits_sweep
+    points = [r for r in store.runs("digits") if "suite.sweep" not in r.data.tags]
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,900"):
+        options.add_argument(argument)
+    with ui_server("digits") as (_, url):
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        try:
+            driver.get(url)
+            shown = ""
+            for _ in range(120):  # the page fetches the runs after it renders
+                shown = driver.find_element("tag name", "body").text
+                if all(r.info.run_name in shown for r in points) and "speedup" in shown:
+                    break
+                time.sleep(0.5)
+            driver.save_screenshot(str(tmp_path / "ui.png"))
+        finally:
+            driver.quit()
+    assert "Runs\nModels\nTraces" in shown, shown  # the model-training navigation (GenAI's: Traces, Judges, ...)
+    for column in ("speedup", "epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "suite.status"):
+        assert column in shown, shown
+    for run in points:
+        assert run.info.run_name in shown
+        for metric in ("speedup", "peak_memory_mb"):
+            value = run.data.metrics[metric]
+            assert (f"{value:g}" if value == int(value) else repr(value)) in shown, (metric, shown)
 
 
 def test_repeat_index_is_part_of_a_points_identity():

@@ -4,13 +4,17 @@
 
 Prints the URL of the experiment's runs table (EXPERIMENT: a sweep's name; without one, the experiment of the latest
 sweep invocation in the store), opens it where a browser can be opened, and runs `mlflow ui` on the store until
-stopped. The runs table lists each point under its sweep invocation's run with its metrics as columns (`speedup`,
-`throughput_samples_s_mean`, ...); the invocation's run holds the sweep's params, summary metrics and report
+stopped. The URL opens MLflow's model-training pages (`workflowType=machine_learning`; MLflow 3 opens its GenAI ones
+otherwise) on a view the suite saves in the experiment (a shared view state, the tag MLflow's own "Share" button
+writes): the comparison columns shown (speedup, epoch time, samples/s, peak memory, status), every sweep invocation's
+run expanded to its points, the runs sorted by name, which is each point's workload first
+(`digits/resnet18/ddp/w2`). The invocation's run holds the sweep's params, summary metrics and report
 (report/report.html shows the report with its figures)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -21,10 +25,23 @@ import webbrowser
 from suite.records.store import Store, tracking_uri
 
 LOOPBACK = "127.0.0.1"
+VIEW_KEY = "suite"  # the shared view state's name: the URL's viewStateShareKey, the tag mlflow.sharedViewState.<key>
+COLUMNS = [*(f"metrics.`{m}`" for m in ("speedup", "epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb")),
+           "tags.`suite.status`"]
+
+
+def save_view(store: Store, experiment_id: str) -> None:
+    """The experiment's runs table as the suite shows it, saved as MLflow's shared view state (JSON in the tag)."""
+    parents = [run.info.run_id for run in store.client.search_runs([experiment_id], "tags.`suite.sweep` != ''",
+                                                                   max_results=50000)]
+    view = {"orderByKey": "attributes.run_name", "orderByAsc": True, "selectedColumns": COLUMNS,
+            "runsExpanded": dict.fromkeys(parents, True)}
+    store.client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(view))
 
 
 def runs_url(store: Store, experiment: str | None, port: int) -> str:
-    """The UI's runs table of `experiment` (else of the latest sweep invocation's); the UI's home without either."""
+    """The UI's runs table of `experiment` (else of the latest sweep invocation's) in the suite's view (saved in
+    the experiment); the UI's home without either."""
     home = f"http://{LOOPBACK}:{port}/"
     if store.empty():
         return home
@@ -40,7 +57,8 @@ def runs_url(store: Store, experiment: str | None, port: int) -> str:
             raise SystemExit(f"error: the store has no experiment {experiment} (known: "
                              f"{', '.join(store.experiment_names()) or 'none'})")
         experiment_id = found.experiment_id
-    return f"{home}#/experiments/{experiment_id}/runs"
+    save_view(store, experiment_id)
+    return f"{home}#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
 
 
 def main(argv: list[str]) -> int:
