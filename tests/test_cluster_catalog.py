@@ -7,12 +7,12 @@ import pytest
 
 from conftest import DIGITS, edit_catalog_entry
 from suite.errors import ConfigError
+from suite.paths import CONF_DIR
 from suite.sweep import catalog
-from suite.sweep import plan as planning
 from suite.sweep.plan import plan
 from suite.tools import predict as predict_tool
 
-CLUSTER_DIR = planning.CONF_DIR / "cluster"
+CLUSTER_DIR = CONF_DIR / "cluster"
 CLUSTERS = sorted(path.stem for path in CLUSTER_DIR.glob("*.yaml"))
 GPU_TYPES = sorted(path.stem for path in (CLUSTER_DIR / "gpu").glob("*.yaml"))
 GPU_CLUSTERS = [name for name in CLUSTERS if catalog.entries(name).get("gpu")]
@@ -43,7 +43,7 @@ def test_the_gpu_clusters_of_the_issue_are_in_the_catalog():
 @pytest.mark.parametrize("name", GPU_CLUSTERS)
 def test_a_cluster_takes_its_gpus_numbers_from_the_catalog_never_repeating_them(name):
     """A cluster file may override a number of its GPU type (Lassen keeps Study N's FP64 figure), never copy one."""
-    layers = catalog.cluster_layers(planning.CONF_DIR, name)
+    layers = catalog.cluster_layers(CONF_DIR, name)
     gpu_values = {}
     for layer in layers:
         if layer.group == "gpu":

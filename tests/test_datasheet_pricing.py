@@ -247,13 +247,14 @@ def test_a_group_of_one_gpu_a_node_has_one_nics_share_of_the_network():
 
 def test_a_3d_layouts_stages_split_their_layers_and_wait_for_their_collectives(results):
     """1F1B over 2 stages, each split over 2 tensor-parallel ranks (Megatron-LM's 3D layout), against the same
-    pipeline unsplit: half the parameters and activations a rank keeps, less compute but more than half (the
-    split blocks' all-reduces on the critical path), more bytes sent."""
+    pipeline unsplit: half the parameters a rank keeps, its activations halved but for the blocks' LayerNorm and
+    linear inputs that every tp rank keeps whole (Korthikanti et al. 2022), less compute but more than half (the split
+    blocks' all-reduces on the critical path), more bytes sent."""
     common = ("strategy=1f1b", "strategy.pp=2", "strategy.micro_batches=4", "precision=bf16", "optimizer.name=adam")
     whole, split = predict(point("workers=2", *common)), predict(point("workers=4", "strategy.tp=2", *common))
     assert split.point.layout.tp == 2 and split.point.layout.dp == 1
     assert split.memory.params == pytest.approx(whole.memory.params / 2)
-    assert split.memory.activations == pytest.approx(whole.memory.activations / 2)
+    assert whole.memory.activations / 2 < split.memory.activations < whole.memory.activations
     assert whole.step.compute / 2 < split.step.compute < whole.step.compute
     assert split.step.sent > whole.step.sent
 

@@ -138,7 +138,7 @@ REJECTED = {
                                       "8 per node, but cluster lassen has 4 per node"),
     "more nodes than the machine": (["cluster=thetagpu", "cluster.job.account=p", "workers=200"],
                                     "needs 25 nodes (workers=200, 8 per node), but cluster thetagpu has 24"),
-    "unknown cluster": (["cluster=lassn"], "cluster/lassn"),
+    "unknown cluster": (["cluster=lassn"], "cluster=lassn: no such cluster; did you mean lassen?"),
     "fp16 on CPU ranks": (["cluster=slurm-local", "precision=fp16"], "fp16 needs a GPU"),
 }
 

@@ -16,6 +16,7 @@ from suite.predict.memory import rank_memory
 from suite.predict.recommend import candidates
 from suite.predict.step import step_time
 from suite.strategies.ddp import DDP
+from suite.sweep import compose
 from suite.sweep import plan as planning
 from suite.vocabulary import Family
 
@@ -32,9 +33,9 @@ class Toy(DDP):
 @pytest.fixture
 def conf_with_toy(tmp_path, monkeypatch):
     conf = tmp_path / "conf"
-    shutil.copytree(planning.CONF_DIR, conf)
+    shutil.copytree(paths.CONF_DIR, conf)
     (conf / "strategy" / "toy.yaml").write_text(f"_target_: {__name__}.Toy\nname: toy\n")
-    for module in (paths, planning, strategies):
+    for module in (paths, compose, strategies):
         monkeypatch.setattr(module, "CONF_DIR", conf)
     strategies.strategy_class.cache_clear()
     yield conf
@@ -57,6 +58,6 @@ def test_a_strategy_declared_once_is_planned_priced_and_named(conf_with_toy):
 
 
 def test_every_configured_strategy_declares_how_it_is_priced():
-    names = sorted(path.stem for path in (planning.CONF_DIR / "strategy").glob("*.yaml"))
+    names = sorted(path.stem for path in (paths.CONF_DIR / "strategy").glob("*.yaml"))
     unpriced = [name for name in names if strategies.strategy_class(name).family is None]
     assert len(names) >= 10 and not unpriced, unpriced

@@ -51,6 +51,7 @@ class Prediction:
     priced_by: str  # where the link costs come from
     corrected_by: str | None = None  # the fitted correction in the step, if any
     library_by: str | None = None  # the measured library overhead in the step, if any
+    profiled_at: float | None = None  # when the network's profile was taken (unix s); None: priced, or not recorded
     flops_per_sample: float = 0.0  # the model's forward and backward FLOPs per sample (recomputation excluded)
     recomputed_flops_per_sample: float = 0.0  # the forward FLOPs checkpointed blocks run again in backward
 
@@ -165,6 +166,8 @@ def workload(point: Point, fewer_ranks: bool = False) -> tuple[Workload, torch.d
         data_s = data_profile(cfg, layout.mini_batch, device, threads, together)[0].batch_s
         profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
         profiled_on = f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
+        if profile.taken:
+            profiled_on += f", at a load of {profile.taken['load_per_core']:.1f} per core"
     if cfg.activation_checkpointing == SELECTIVE:
         profile = attention_recomputed(profile)
     on_gpus = will_use_cuda(cfg.cluster)
@@ -191,7 +194,7 @@ def predict(point: Point, variant: str = "suite", fewer_ranks: bool = False) -> 
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
     prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source,
-                            flops_per_sample=w.profile.flops / w.profile.batch,
+                            profiled_at=w.profile.taken.get("at"), flops_per_sample=w.profile.flops / w.profile.batch,
                             recomputed_flops_per_sample=recomputed_flops(w.profile, point.cfg) / w.profile.batch)
     return with_library_overhead(prediction, w.profile, fewer_ranks) if variant == "suite" else prediction
 

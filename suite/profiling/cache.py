@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +35,14 @@ NEGLIGIBLE = ["dataset=tokens", "network=gpt2_nano", "dataset.vocab_size=16", "d
               "eval_batches=1", "optimizer.name=adam", "workers=1", "cluster=local"]
 
 T = TypeVar("T")  # what a cached profile is read as
+# A CPU profile taken while other work held more than this share of the machine's cores (the 1-minute load average
+# per core, read before the profile starts) measured the other work too: issue 59's cached ResNet-18 step of 6.35 s
+# on a machine that runs it in 0.5 s. Such a cache is taken again rather than trusted.
+LOADED_PER_CORE = 0.5
+
+
+def load_per_core() -> float:
+    return os.getloadavg()[0] / (os.cpu_count() or 1)
 
 
 def device_name(device: torch.device) -> str:
@@ -66,14 +75,24 @@ def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],
     name = key.get("network", {}).get("name") or key["dataset"]["name"]
     stem = f"{kind}-{name}-b{key['batch']}-{key['precision']}-t{key['threads']}-{digest}"
     path = results_dir() / "profiles" / f"{stem}.json"
+    on_cpu = key.get("device", "").startswith("cpu")
     if path.exists():
         try:
-            return parse(json.loads(path.read_text())), True
+            data = json.loads(path.read_text())
+            load = data.get("taken", {}).get("load_per_core", 0.0)
+            if not (on_cpu and load > LOADED_PER_CORE):
+                return parse(data), True
+            print(f"warning: profile cache {path} was taken with the machine loaded ({load:.2f} per core): "
+                  "profiling again", file=sys.stderr, flush=True)
         except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not a profile of this version
             print(f"warning: profile cache {path} is damaged ({error_line(e)}): discarded, profiling again",
                   file=sys.stderr, flush=True)
-            path.unlink(missing_ok=True)
-    data = {"key": key, **take()}
+        path.unlink(missing_ok=True)
+    load = load_per_core()
+    if on_cpu and load > LOADED_PER_CORE:
+        print(f"warning: profiling {stem} with the machine loaded ({load:.2f} per core): its times are the other "
+              "work's too, and it will be taken again next time", file=sys.stderr, flush=True)
+    data = {"key": key, "taken": {"at": time.time(), "load_per_core": load}, **take()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))

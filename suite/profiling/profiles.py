@@ -21,7 +21,7 @@ suite.profiling.measure's; keeping them, suite.profiling.cache's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 VERSION = 7  # of what a profile holds: a profile of another version is taken again
@@ -65,6 +65,7 @@ class Profile:
     buffer_bytes: int  # BatchNorm statistics and the like
     warmup: int = WARMUP
     steps: int = STEPS  # of the whole network, timed
+    taken: dict[str, float] = field(default_factory=dict)  # when (`at`, unix s) and at what `load_per_core`
 
     @property
     def batch(self) -> int:
@@ -102,7 +103,7 @@ class DataProfile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DataProfile:
-        return cls(**data)
+        return cls(**{k: v for k, v in data.items() if k != "taken"})
 
 
 @dataclass(frozen=True)
@@ -121,4 +122,4 @@ class WorkerThreadProfile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerThreadProfile:
-        return cls(**data)
+        return cls(**{k: v for k, v in data.items() if k != "taken"})

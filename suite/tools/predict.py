@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from analysis.tables import Table
 from suite.errors import ConfigError, OneLineParser
@@ -25,6 +26,7 @@ from suite.predict.pipedream_plan import resolve_auto
 from suite.predict.predictor import FITTED, PREDICTORS, Prediction, predict
 from suite.profiling.profiles import MAX_STEPS, STEPS, WARMUP, WINDOW_S
 from suite.sweep.plan import InvalidPoint, Point, plan
+from suite.sweep.progress import duration
 from suite.sweep.sweep_files import expand
 
 NOTHING_SUBMITTED = ["cluster.job.account_required=false"]
@@ -103,9 +105,11 @@ def notes(predictions: list[Prediction], variant: str) -> list[str]:
                     if variant != "study_j" else "")
     measured = [text for text in profiled if not text.startswith(("datasheet", "calibrated"))]
     counted = [text for text in profiled if text not in measured]
+    taken = [p.profiled_at for p in predictions if p.profiled_at]
+    ages = (f", {duration(time.time() - max(taken))} to {duration(time.time() - min(taken))} ago" if taken else "")
     compute = ([f"Profiled on {'; '.join(measured)}: {WARMUP} warm-up steps, then the whole network's mean over "
                 f"{WINDOW_S:g} s of timed steps ({STEPS} to {MAX_STEPS}), each layer's median over {STEPS} "
-                "(results/profiles/)."] if measured else [])
+                f"(results/profiles/{ages})."] if measured else [])
     compute += [f"Priced from {'; '.join(counted)} (suite.predict.roofline; nothing calibrated or profiled on a "
                 "GPU)." if all(t.startswith("datasheet") for t in counted) else
                 f"Priced from {'; '.join(counted)} (suite.predict.roofline)."] if counted else []
