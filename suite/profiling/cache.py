@@ -37,7 +37,8 @@ NEGLIGIBLE = ["dataset=tokens", "network=gpt2_nano", "dataset.vocab_size=16", "d
 T = TypeVar("T")  # what a cached profile is read as
 # A CPU profile taken while other work held more than this share of the machine's cores (the 1-minute load average
 # per core, read before the profile starts) measured the other work too: issue 59's cached ResNet-18 step of 6.35 s
-# on a machine that runs it in 0.5 s. Such a cache is taken again rather than trusted.
+# on a machine that runs it in 0.5 s. Such a cache is taken again once the machine is quieter than this (taken again
+# on a machine still loaded, it would measure the same load again).
 LOADED_PER_CORE = 0.5
 
 
@@ -80,7 +81,7 @@ def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],
         try:
             data = json.loads(path.read_text())
             load = data.get("taken", {}).get("load_per_core", 0.0)
-            if not (on_cpu and load > LOADED_PER_CORE):
+            if not (on_cpu and load > LOADED_PER_CORE >= load_per_core()):
                 return parse(data), True
             print(f"warning: profile cache {path} was taken with the machine loaded ({load:.2f} per core): "
                   "profiling again", file=sys.stderr, flush=True)
@@ -91,7 +92,7 @@ def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],
     load = load_per_core()
     if on_cpu and load > LOADED_PER_CORE:
         print(f"warning: profiling {stem} with the machine loaded ({load:.2f} per core): its times are the other "
-              "work's too, and it will be taken again next time", file=sys.stderr, flush=True)
+              "work's too; it is taken again once the machine is quieter", file=sys.stderr, flush=True)
     data = {"key": key, "taken": {"at": time.time(), "load_per_core": load}, **take()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
