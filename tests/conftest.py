@@ -174,7 +174,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` or `gpu_multi` run only when asked for (`make test-gpu`: -m "gpu or gpu_multi";
-    `make test-gpu-multi`: -m gpu_multi): `make test` runs where there is none."""
+    `make test-gpu-multi`: -m gpu_multi): `make test` runs where there is none. The rest run longest first."""
     if _gpu_tests_asked_for(config):
         _skip_where_too_few_gpus(items)
         return
@@ -182,6 +182,20 @@ def pytest_collection_modifyitems(config, items):
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if not _needs_gpus(item)]
+    _longest_first(items)
+
+
+def _longest_first(items) -> None:
+    """Modules whose tests share one xdist worker (an `xdist_group`: a module's costly shared fixtures) first, then
+    those that start processes (`slow`), then the rest, each module's tests together and in their order. pytest-xdist
+    hands out the groups first (most tests first), then single tests in this order: the slow ones (a 3D layout sweep,
+    every network as a pipeline) start early and the many short tests fill the workers at the end, where the
+    alphabet's last slow modules ran after them."""
+    rank: dict[str, int] = {}
+    for item in items:
+        mine = 0 if item.get_closest_marker("xdist_group") else 1 if item.get_closest_marker("slow") else 2
+        rank[item.module.__name__] = min(rank.get(item.module.__name__, 2), mine)
+    items.sort(key=lambda item: rank[item.module.__name__])  # stable: each module's order kept
 
 
 def _skip_where_too_few_gpus(items) -> None:
