@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import matplotlib
@@ -18,10 +18,14 @@ from analysis.stats import Estimate  # noqa: E402
 from analysis.tables import interval_note  # noqa: E402
 
 
-def _legend(ax) -> None:
-    """Below the axes, so that many strategy variants do not hide the lines; none where nothing was drawn (a
-    workload whose every point failed)."""
+def _legend(ax, rows: list[Row]) -> None:
+    """Below the axes, so that many strategy variants do not hide the lines. Where nothing was drawn (a workload whose
+    every point failed), the axes say why instead of standing empty: its points' statuses."""
     if not ax.get_legend_handles_labels()[0]:
+        statuses = Counter(r.status.split(":")[0] for r in rows)
+        ax.text(0.5, 0.5, f"nothing to draw: {', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))}\n"
+                "(the report's status table has each point's error)", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9, wrap=True)
         return
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
 
@@ -56,7 +60,7 @@ def plot_speedup(rows: list[Row], histories, protocol: str, path: Path) -> tuple
         ax.set(title="/".join(workload), xlabel="workers",
                ylabel="speedup vs single on 1 worker" if single else "speedup vs the strategy on its fewest workers")
         ax.set_xticks(sorted({w for pts in lines.values() for w, _ in pts} | {1}))
-        _legend(ax)
+        _legend(ax, [r for r in rows if r.workload == workload])
     note = interval_note((s.spans() for s in speedups.values() if s.method), "Error bars", "point", len(speedups),
                          "the others are a baseline (1 exactly) or of one sample")
     fig.tight_layout(rect=(0, foot_note(fig, note), 1, 1))
@@ -80,7 +84,7 @@ def plot_convergence(rows: list[Row], client, path: Path) -> Path:
                 ax.plot(*zip(*points), "o-", label=f"{row.label}/w{row.workers}")
             ax.set(ylabel=row.val_metric, yscale="log" if row.val_metric == "val_perplexity" else "linear")
         ax.set(title="/".join(workload), xlabel="training time (s)")
-        _legend(ax)
+        _legend(ax, [r for r in rows if r.workload == workload])
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

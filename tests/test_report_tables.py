@@ -45,20 +45,28 @@ def test_an_interval_cell_is_the_value_alone_from_one_sample_and_a_dash_for_none
     assert isinstance(interval_cell(estimate([2.0, 3.0])), Interval)
 
 
-def test_a_figure_of_a_workload_whose_every_point_failed_warns_nothing():
-    """Hostile inputs 3, case 8: matplotlib's 'No artists with labels found' stood beside a failed point's line."""
+def test_a_figure_of_a_workload_whose_every_point_failed_says_why_and_warns_nothing():
+    """Hostile inputs 3, case 8: matplotlib's 'No artists with labels found' stood beside a failed point's line, and
+    the axes stood empty."""
     import warnings
 
     import matplotlib.pyplot as plt
 
     from analysis.plots import _legend
+    from analysis.runs import Row
 
+    failed = [Row(run_id=status, dataset="tokens", network="gpt2_tiny", strategy="ddp", workers=2, status=status,
+                  epoch_time_s=None, throughput=None, peak_memory_mb=None, val_metric=None, val_value=None,
+                  start_time=0, params={}, label="ddp", metrics={})
+              for status in ("failed: rank 1: RuntimeError", "failed: rank 0: OSError", "oom: rank 0")]
     fig, ax = plt.subplots()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _legend(ax)
+        _legend(ax, failed)
     assert ax.get_legend() is None
+    assert [t.get_text() for t in ax.texts] == [
+        "nothing to draw: 2 failed, 1 oom\n(the report's status table has each point's error)"]
     ax.plot([1, 2], [1, 2], label="ddp")
-    _legend(ax)
+    _legend(ax, failed)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ddp"]
     plt.close(fig)
