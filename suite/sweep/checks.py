@@ -69,6 +69,18 @@ def _check_ranges(cfg: DictConfig) -> None:
         raise BadValue(f"repeat must be >= 0, got {cfg.repeat}")
     if cfg.profile.steps < 0:
         raise BadValue(f"profile.steps must be >= 0, got {cfg.profile.steps}")
+    # torch's optimizers refuse these below zero only when the ranks build them, after the launch
+    at_least_zero = {"optimizer.momentum": cfg.optimizer.momentum, "optimizer.weight_decay": cfg.optimizer.weight_decay,
+                     "optimizer.eps": cfg.optimizer.eps, "cluster.job.stop_margin_s": job.stop_margin_s}
+    for key, value in at_least_zero.items():
+        if value < 0:
+            raise BadValue(f"{key} must be >= 0, got {value}")
+    if job.mem_per_worker_gb is not None and job.mem_per_worker_gb <= 0:
+        raise BadValue(f"cluster.job.mem_per_worker_gb must be positive (or null: the node's whole memory), got "
+                       f"{job.mem_per_worker_gb}")
+    if cfg.fault.kind is not None and (cfg.fault.step < 1 or cfg.fault.rank < 0):
+        raise BadValue(f"fault.step must be >= 1 and fault.rank >= 0, got step {cfg.fault.step}, rank "
+                       f"{cfg.fault.rank}")
     if cfg.grad_compression.start_iter < 2:  # PowerSGD's error feedback starts from the second step's state
         raise BadValue(f"grad_compression.start_iter must be >= 2, got {cfg.grad_compression.start_iter}")
 
