@@ -32,14 +32,13 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.batch import SchedulerError
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR, REPO_ROOT, config_file, searchpath_overrides
 from suite.predict import overhead
-from suite.records.calibration import jobs_dir, load_record, record_path
+from suite.records.calibration import jobs_dir, load_record, read_record, reading, record_path
 from suite.records.point_dir import PointDir, error_line
 from suite.tools import overhead_probes
 from suite.vocabulary import Collective, MathDtype, Status
@@ -227,14 +226,15 @@ def probe_keys(cfg: DictConfig) -> list[str]:
 
 def overhead_table(path: Path) -> str:
     """Each strategy's fitted overhead and the probes it was solved from: markdown."""
-    record = yaml.safe_load(path.read_text())
+    record = read_record(path)
     lines = ["| strategy | fixed (ms) | per MB of parameters (ms) | per parameter tensor (ms) | "
              "probes: MB in tensors, predicted -> measured step (ms) |", "|---|---:|---:|---:|---|"]
-    for key, fit in record["strategies"].items():
-        probes = ", ".join(f"{p['param_bytes'] / 2**20:.2f} MB in {p['param_tensors']} {p['predicted_s'] * 1e3:.1f} "
-                           f"-> {p['measured_s'] * 1e3:.1f}" for p in fit["probes"])
-        lines.append(f"| {key} | {fit['fixed_s'] * 1e3:+.1f} | {fit['per_byte_s'] * 2**20 * 1e3:.2f} | "
-                     f"{fit['per_tensor_s'] * 1e3:.3f} | {probes} |")
+    with reading(path):  # a field it lacks is damage, named with the file
+        for key, fit in record["strategies"].items():
+            probes = ", ".join(f"{p['param_bytes'] / 2**20:.2f} MB in {p['param_tensors']} "
+                               f"{p['predicted_s'] * 1e3:.1f} -> {p['measured_s'] * 1e3:.1f}" for p in fit["probes"])
+            lines.append(f"| {key} | {fit['fixed_s'] * 1e3:+.1f} | {fit['per_byte_s'] * 2**20 * 1e3:.2f} | "
+                         f"{fit['per_tensor_s'] * 1e3:.3f} | {probes} |")
     return "\n".join(lines)
 
 
