@@ -122,9 +122,11 @@ test-gpu-multi: setup horovod  ## the checks that need 2 or more GPUs
 	$(PY) -m pytest -m gpu_multi
 
 # ruff's lint rules (E, W: layout and line length included); not `ruff format`, which would re-wrap the tree's
-# hand-aligned argument lists and tables.
-lint: setup  ## ruff's lint rules
+# hand-aligned argument lists and tables. Then the import contracts of pyproject.toml (import-linter): each kept or
+# broken, and every import that breaks one.
+lint: setup  ## ruff's lint rules and the layers' import contracts
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 sweep: setup  ## run SWEEP's points on CLUSTER (FORCE, RETRY_FAILED, DRY_RUN, REPEATS, ACCOUNT, QUEUE, TIME_LIMIT, ARGS)
 	$(SUITE) sweep $(SWEEP) $(if $(FORCE),--force) $(if $(RETRY_FAILED),--retry-failed) $(if $(DRY_RUN),--dry-run) \

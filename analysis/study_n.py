@@ -352,7 +352,7 @@ def _stated(value: str | None) -> str:
 
 
 def _manifest(ctx: Context, row: Row) -> dict:
-    """The environment manifest a run recorded (suite.records.manifest); {} where it has none."""
+    """The environment manifest a run recorded (suite.runtime.manifest); {} where it has none."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
             return json.loads(Path(ctx.client.download_artifacts(row.run_id, "manifest.json", tmp)).read_text())

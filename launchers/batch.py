@@ -18,6 +18,7 @@ from typing import Any
 
 from launchers import horovod, mpiexec
 from suite.errors import ConfigError
+from suite.placement import cores_per_rank
 from suite.records.tracking_server import without_own_password
 
 QUEUED, RUNNING, ENDED = "queued", "running", "ended"
@@ -25,17 +26,6 @@ QUEUED, RUNNING, ENDED = "queued", "running", "ended"
 
 class SchedulerError(RuntimeError):
     """The scheduler's command failed or could not be reached; the message is one line."""
-
-
-def cores_per_rank(cluster: Any) -> int:
-    """CPU cores the scheduler gives each rank: as configured, else the node's cores shared out among its GPUs.
-    Neither known: ConfigError, as one core would feed a GPU and its data loader workers alike."""
-    cores = cluster.job.cores_per_worker or (cluster.hardware.cores_per_node or 0) // cluster.workers_per_node
-    if not cores:
-        raise ConfigError(f"cluster {cluster.name}: the CPU cores of each rank are unknown: set "
-                          "cluster.hardware.cores_per_node (shared out among its workers_per_node) or "
-                          "cluster.job.cores_per_worker")
-    return cores
 
 
 @dataclass(frozen=True)

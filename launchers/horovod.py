@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from launchers.hosts import allocation_hosts
+from suite.hosts import allocation_hosts
 
 
 def horovodrun(python: str) -> str:

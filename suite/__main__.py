@@ -71,11 +71,11 @@ def main(argv: list[str]) -> int:
     from analysis.views import NotRun
     from launchers.batch import SchedulerError
     from suite.paths import REPO_ROOT
+    from suite.point_dir import error_line
     from suite.predict.pipedream_plan import resolve_auto
     from suite.predict.predictor import recorded_prediction
-    from suite.records.manifest import git_sha
-    from suite.records.point_dir import error_line
     from suite.records.store import Store, store_uri
+    from suite.runtime.manifest import git_sha
     from suite.signals import Stopped, raise_on_sigterm
     from suite.sweep.driver import check_installed, record_invalid, run_sweep
     from suite.sweep.jobs import batch_experiments, check_submittable, collect

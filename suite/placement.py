@@ -41,6 +41,17 @@ def node_threads(rank_threads: int, local_workers: int) -> int:
 GPU_LOADER_WORKERS = 4
 
 
+def cores_per_rank(cluster) -> int:
+    """CPU cores the scheduler gives each rank: as configured, else the node's cores shared out among its GPUs.
+    Neither known: ConfigError, as one core would feed a GPU and its data loader workers alike."""
+    cores = cluster.job.cores_per_worker or (cluster.hardware.cores_per_node or 0) // cluster.workers_per_node
+    if not cores:
+        raise ConfigError(f"cluster {cluster.name}: the CPU cores of each rank are unknown: set "
+                          "cluster.hardware.cores_per_node (shared out among its workers_per_node) or "
+                          "cluster.job.cores_per_worker")
+    return cores
+
+
 def loader_workers(cfg: DictConfig) -> int:
     """`dataset.loader_workers`, or where it is null as the data needs them: on GPUs 4 worker processes per rank,
     at most the rank's cores less the one that drives its GPU; on CPU none, the ranks' threads using every core."""
@@ -48,8 +59,6 @@ def loader_workers(cfg: DictConfig) -> int:
         return cfg.dataset.loader_workers
     if not will_use_cuda(cfg.cluster):
         return 0
-    from launchers.batch import cores_per_rank
-
     if cfg.cluster.scheduler == "local":
         cores = (os.cpu_count() or 1) // min(cfg.workers, cfg.cluster.workers_per_node)
     else:

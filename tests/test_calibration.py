@@ -12,11 +12,11 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import run_make, run_suite
+from suite.calibration_files import load_record, record_path
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR
 from suite.predict import overhead
 from suite.predict.overhead import Overhead, Probe, overhead_path
-from suite.records.calibration import load_record, record_path
 from suite.records.store import Store
 from suite.tools.calibrate import CALIBRATED, apply_record, check, compose_config
 from suite.vocabulary import Collective

@@ -19,13 +19,13 @@ import pytest
 from test_predict import TINY_GPT, calibration_record, tiny_point
 
 from conftest import run_suite
+from suite.calibration_files import DamagedRecord, record_path
 from suite.paths import REPO_ROOT
 from suite.predict import correction, overhead
 from suite.predict.links import calibrated_links, matmul_tflops
 from suite.predict.predictor import recorded_prediction
 from suite.profiling.cache import _cached
 from suite.profiling.profiles import DataProfile
-from suite.records.calibration import DamagedRecord, record_path
 from suite.runtime.utilisation import Device, NoPeak, calibrated_peak
 from suite.strategies import missing_library
 from suite.strategies.base import Library, Strategy

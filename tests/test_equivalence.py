@@ -5,7 +5,7 @@ import torch
 from omegaconf import OmegaConf
 
 from analysis.report import write_report
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.records.store import Store
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import Point, plan

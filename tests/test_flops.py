@@ -7,8 +7,8 @@ import yaml
 from omegaconf import OmegaConf
 from torch import nn
 
+from suite.calibration_files import record_path
 from suite.layout import Layout
-from suite.records.calibration import record_path
 from suite.runtime.flops import StepFlops, count_step, step_flops
 from suite.runtime.utilisation import Device, NoPeak, Peak, find_peak, math_dtype, utilisation
 from suite.strategies.gpipe import GPipe

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from suite.errors import ConfigError
-from suite.strategies.axonn import check_build
-from suite.tools.install_axonn import PATCH_SET, PATCHES, apply_patches, installed_build, package_dir, wanted_build
+from suite.strategies.axonn import check_build, installed_build, package_dir
+from suite.tools.install_axonn import PATCH_SET, PATCHES, apply_patches, wanted_build
 
 PATCHED_HERE = pytest.mark.skipif(wanted_build() != "cpu-patched",
                                   reason="a CUDA device: AxoNN is installed as published")

@@ -26,7 +26,7 @@ from suite.models.layers import Layer
 from suite.pipeline.partition import StageModule, cut
 from suite.pipeline.pipedream import PipeDreamStage, lag
 from suite.pipeline.topology import Topology
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.runtime.precision import Precision
 from suite.runtime.timing import PhaseTimer
 from suite.sweep.driver import run_sweep

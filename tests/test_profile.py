@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from analysis.report import write_report
 from suite.errors import ConfigError
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.runtime.profile import StepTrace
 from suite.runtime.timing import PhaseTimer
 from suite.runtime.trace_breakdown import (

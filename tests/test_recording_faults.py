@@ -22,13 +22,13 @@ from mlflow.exceptions import MlflowException
 from analysis.runs import latest_per_point
 from conftest import DIGITS, copy_rank_outputs, run_suite
 from launchers import LaunchResult
+from suite.owner import Owner
 from suite.paths import REPO_ROOT
+from suite.point_dir import PointDir
 from suite.records import store as store_module
-from suite.records.manifest import git_sha
-from suite.records.owner import Owner
-from suite.records.point_dir import PointDir
 from suite.records.record import finish
 from suite.records.store import INCOMPLETE, VERDICT, Store, run_status
+from suite.runtime.manifest import git_sha
 from suite.signals import Stopped
 from suite.sweep import jobs
 from suite.sweep.driver import skip_reason
@@ -41,7 +41,7 @@ DISK_FULL = "not recorded (OSError: [Errno 27] File too large"  # EFBIG; on a fu
 
 def holder(out: PointDir) -> subprocess.Popen:
     """A recorder that claimed the point and then waits (until its stdin closes)."""
-    code = ("import sys; from suite.records.point_dir import PointDir; "
+    code = ("import sys; from suite.point_dir import PointDir; "
             f"assert PointDir({str(out.path)!r}).claim(); print('claimed', flush=True); sys.stdin.read()")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from conftest import DIGITS, free_port
-from launchers.hosts import allocation_hosts, lsf_hosts, slurm_hosts
 from launchers.local import rendezvous_store
+from suite.hosts import allocation_hosts, lsf_hosts, slurm_hosts
 from suite.paths import REPO_ROOT
 from suite.runtime.rendezvous import allocation_master, discover
 from suite.sweep.plan import plan

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from conftest import DIGITS, free_port, run_suite, tracking_server
-from launchers.hosts import slurm_hosts
+from suite.hosts import slurm_hosts
 from suite.paths import REPO_ROOT
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.records.store import Store
 from suite.tools.slurm_local import SlurmUnavailable, ensure_running
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import DIGITS, copy_rank_outputs, free_port, tracking_server
 from suite.paths import REPO_ROOT
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.records.store import Store
 from suite.sweep import jobs
 from suite.sweep.plan import plan

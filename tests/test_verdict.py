@@ -5,7 +5,7 @@ import pytest
 from launchers import LaunchResult
 from launchers.slurm import job_state as slurm_state
 from suite.errors import ConfigError
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.records.verdict import _failed_ranks, _first_exception_line, _horovodrun_failed_ranks, judge, judge_ended_job
 from suite.signals import Stopped
 

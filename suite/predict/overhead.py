@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from suite.calibration_files import calibration_files, read_record, reading, record_path
 from suite.predict.links import nearest
-from suite.records.calibration import calibration_files, read_record, reading, record_path
 from suite.strategies.base import Strategy
 
 EXPERIMENT = "library_overhead"  # the runs of the probes (suite.tools.overhead_probes) a fit is solved from

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from suite.calibration_files import DamagedRecord, record_path
 from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
@@ -31,7 +32,6 @@ from suite.predict.roofline import GPU_RANK_BASE_BYTES, datasheet_profile
 from suite.predict.step import VARIANTS, Workload, step_time
 from suite.profiling.cache import data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.profiling.profiles import Profile
-from suite.records.calibration import DamagedRecord, record_path
 from suite.runtime.activation_checkpointing import SELECTIVE, checkpoint_interval
 from suite.sweep.plan import Point
 from suite.vocabulary import PRICED_FROM

@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
+from suite.point_dir import error_line
 from suite.profiling.profiles import VERSION, DataProfile, Profile, WorkerThreadProfile
-from suite.records.point_dir import error_line
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import missing_library
 

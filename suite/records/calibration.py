@@ -16,19 +16,14 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from suite.errors import ConfigError
-from suite.paths import results_dir
-from suite.records.point_dir import PointDir
+from suite.calibration_files import record_path
+from suite.point_dir import PointDir
 from suite.vocabulary import Collective, Status
 
 if TYPE_CHECKING:  # ranks read the record (MFU's peak): they need not import MLflow, which only the driver writes to
@@ -39,71 +34,6 @@ if TYPE_CHECKING:  # ranks read the record (MFU's peak): they need not import ML
 RECORD_FILE = "calibration.yaml"  # the record, in its job directory
 HEADER = ("# A calibration record, written by `make calibrate` (suite/records/calibration.py). Units: bytes, seconds,\n"
           "# GB/s (1e9 bytes/s), TFLOP/s; busbw is nccl-tests' bus bandwidth.\n")
-
-
-def record_path(cluster: str, ranks: int | None = None) -> Path:
-    """The cluster's latest record, or with `ranks` the latest of those taken among that many ranks."""
-    return results_dir() / "calibration" / (f"{cluster}.yaml" if ranks is None else f"{cluster}.w{ranks}.yaml")
-
-
-def calibration_files(cluster: str, kind: str = "") -> list[Path]:
-    """The cluster's files of one kind that exist (records; `kind` "overhead": the library overhead's fits), those
-    of each number of ranks (`<cluster>.w<ranks>[.kind].yaml`) first, then the latest (`<cluster>[.kind].yaml`)."""
-    suffix = f".{kind}.yaml" if kind else ".yaml"
-    per_ranks = re.compile(rf"{re.escape(cluster)}\.w\d+{re.escape(suffix)}")  # not the other kinds beside them
-    directory = results_dir() / "calibration"
-    latest = directory / f"{cluster}{suffix}"
-    return [*sorted(p for p in directory.glob(f"{cluster}.w*{suffix}") if per_ranks.fullmatch(p.name)),
-            *([latest] if latest.exists() else [])]
-
-
-def jobs_dir(cluster: str) -> Path:
-    """Where the calibration jobs of a cluster keep their directories (not results/points: not a sweep's)."""
-    return results_dir() / "calibration" / "jobs" / cluster
-
-
-class DamagedRecord(ConfigError):
-    """A file under results/calibration/ that is not what its writer wrote (cut short, edited, another file's
-    content): said in one line naming it, as a point that cannot be priced; never a traceback."""
-
-    def __init__(self, path: Path, problem: str | Exception) -> None:
-        if isinstance(problem, KeyError):
-            problem = f"no {problem}"
-        elif isinstance(problem, Exception):
-            problem = f"{type(problem).__name__}: {problem}"
-        writer = ("make bench-model" if path.name.endswith(".correction.yaml")
-                  else f"make calibrate CLUSTER={path.name.split('.')[0]}")
-        super().__init__(f"{path} is damaged ({problem}): delete it, or `{writer}` writes it again")
-        self.path = path
-
-
-def read_record(path: Path) -> dict[str, Any]:
-    """The mapping a calibration file holds (a record, the library overhead's or a fitted correction's)."""
-    try:
-        record = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        mark = getattr(e, "problem_mark", None)
-        raise DamagedRecord(path, "not YAML" + (f": line {mark.line + 1}, column {mark.column + 1}" if mark else "")
-                            ) from e
-    if not isinstance(record, dict):
-        raise DamagedRecord(path, f"not a mapping but {type(record).__name__}")
-    return record
-
-
-@contextmanager
-def reading(path: Path) -> Iterator[None]:
-    """Around reading a calibration file's fields: a field it lacks, or one of another kind, is damage."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise DamagedRecord(path, e) from e
-
-
-def load_record(cluster: str) -> dict[str, Any] | None:
-    path = record_path(cluster)
-    return read_record(path) if path.exists() else None
 
 
 def curve_metrics(measured: dict[str, Any]) -> list[Metric]:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.hosts import scheduler_job_id
 from suite.config import is_calibration
+from suite.hosts import scheduler_job_id
+from suite.point_dir import PointDir, error_line
 from suite.records.calibration import write_calibration
-from suite.records.point_dir import PointDir, error_line
 from suite.records.store import Store, complete, is_server, source_tags
 from suite.records.verdict import Ending, verdict
 from suite.vocabulary import Status

@@ -26,8 +26,8 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from suite.errors import ConfigError
+from suite.owner import Owner
 from suite.paths import results_dir
-from suite.records.owner import Owner
 from suite.records.tracking_server import credentials_file, export_credentials
 from suite.vocabulary import (
     DEVICE_MEMORY,

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from launchers import LaunchResult
 from launchers.batch import JobState
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.vocabulary import Status
 
 # Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.

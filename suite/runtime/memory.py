@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from suite.records.point_dir import error_line
+from suite.point_dir import error_line
 from suite.runtime.torch_api import DTensor
 from suite.vocabulary import DEVICE_MEMORY
 

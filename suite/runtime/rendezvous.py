@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launchers.hosts import allocation_hosts, scheduler_job_id
+from suite.hosts import allocation_hosts, scheduler_job_id
 
 # (source, rank, world size, local rank, local world size), in order of precedence: the launcher that
 # started this very process first; Slurm's variables last, as an allocation also exports them to

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from suite.records.calibration import DamagedRecord, load_record, reading, record_path
+from suite.calibration_files import DamagedRecord, load_record, reading, record_path
 from suite.runtime.flops import StepFlops
 from suite.runtime.torch_api import convolution_tf32, matmul_tf32
 from suite.vocabulary import MathDtype, PeakSource

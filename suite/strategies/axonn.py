@@ -15,7 +15,10 @@ elsewhere; the run records which.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -114,12 +117,27 @@ class AxoNNStages(DistributedStages):
                 "precision.implementation": "AxoNN's engine" + scaler}
 
 
+# What `make axonn` (suite/tools/install_axonn.py) leaves beside the package it installed: read here, in the rank.
+BUILD_FILE = "suite_build.json"
+
+
+def package_dir() -> Path | None:
+    spec = importlib.util.find_spec("axonn")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def installed_build() -> dict | None:
+    """What `make axonn` installed ({"version", "build", "patches"}); None where it has not (or another installer
+    did)."""
+    directory = package_dir()
+    record = directory / BUILD_FILE if directory else None
+    return json.loads(record.read_text()) if record and record.exists() else None
+
+
 def check_build(device: torch.device) -> None:
     """Refuse AxoNN patched for CPU ranks on a GPU rank: `make axonn` ran where torch saw no GPU (a login node) and
     the venv is shared with the GPU nodes. Checked in the rank, where the device is known (a job script is written
     on a login node, whose own AxoNN build says nothing of the nodes')."""
-    from suite.tools.install_axonn import installed_build
-
     if device.type == "cuda" and (installed_build() or {}).get("build") == "cpu-patched":
         raise ConfigError("AxoNN in this environment is patched for CPU ranks (`make axonn` ran where torch saw no "
                           "GPU): run `make axonn` on a GPU node")
@@ -127,8 +145,6 @@ def check_build(device: torch.device) -> None:
 
 def axonn_settings() -> dict[str, Any]:
     """The installed AxoNN: its version, and whether `make axonn` patched it for CPU ranks."""
-    from suite.tools.install_axonn import installed_build
-
     build = installed_build() or {"version": "unknown", "build": "not installed by make axonn"}
     return {"axonn.version": build["version"], "axonn.build": build["build"]}
 

@@ -17,11 +17,11 @@ from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.paths import REPO_ROOT
 from suite.placement import threads_per_worker
-from suite.records.manifest import git_sha
-from suite.records.point_dir import error_line
+from suite.point_dir import error_line
 from suite.records.record import finish
 from suite.records.store import INCOMPLETE, INCONSISTENT, Store, run_params, run_status, source_tags
 from suite.records.verdict import NotStarted
+from suite.runtime.manifest import git_sha
 from suite.strategies import missing_library
 from suite.sweep import jobs
 from suite.sweep.plan import InvalidPoint, Point

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from launchers import BATCH_SCHEDULERS, LaunchResult, jobscript, site_rules
-from launchers.batch import ENDED, Job, JobState, SchedulerError, Step, cores_per_rank
+from launchers.batch import ENDED, Job, JobState, SchedulerError, Step
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
-from suite.records.point_dir import PointDir, error_line
+from suite.placement import cores_per_rank
+from suite.point_dir import PointDir, error_line
 from suite.records.record import finish
 from suite.records.store import Store, store_uri
 from suite.records.verdict import Ending, JobEnded, NotStarted

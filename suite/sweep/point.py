@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
 from suite.placement import for_ranks
-from suite.records.manifest import git_sha
-from suite.records.point_dir import PointDir, error_line
+from suite.point_dir import PointDir, error_line
 from suite.records.store import run_params
+from suite.runtime.manifest import git_sha
 from suite.sweep.plan import Point
 
 # What a sweep records with a point's run beside what it measures: a prediction's metrics. The sweep does not price

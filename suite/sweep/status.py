@@ -6,7 +6,7 @@ import time
 from collections import Counter
 
 from launchers.batch import ENDED
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.records.store import INCOMPLETE, INCONSISTENT, Store, run_status
 from suite.sweep import jobs
 from suite.sweep.plan import Point

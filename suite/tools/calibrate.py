@@ -35,11 +35,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.batch import SchedulerError
+from suite.calibration_files import jobs_dir, load_record, read_record, reading, record_path
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR, REPO_ROOT, config_file, searchpath_overrides
+from suite.point_dir import PointDir, error_line
 from suite.predict import overhead
-from suite.records.calibration import jobs_dir, load_record, read_record, reading, record_path
-from suite.records.point_dir import PointDir, error_line
 from suite.tools import overhead_probes
 from suite.vocabulary import Collective, MathDtype, Status
 
@@ -138,8 +138,8 @@ def label(cfg: DictConfig) -> str:
 def job_dir(cfg: DictConfig, create: bool) -> PointDir:
     """A fresh directory for the job (created, with its config and point.json, when `create`)."""
     from suite.placement import for_ranks
-    from suite.records.manifest import git_sha
     from suite.records.store import flatten
+    from suite.runtime.manifest import git_sha
     from suite.sweep.plan import config_hash
 
     first = jobs_dir(cfg.cluster.name) / f"{time.strftime('%Y%m%d-%H%M%S')}-w{cfg.workers}"

@@ -16,18 +16,17 @@ initializes (gloo) and its tensors stay on the CPU. What was installed, and how,
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from suite.strategies.axonn import BUILD_FILE, installed_build, package_dir
 from suite.tools.build_horovod import CONSTRAINTS, pinned_version
 
 PACKAGES = ("axonn", "mpi4py", "mpich")
 # In the installed axonn package: {"version": ..., "build": upstream | cpu-patched, "patches": PATCH_SET or ""}
-BUILD_FILE = "suite_build.json"
 
 
 @dataclass(frozen=True)
@@ -63,19 +62,6 @@ PATCHES = (
 )
 # Which patches an installed copy carries: a machine installed before a patch was added installs again.
 PATCH_SET = hashlib.sha256(repr(PATCHES).encode()).hexdigest()[:12]
-
-
-def package_dir() -> Path | None:
-    spec = importlib.util.find_spec("axonn")
-    return Path(spec.origin).parent if spec and spec.origin else None
-
-
-def installed_build() -> dict | None:
-    """What `make axonn` installed ({"version", "build", "patches"}); None where it has not (or another installer
-    did)."""
-    directory = package_dir()
-    record = directory / BUILD_FILE if directory else None
-    return json.loads(record.read_text()) if record and record.exists() else None
 
 
 def wanted_build() -> str:

@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from suite.placement import node_threads
-from suite.records.manifest import rank_info
 from suite.runtime.comm import SHARE_SENT
 from suite.runtime.dist import DistEnv
+from suite.runtime.manifest import rank_info
 from suite.runtime.timing import synchronize
 from suite.runtime.torch_api import matmuls_in_tf32
 from suite.vocabulary import Collective, MathDtype

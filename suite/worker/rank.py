@@ -3,7 +3,7 @@ mpiexec).
 
 It reads the resolved config from the point directory, finds its place in the job from the launcher's
 environment (`suite.runtime.rendezvous`), trains (or, in a calibration job's directory, measures the machine:
-`suite.worker.calibrate`), and leaves its results there (see `suite.records.point_dir`).
+`suite.worker.calibrate`), and leaves its results there (see `suite.point_dir`).
 Rank 0 prints progress; every rank logs to logs/rank<r>.log. SIGTERM stops it as `timeout`.
 """
 
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
 from suite.launch_timing import mark
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.runtime.rendezvous import discover
 from suite.signals import raise_on_sigterm
 
@@ -45,8 +45,8 @@ def process_group(out: PointDir, cfg, processes: int, what: str) -> Iterator[Dis
     import torch.distributed as dist
 
     from suite.errors import ConfigError
-    from suite.records.manifest import environment_manifest, rank_info
     from suite.runtime.dist import init_distributed, shutdown
+    from suite.runtime.manifest import environment_manifest, rank_info
 
     rendezvous = discover(os.environ, expected_world_size=processes)
     if rendezvous.world_size != processes:

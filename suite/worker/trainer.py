@@ -28,13 +28,13 @@ from suite.launch_timing import mark
 from suite.layout import Layout
 from suite.models import build_model
 from suite.placement import node_threads
-from suite.records.manifest import rank_info
-from suite.records.point_dir import PointDir, error_line
+from suite.point_dir import PointDir, error_line
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing
 from suite.runtime.comm import CommVolume
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
 from suite.runtime.flops import StepFlops, step_flops
+from suite.runtime.manifest import rank_info
 from suite.runtime.memory import largest_over_ranks, peak_memory, reset_peak
 from suite.runtime.precision import make_precision
 from suite.runtime.profile import StepTrace

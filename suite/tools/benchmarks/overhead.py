@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from suite.data import build_datasets
 from suite.models import build_model
-from suite.records.point_dir import PointDir
+from suite.point_dir import PointDir
 from suite.runtime.dist import init_distributed, shutdown
 from suite.runtime.rendezvous import discover
 from suite.runtime.timing import synchronize

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from launchers.hosts import scheduler_job_id
+from suite.hosts import scheduler_job_id
 
 PACKAGES = ("torch", "torchvision", "numpy", "hydra-core", "omegaconf", "mlflow", "nvidia-ml-py",
             "scikit-learn", "deepspeed", "horovod", "torchgpipe")

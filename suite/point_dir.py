@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from suite.errors import ConfigError, Diverged
-from suite.records.owner import Owner
+from suite.owner import Owner
 from suite.signals import Stopped
 from suite.vocabulary import Status
 
@@ -131,7 +131,7 @@ class PointDir:
     def claim(self, stale_after_s: float = 900) -> bool:
         """Take the right to record this point; False while another recorder holds it.
 
-        The claim names its recorder (suite.records.owner) and appears whole or not at all: written beside it,
+        The claim names its recorder (suite.owner) and appears whole or not at all: written beside it,
         then linked into place, so a write that fails (a full disk) leaves no claim. A claim whose recorder is
         gone is taken over at once: ended on this host, or unreadable (left by a write that failed). So is one
         older than `stale_after_s`, whose recorder elsewhere was surely stopped (recording takes seconds).
