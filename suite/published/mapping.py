@@ -259,11 +259,39 @@ def _network(record: Record, draft: _Draft) -> bool:
 # --- precision, recomputation, optimizer ------------------------------------------------------------------------
 
 
+# What a framework trains in where a record does not say, and where the framework documents it: a record's framework
+# (its name as the record writes it) not listed here leaves its precision "not stated" (issue 61: a record without
+# precision was priced in fp32, "the frameworks' default", 10x too slow). DeepSpeed is not listed: its ds_config's
+# default is fp32 (fp16.enabled: false), but its published runs set fp16 or bf16 in configs the records do not give.
+PYTORCH_FP32 = ("fp32", "PyTorch trains in float32 unless torch.amp is asked for (torch.get_default_dtype(): "
+                "\"initially torch.float32\")")
+DEFAULT_PRECISION = {
+    "torchtitan": ("bf16", "torchtitan's training.mixed_precision_param defaults to \"bfloat16\" "
+                           "(torchtitan/config/job_config.py)"),
+    "torchgpipe (PyTorch)": PYTORCH_FP32,
+    "PyTorch DDP": PYTORCH_FP32,
+    "Horovod (PyTorch)": PYTORCH_FP32,
+    "Horovod + TensorFlow": ("fp32", "tf_cnn_benchmarks' --use_fp16 defaults to false (benchmark_cnn.py)"),
+}
+
+
+def _default_precision(framework: str) -> tuple[str, str] | None:
+    """The documented default of the framework the record names (its name as the table spells it, then anything)."""
+    return next((default for name, default in DEFAULT_PRECISION.items() if framework.startswith(name)), None)
+
+
 def _precision(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.precision
     if word is None:
-        draft.assume("precision not stated: fp32, the frameworks' default")
-        return
+        default = _default_precision(record.training.framework or "")
+        if default is None:
+            draft.cannot(PRECISION, f"not stated: precision (the record names none, and {record.training.framework} "
+                         "documents no default the suite describes)")
+            return
+        word, source = default
+        draft.assume(f"precision not stated: {word}, {record.training.framework}'s default ({source})")
+        if word == "fp32":  # the suite's own default
+            return
     text = word.lower()
     half = "fp16"
     spec = strategy_class(strategy)
