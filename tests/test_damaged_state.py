@@ -68,22 +68,26 @@ def test_a_damaged_profile_is_said_discarded_and_taken_again(results, capsys, da
 
 
 def test_a_profile_taken_on_a_loaded_machine_is_taken_again_once_it_is_quiet(results, capsys, monkeypatch):
-    """Issue 59: a CPU profile taken while the machine was busy was reused from then on, 12x too slow. The load is
-    the OS's 1-minute average per core, set here as the machine would report it."""
+    """Issue 59: a CPU profile taken while the machine was busy was reused from then on, 12x too slow. The share of
+    the cores busy is set here as the machine would report it."""
     from suite.profiling import cache
     key = {"dataset": {"name": "digits"}, "batch": 2, "precision": "fp32", "threads": 1, "device": "cpu:this"}
 
     def cached(batch_s: float) -> tuple[DataProfile, bool]:
         return _cached("data", key, lambda: {"batch_s": batch_s}, DataProfile.from_json)
 
-    monkeypatch.setattr(cache, "load_per_core", lambda: 1.8)
+    monkeypatch.setattr(cache, "busy_share", lambda: 0.9)
     assert cached(6.35) == (DataProfile(key, 6.35), False)
-    assert "warning: profiling data-digits-" in capsys.readouterr().err
-    assert cached(0.5)[0].batch_s == 6.35  # still loaded: taken again it would measure the load again
-    monkeypatch.setattr(cache, "load_per_core", lambda: 0.1)
+    assert cached(0.5)[0].batch_s == 6.35  # still busy: taken again it would measure the other work again
+    monkeypatch.setattr(cache, "busy_share", lambda: 0.1)
     assert cached(0.5) == (DataProfile(key, 0.5), False)
-    assert "was taken with the machine loaded (1.80 per core): profiling again" in capsys.readouterr().err
+    assert "was taken with 90% of the cores busy with other work: profiling again" in capsys.readouterr().err
     assert cached(0.25) == (DataProfile(key, 0.5), True)
+
+
+def test_the_cores_busy_share_is_sampled_from_the_kernels_counters():
+    from suite.profiling.cache import busy_share
+    assert 0.0 <= busy_share() <= 1.0
 
 
 @pytest.mark.slow  # profiles in child interpreters, then the driver and a rank

@@ -76,7 +76,7 @@ def test_a_published_configuration_maps_to_the_suite_point_that_trains_it(record
 def test_what_a_record_leaves_unstated_is_said_not_hidden(records):
     assumptions = map_record(records[STUDY_J_GPIPE[0]]).assumptions
     assert assumptions == ("precision not stated: fp32, torchgpipe (PyTorch)'s default (PyTorch trains in float32 "
-                           "unless torch.amp is asked for (torch.get_default_dtype(): \"initially torch.float32\"))",
+                           "float32 unless torch.amp is asked for (torch.get_default_dtype(): \"initially torch.float32\"))",
                            "recomputation not stated: torchgpipe's default checkpoint=except_last",
                            "optimizer not stated: SGD with momentum, the suite's default")
 
@@ -231,8 +231,8 @@ def test_the_command_lists_each_record_and_the_count(tmp_path, capsys, records):
         "megatron-readme-a100-39b: cannot: not stated: layout.virtual_stages of an interleaved 1F1B schedule; not "
         "stated: training.micro_batch (a 2-stage pipeline's micro-batches)",
         f"{STUDY_J_HOROVOD[0]}: {' '.join(STUDY_J_HOROVOD[1])}",
-        "    assumed: precision not stated: fp32, Horovod (PyTorch), ring-allreduce's default (PyTorch trains in float32 "
-        "unless torch.amp is asked for (torch.get_default_dtype(): \"initially torch.float32\"))",
+        "    assumed: precision not stated: fp32, Horovod (PyTorch), ring-allreduce's default (PyTorch trains in "
+        "float32 unless torch.amp is asked for (torch.get_default_dtype(): \"initially torch.float32\"))",
         "    assumed: activation recomputation not stated: none",
         "    assumed: optimizer not stated: SGD with momentum, the suite's default",
         "",

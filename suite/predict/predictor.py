@@ -167,7 +167,7 @@ def workload(point: Point, fewer_ranks: bool = False) -> tuple[Workload, torch.d
         profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
         profiled_on = f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
         if profile.taken:
-            profiled_on += f", at a load of {profile.taken['load_per_core']:.1f} per core"
+            profiled_on += f", {profile.taken['busy_share']:.0%} of the cores busy with other work"
     if cfg.activation_checkpointing == SELECTIVE:
         profile = attention_recomputed(profile)
     on_gpus = will_use_cuda(cfg.cluster)

@@ -35,15 +35,28 @@ NEGLIGIBLE = ["dataset=tokens", "network=gpt2_nano", "dataset.vocab_size=16", "d
               "eval_batches=1", "optimizer.name=adam", "workers=1", "cluster=local"]
 
 T = TypeVar("T")  # what a cached profile is read as
-# A CPU profile taken while other work held more than this share of the machine's cores (the 1-minute load average
-# per core, read before the profile starts) measured the other work too: issue 59's cached ResNet-18 step of 6.35 s
-# on a machine that runs it in 0.5 s. Such a cache is taken again once the machine is quieter than this (taken again
-# on a machine still loaded, it would measure the same load again).
-LOADED_PER_CORE = 0.5
+# A CPU profile taken while other work kept more than this share of the machine's cores busy measured the other work
+# too: issue 59's cached ResNet-18 step of 6.35 s on a machine that runs it in 0.5 s. Such a cache is taken again
+# once the machine is quieter than this (taken again on a machine still busy, it would measure the same work again).
+LOADED_SHARE = 0.5
+LOAD_SAMPLE_S = 0.25  # how long the cores' busy time is sampled before a profile starts
 
 
-def load_per_core() -> float:
-    return os.getloadavg()[0] / (os.cpu_count() or 1)
+def busy_share() -> float:
+    """The share of the machine's cores busy with other work now: their busy time over LOAD_SAMPLE_S (/proc/stat,
+    while this process waits), else the 1-minute load average per core (which the profiles just taken raise too)."""
+    stat = Path("/proc/stat")
+    if not stat.exists():
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+
+    def ticks() -> tuple[int, int]:
+        values = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:9]]  # user .. steal
+        return sum(values), values[3] + values[4]  # all, idle + iowait
+
+    total, idle = ticks()
+    time.sleep(LOAD_SAMPLE_S)
+    total_after, idle_after = ticks()
+    return 1 - (idle_after - idle) / max(total_after - total, 1)
 
 
 def device_name(device: torch.device) -> str:
@@ -80,20 +93,16 @@ def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],
     if path.exists():
         try:
             data = json.loads(path.read_text())
-            load = data.get("taken", {}).get("load_per_core", 0.0)
-            if not (on_cpu and load > LOADED_PER_CORE >= load_per_core()):
+            busy = data.get("taken", {}).get("busy_share", 0.0)
+            if not (on_cpu and busy > LOADED_SHARE >= busy_share()):
                 return parse(data), True
-            print(f"warning: profile cache {path} was taken with the machine loaded ({load:.2f} per core): "
+            print(f"note: profile cache {path} was taken with {busy:.0%} of the cores busy with other work: "
                   "profiling again", file=sys.stderr, flush=True)
         except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not a profile of this version
             print(f"warning: profile cache {path} is damaged ({error_line(e)}): discarded, profiling again",
                   file=sys.stderr, flush=True)
         path.unlink(missing_ok=True)
-    load = load_per_core()
-    if on_cpu and load > LOADED_PER_CORE:
-        print(f"warning: profiling {stem} with the machine loaded ({load:.2f} per core): its times are the other "
-              "work's too; it is taken again once the machine is quieter", file=sys.stderr, flush=True)
-    data = {"key": key, "taken": {"at": time.time(), "load_per_core": load}, **take()}
+    data = {"key": key, "taken": {"at": time.time(), "busy_share": busy_share() if on_cpu else 0.0}, **take()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))

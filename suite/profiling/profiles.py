@@ -65,7 +65,7 @@ class Profile:
     buffer_bytes: int  # BatchNorm statistics and the like
     warmup: int = WARMUP
     steps: int = STEPS  # of the whole network, timed
-    taken: dict[str, float] = field(default_factory=dict)  # when (`at`, unix s) and at what `load_per_core`
+    taken: dict[str, float] = field(default_factory=dict)  # when (`at`, unix s), and the cores' `busy_share`
 
     @property
     def batch(self) -> int:
