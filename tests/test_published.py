@@ -75,8 +75,9 @@ def test_a_published_configuration_maps_to_the_suite_point_that_trains_it(record
 
 def test_what_a_record_leaves_unstated_is_said_not_hidden(records):
     assumptions = map_record(records[STUDY_J_GPIPE[0]]).assumptions
-    assert assumptions == ("precision not stated: fp32, torchgpipe (PyTorch)'s default (PyTorch trains in float32 "
-                           "float32 unless torch.amp is asked for (torch.get_default_dtype(): \"initially torch.float32\"))",
+    assert assumptions == ("precision not stated: fp32, torchgpipe (PyTorch)'s default (PyTorch trains in "
+                           "float32 unless torch.amp is asked for (torch.get_default_dtype(): \"initially "
+                           "torch.float32\"))",
                            "recomputation not stated: torchgpipe's default checkpoint=except_last",
                            "optimizer not stated: SGD with momentum, the suite's default")
 
