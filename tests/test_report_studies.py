@@ -93,10 +93,10 @@ def slice_store(tmp_path_factory):
     results, site = root / "results", root / "site"
     (site / "sweep").mkdir(parents=True)
     (site / "sweep" / "slice.yaml").write_text(yaml.safe_dump({"points": SLICE}))
-    saved = {k: os.environ.get(k) for k in ("SUITE_RESULTS_DIR", "MLFLOW_TRACKING_URI", "SUITE_CONFIG_DIR")}
-    os.environ["SUITE_RESULTS_DIR"], os.environ["SUITE_CONFIG_DIR"] = str(results), str(site)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SUITE_RESULTS_DIR", str(results))
+        env.setenv("SUITE_CONFIG_DIR", str(site))
+        env.delenv("MLFLOW_TRACKING_URI", raising=False)
         swept = run_suite("--sweep", "slice")
         assert swept.returncode == 1, swept.stderr[-3000:]  # the point made to fail, alone
         assert "1 of 10 point(s) did not finish: digits/resnet18/pipedream/w2 (failed)" in swept.stderr
@@ -113,12 +113,6 @@ def slice_store(tmp_path_factory):
         record_invalid(invalid, store)
         record_invalid(invalid, store)  # once per point: a second sweep finds it recorded
         yield store, results
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.mark.slow  # runs a sweep's points
@@ -202,19 +196,12 @@ def digits_sweep(tmp_path_factory):
     """The `digits` sweep run once into a store of its own: (its store, its results directory)."""
     from suite.records.store import Store
     results = tmp_path_factory.mktemp("digits") / "results"
-    saved = {k: os.environ.get(k) for k in ("SUITE_RESULTS_DIR", "MLFLOW_TRACKING_URI")}
-    os.environ["SUITE_RESULTS_DIR"] = str(results)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SUITE_RESULTS_DIR", str(results))
+        env.delenv("MLFLOW_TRACKING_URI", raising=False)
         result = run_suite("--sweep", "digits")
         assert result.returncode == 0, result.stderr[-3000:]
         yield Store(), results
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.mark.slow  # runs a sweep's points
