@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,19 @@ def results(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("SUITE_RESULTS_DIR", str(path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return path
+
+
+@contextlib.contextmanager
+def results_of_their_own(tmp_path_factory, name: str, **environment: str) -> Iterator[Path]:
+    """A results directory and MLflow store for a module's shared fixture (`results` is one test's), with
+    `environment` set too, for as long as the fixture lives."""
+    path = tmp_path_factory.mktemp(name) / "results"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SUITE_RESULTS_DIR", str(path))
+        env.delenv("MLFLOW_TRACKING_URI", raising=False)
+        for key, value in environment.items():
+            env.setenv(key, value)
+        yield path
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from conftest import run_make, run_suite
+from conftest import results_of_their_own, run_make, run_suite
 from suite.calibration_files import load_record, record_path
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR
@@ -117,10 +117,7 @@ SMALL = ("calibration.max_bytes=4194304 calibration.matmul_n=256 calibration.sec
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     """`make calibrate` on 2 gloo ranks, 4 KiB to 4 MiB, into a results directory of its own."""
-    results = tmp_path_factory.mktemp("calibrated") / "results"
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("SUITE_RESULTS_DIR", str(results))
-        env.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with results_of_their_own(tmp_path_factory, "calibrated") as results:
         made = run_make("calibrate", f"ARGS={SMALL}")
     return results, made
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from analysis.report import write_report
-from conftest import DIGITS, free_port, run_suite
+from conftest import DIGITS, free_port, results_of_their_own, run_suite
 from suite.sweep.driver import record_invalid
 from suite.sweep.plan import plan
 
@@ -89,14 +89,10 @@ SLICE = [" ".join([*FAST, *args]) for args in (
 def slice_store(tmp_path_factory):
     """Both studies' kinds of points, one made to fail, in one experiment; and one that cannot run, recorded."""
     from suite.records.store import Store
-    root = tmp_path_factory.mktemp("studies")
-    results, site = root / "results", root / "site"
-    (site / "sweep").mkdir(parents=True)
+    site = tmp_path_factory.mktemp("site")
+    (site / "sweep").mkdir()
     (site / "sweep" / "slice.yaml").write_text(yaml.safe_dump({"points": SLICE}))
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("SUITE_RESULTS_DIR", str(results))
-        env.setenv("SUITE_CONFIG_DIR", str(site))
-        env.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with results_of_their_own(tmp_path_factory, "studies", SUITE_CONFIG_DIR=str(site)) as results:
         swept = run_suite("--sweep", "slice")
         assert swept.returncode == 1, swept.stderr[-3000:]  # the point made to fail, alone
         assert "1 of 10 point(s) did not finish: digits/resnet18/pipedream/w2 (failed)" in swept.stderr
@@ -195,10 +191,7 @@ def test_study_n_report_has_every_artifact_and_evaluates_claims(slice_store):
 def digits_sweep(tmp_path_factory):
     """The `digits` sweep run once into a store of its own: (its store, its results directory)."""
     from suite.records.store import Store
-    results = tmp_path_factory.mktemp("digits") / "results"
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("SUITE_RESULTS_DIR", str(results))
-        env.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with results_of_their_own(tmp_path_factory, "digits") as results:
         result = run_suite("--sweep", "digits")
         assert result.returncode == 0, result.stderr[-3000:]
         yield Store(), results
