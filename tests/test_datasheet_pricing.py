@@ -274,6 +274,8 @@ def test_fsdp_over_tensor_parallel_groups_shards_one_ranks_share_and_waits_for_i
 def test_nvlink_pairs_reach_each_other_over_nvlink_and_the_rest_over_pcie():
     lassen = links("lassen", 1, 4)
     assert lassen.collective("all_gather", 2**28, 2) < lassen.collective("all_gather", 2**28, 4) / 3
+    # Issue 59: the footer said "pcie 12 GB/s" where a pair was priced over NVLink: it names both
+    assert lassen.source == "datasheet: NCCL's model on pcie 12 GB/s, the two GPUs of an NVLink pair 120 GB/s"
 
 
 def test_a_gpu_cluster_without_a_fabric_says_which_keys_to_fill(conf_copy):

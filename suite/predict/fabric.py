@@ -166,6 +166,7 @@ def nccl_links(cluster, nodes: int, ranks: int) -> NcclLinks | str:
     if nodes > 1 and fabric.net_gbs is None:
         return (f"cluster {cluster.name} spans {nodes} nodes but its catalog entry has no network bandwidth: fill "
                 f"cluster.hardware.nics_per_node and nic_bandwidth_gbs (or inter_node_bandwidth_gbs)")
-    where = f"{fabric.intra} {fabric.intra_gbs:.0f} GB/s" + (f", network {fabric.net_gbs:.0f} GB/s per node"
-                                                             if nodes > 1 else "")
+    where = (f"{fabric.intra} {fabric.intra_gbs:.0f} GB/s"
+             + (f", the two GPUs of an NVLink pair {fabric.pair_gbs:.0f} GB/s" if fabric.pair_gbs else "")
+             + (f", network {fabric.net_gbs:.0f} GB/s per node" if nodes > 1 else ""))
     return NcclLinks(fabric, nodes, f"datasheet: NCCL's model on {where}", ranks)
