@@ -12,7 +12,7 @@ published claims to check and whether it is a miniature; without one the report 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -26,8 +26,9 @@ import analysis.sanity  # noqa: F401  (registers the sanity flags, every report'
 import analysis.study_j  # noqa: F401  (registers Study J's views)
 import analysis.study_n  # noqa: F401  (registers Study N's views)
 from analysis.html import markdown_to_html
-from analysis.measure import PROTOCOLS, Histories
+from analysis.measure import PROTOCOLS, Histories, cell_key, finished
 from analysis.runs import Row, latest_per_point, write_runs_csv
+from analysis.speedup import cell_speedups
 from analysis.tables import Table
 from analysis.views import DEFAULT_VIEWS, VIEWS, Context, NotRun, Section
 from suite.errors import ConfigError, OneLineParser
@@ -42,6 +43,8 @@ class Report:
     files: list[Path]
     summary: str  # for the terminal: the first view the sweep file names, and how many points the flags name
     rows: list[Row]  # its points
+    # each finished run's point's speedup interval (the speedup table's), by run id: what MLflow's runs table shows
+    speedup_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def _sweep_section(sweep: str | None, key: str, empty):
@@ -81,13 +84,16 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
     directory = out_dir or results_dir() / "reports" / experiment
     directory.mkdir(parents=True, exist_ok=True)
     runs = [r for r in store.runs(experiment) if run_ids is None or r.info.run_id in run_ids]
-    sections, rows = [], []
+    sections, rows, bounds = [], [], {}
     if runs:  # without, nothing is read: a store that does not exist is not created
         ctx = Context(experiment, latest_per_point(runs), Histories(store.client), store.client, directory,
                       settings.get("timing", "suite"), tuple(settings.get("extension", ())), settings.get("claims"),
                       settings.get("miniature"), not_run or [])
         views = ["sanity", *(v for v in settings.get("views", DEFAULT_VIEWS) if v != "sanity")]
         sections, rows = ([VIEWS[name](ctx) for name in views] if ctx.rows else []), ctx.rows
+        intervals = cell_speedups(rows, ctx.histories, ctx.protocol)
+        bounds = {row.run_id: (intervals[cell_key(row)].low, intervals[cell_key(row)].high)
+                  for row in finished(rows) if cell_key(row) in intervals}
     caption = study_settings_table(experiment, sweep or experiment)
     index, page = directory / "report.md", directory / "report.html"
     index.write_text(f"# {experiment}\n\n" + (caption.markdown() + "\n\n" if caption else "")
@@ -97,7 +103,7 @@ def write_report(store: Store, experiment: str, run_ids: set[str] | None = None,
     files = [index, page, *(caption.write(directory) if caption else []),
              *(path for s in sections for path in s.files), *([write_runs_csv(runs, directory / "runs.csv")]
                                                               if runs else [])]
-    return Report(directory, files, terminal_summary(sections, index), rows)
+    return Report(directory, files, terminal_summary(sections, index), rows, bounds)
 
 
 def terminal_summary(sections: list[Section], index: Path) -> str:

@@ -158,6 +158,8 @@ def main(argv: list[str]) -> int:
         report_dir = report.directory
         speedups = point_speedups(report.rows)
         store.log_point_metric(speedups, "speedup")
+        for end, name in enumerate(("speedup_low", "speedup_high")):  # its point's interval, beside it in the UI
+            store.log_point_metric({run: bounds[end] for run, bounds in report.speedup_bounds.items()}, name)
         best = best_speedup(report.rows, speedups) or best
     failed = [o for o in outcomes if o.status not in (Status.finished, "submitted")]
     if parent:

@@ -261,6 +261,8 @@ def check_in_the_ui(experiment_id: str, parent_id: str) -> None:
         metrics = {r["info"]["run_id"]: {m["key"]: m["value"] for m in r["data"].get("metrics", [])} for r in runs}
         children = [run_id for run_id in by_id if run_id != parent_id]
         assert all({"speedup", "throughput_samples_s_mean"} <= metrics[c].keys() for c in children)
+        for child in children:  # the speedup's interval beside it, around it
+            assert metrics[child]["speedup_low"] <= metrics[child]["speedup"] <= metrics[child]["speedup_high"]
         assert metrics[parent_id]["points_finished"] == 2 and metrics[parent_id]["best_speedup"] > 0
         params = {p["key"]: p["value"] for p in by_id[parent_id]["data"]["params"]}
         assert params["sweep"] == "digits" and params["points"] == "2" and params["best_point"]
@@ -286,7 +288,7 @@ def test_the_ui_shows_each_points_comparison_metrics_in_a_browser(digits_sweep, 
     points = [r for r in store.runs("digits") if "suite.sweep" not in r.data.tags]
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,900"):
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=2560,900"):
         options.add_argument(argument)
     with ui_server("digits") as (_, url):
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -302,7 +304,8 @@ def test_the_ui_shows_each_points_comparison_metrics_in_a_browser(digits_sweep, 
         finally:
             driver.quit()
     assert "Runs\nModels\nTraces" in shown, shown  # the model-training navigation (GenAI's: Traces, Judges, ...)
-    for column in ("speedup", "epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb", "suite.status"):
+    for column in ("speedup", "speedup_low", "speedup_high", "epoch_time_s_mean", "throughput_samples_s_mean",
+                   "peak_memory_mb", "suite.status"):
         assert column in shown, shown
     for run in points:
         assert run.info.run_name in shown

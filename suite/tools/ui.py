@@ -6,8 +6,8 @@ Prints the URL of the experiment's runs table (EXPERIMENT: a sweep's name; witho
 sweep invocation in the store), opens it where a browser can be opened, and runs `mlflow ui` on the store until
 stopped. The URL opens MLflow's model-training pages (`workflowType=machine_learning`; MLflow 3 opens its GenAI ones
 otherwise) on a view the suite saves in the experiment (a shared view state, the tag MLflow's own "Share" button
-writes): the comparison columns shown (speedup, epoch time, samples/s, peak memory, status), every sweep invocation's
-run expanded to its points, the runs sorted by name, which is each point's workload first
+writes): the comparison columns shown (speedup and its interval, epoch time, samples/s, peak memory, status),
+every sweep invocation's run expanded to its points, the runs sorted by name, which is each point's workload first
 (`digits/resnet18/ddp/w2`). The invocation's run holds the sweep's params, summary metrics and report
 (report/report.html shows the report with its figures)."""
 
@@ -26,7 +26,8 @@ from suite.records.store import Store, tracking_uri
 
 LOOPBACK = "127.0.0.1"
 VIEW_KEY = "suite"  # the shared view state's name: the URL's viewStateShareKey, the tag mlflow.sharedViewState.<key>
-COLUMNS = [*(f"metrics.`{m}`" for m in ("speedup", "epoch_time_s_mean", "throughput_samples_s_mean", "peak_memory_mb")),
+COLUMNS = [*(f"metrics.`{m}`" for m in ("speedup", "speedup_low", "speedup_high", "epoch_time_s_mean",
+                                         "throughput_samples_s_mean", "peak_memory_mb")),
            "tags.`suite.status`"]
 
 
