@@ -200,6 +200,9 @@ class HardwareConfig:
     nics_per_node: int | None = None  # inter-node network adapters (ports) that the node's GPUs use
     nic_bandwidth_gbs: float | None = None  # one direction, one adapter
     intra_node_bandwidth_gbs: float | None = None  # GB/s, one direction, between two GPUs of a node
+    # NVLink pairs: one direction, between the two GPUs of a pair (the NVLinks that join them, which on a Power9
+    # node are half of a V100's: the rest go to the CPU)
+    nvlink_pair_bandwidth_gbs: float | None = None
     intra_node_latency_us: float | None = None
     inter_node_bandwidth_gbs: float | None = None  # GB/s, one direction, injection bandwidth of a node
     inter_node_latency_us: float | None = None

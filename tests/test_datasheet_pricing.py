@@ -275,7 +275,8 @@ def test_nvlink_pairs_reach_each_other_over_nvlink_and_the_rest_over_pcie():
     lassen = links("lassen", 1, 4)
     assert lassen.collective("all_gather", 2**28, 2) < lassen.collective("all_gather", 2**28, 4) / 3
     # Issue 59: the footer said "pcie 12 GB/s" where a pair was priced over NVLink: it names both
-    assert lassen.source == "datasheet: NCCL's model on pcie 12 GB/s, the two GPUs of an NVLink pair 120 GB/s"
+    # Issue 59: the pair's 3 NVLink bricks (75 GB/s each way, the other 3 go to the CPU), not all 6 of the V100's
+    assert lassen.source == "datasheet: NCCL's model on pcie 12 GB/s, the two GPUs of an NVLink pair 60 GB/s"
 
 
 def test_a_gpu_cluster_without_a_fabric_says_which_keys_to_fill(conf_copy):
@@ -284,6 +285,13 @@ def test_a_gpu_cluster_without_a_fabric_says_which_keys_to_fill(conf_copy):
     cfg = point(cluster="lassen").cfg
     message = fabric.nccl_links(cfg.cluster, 1, 4)
     assert isinstance(message, str) and "fill cluster.hardware.intra_node_fabric" in message
+
+
+def test_nvlink_pairs_without_the_pairs_bandwidth_say_which_key_to_fill(conf_copy):
+    path = conf_copy / "cluster" / "lassen.yaml"
+    path.write_text(path.read_text().replace("  nvlink_pair_bandwidth_gbs: 75\n", ""))
+    message = fabric.nccl_links(point(cluster="lassen").cfg.cluster, 1, 4)
+    assert isinstance(message, str) and "nvlink_pair_bandwidth_gbs" in message, message
 
 
 def test_a_point_priced_from_the_datasheet_says_so(results):

@@ -83,10 +83,14 @@ def fabric_of(cluster) -> tuple[Fabric | None, list[str]]:
         net = hw.inter_node_bandwidth_gbs * ACHIEVED["net"]
     else:
         net = None
+    pair = None
+    if fabric == IntraNodeFabric.nvlink_pairs:
+        if hw.nvlink_pair_bandwidth_gbs:
+            pair = hw.nvlink_pair_bandwidth_gbs * ACHIEVED["nvlink"]
+        else:
+            missing.append("nvlink_pair_bandwidth_gbs (NVLink pairs: the links between the two GPUs of a pair)")
     if missing:
         return None, missing
-    pair = (hw.nvlink_bandwidth_gbs * ACHIEVED["nvlink"] if fabric == IntraNodeFabric.nvlink_pairs
-            and hw.nvlink_bandwidth_gbs else None)
     return Fabric(intra, intra_gbs, pair, net, max(cluster.workers_per_node, 1), nics), []
 
 
