@@ -1,19 +1,27 @@
 """Each point's config from its overrides: Hydra composes conf/ (then the site config directories) against the
 schema. Light on purpose (Hydra and OmegaConf, no torch): the driver composes every point before it imports the rest
-of the suite, so a misspelt name or key is rejected in a second or two, with the nearest name that exists."""
+of the suite, so a misspelt name or key is rejected in a second or two, with the nearest name that exists.
+
+A grid's points differ mostly in values (workers, a learning rate, a strategy's knob), not in which files make them:
+Hydra composes each distinct choice of files once (about a tenth of a second), and each point is that config with
+its values set as Hydra sets them (its own `_apply_overrides_to_config`); a point that fails so is composed whole, so
+that its error is Hydra's."""
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from suite.config import register_schema
 from suite.errors import BadValue, ConfigError, composition_error_line
-from suite.paths import CONF_DIR, searchpath_overrides
+from suite.paths import CONF_DIR, searchpath_overrides, site_config_dirs
 
 
 def compose_point(overrides: list[str]) -> DictConfig:
@@ -22,6 +30,10 @@ def compose_point(overrides: list[str]) -> DictConfig:
         cfg = compose(config_name="config", overrides=overrides + searchpath_overrides())
     except Exception as e:  # Hydra's and OmegaConf's errors already say which key or option is wrong
         raise ConfigError(composition_error_line(e)) from e
+    return _complete(cfg, overrides)
+
+
+def _complete(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:  # a config file (a site's cluster, say) that leaves a required key unset
         group = missing[0].split(".")[0]
@@ -47,24 +59,60 @@ def job_line(overrides: list[str]) -> str:
 
 
 class PlanningProgress:
-    """A large grid's count before it is planned (composing a point takes about a tenth of a second), and a line every
-    few seconds while it is, on stderr."""
+    """A large grid's count before it is planned (a few milliseconds a point: 10,000 take about a minute), and a line
+    every few seconds while its points are `done` (composed, then checked), on stderr."""
 
     ANNOUNCED = 100  # points
     EVERY_S = 5.0
 
-    def __init__(self, total: int) -> None:
-        self.total, self.start = total, time.monotonic()
+    def __init__(self, total: int, done: str) -> None:
+        self.total, self.done, self.start = total, done, time.monotonic()
         self.shown = self.start
-        if total >= self.ANNOUNCED:
+        if total >= self.ANNOUNCED and done == "composed":
             print(f"[plan] {total} points to plan", file=sys.stderr, flush=True)
 
     def show(self, done: int) -> None:
         now = time.monotonic()
         if now - self.shown >= self.EVERY_S:
             self.shown = now
-            print(f"[plan] {done} of {self.total} points planned in {now - self.start:.0f} s", file=sys.stderr,
+            print(f"[plan] {done} of {self.total} points {self.done} in {now - self.start:.0f} s", file=sys.stderr,
                   flush=True)
+
+
+class Composer:
+    """Points' configs, each distinct choice of config files composed once (see the module's docstring). Use inside
+    Hydra's initialised config directory."""
+
+    def __init__(self) -> None:
+        self.groups = {str(path.relative_to(directory)) for directory in (CONF_DIR, *site_config_dirs())
+                       for path in directory.rglob("*") if path.is_dir()}
+        self.parser = OverridesParser.create()
+        self.files: dict[tuple[str, ...], DictConfig | None] = {}  # None: did not compose
+        self.complete: dict[tuple[str, ...], bool] = {}  # whether the files leave no required key unset
+
+    def _chooses_files(self, override: str) -> bool:
+        key = override.split("=", 1)[0]
+        return "=" not in override or key.startswith(("+", "~", "hydra.")) or key.split("@")[0] in self.groups
+
+    def __call__(self, overrides: list[str]) -> DictConfig:
+        files = tuple(o for o in overrides if self._chooses_files(o))
+        values = [o for o in overrides if not self._chooses_files(o)]
+        if files not in self.files:
+            try:
+                self.files[files] = compose(config_name="config", overrides=list(files) + searchpath_overrides())
+            except Exception:  # said, as Hydra says it, by composing the point whole
+                self.files[files] = None
+            self.complete[files] = self.files[files] is not None and not OmegaConf.missing_keys(self.files[files])
+        base = self.files[files]
+        if base is None:
+            return compose_point(overrides)
+        cfg = copy.deepcopy(base)
+        try:
+            ConfigLoaderImpl._apply_overrides_to_config(self.parser.parse_overrides(values), cfg)
+        except Exception:
+            return compose_point(overrides)
+        # a value cannot unset a key, but MISSING's string can set one
+        return cfg if self.complete[files] and not any("???" in v for v in values) else _complete(cfg, overrides)
 
 
 def compose_all(jobs: list[list[str]]) -> list[DictConfig]:
@@ -72,12 +120,13 @@ def compose_all(jobs: list[list[str]]) -> list[DictConfig]:
     register_schema()
     GlobalHydra.instance().clear()
     configs, problems = [], {}
-    progress = PlanningProgress(len(jobs))
+    progress = PlanningProgress(len(jobs), "composed")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        composer = Composer()
         for done, overrides in enumerate(jobs):
             progress.show(done)
             try:
-                configs.append(compose_point(overrides))
+                configs.append(composer(overrides))
             except ConfigError as e:
                 problems.setdefault(str(e), []).append(job_line(overrides))
     if problems:

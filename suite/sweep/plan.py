@@ -15,6 +15,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -25,7 +26,7 @@ from suite.models import resolve_network
 from suite.placement import loader_workers
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
-from suite.sweep.compose import compose_all, job_line, problem_line
+from suite.sweep.compose import PlanningProgress, compose_all, job_line, problem_line
 from suite.vocabulary import AUTO, AUTO_CHOOSES
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
@@ -42,13 +43,14 @@ PlanAuto = Callable[[DictConfig], None]  # writes the planner's choice into a pp
 
 
 class Named:
-    """What a composed point is known by: its label, and its config hash (its identity across sweeps)."""
+    """What a composed point is known by: its label, and its config hash (its identity across sweeps), taken once
+    (a point's config is not changed once it is planned)."""
 
     @property
     def label(self) -> str:
         return point_label(self.cfg)
 
-    @property
+    @cached_property
     def config_hash(self) -> str:
         return config_hash(self.cfg)
 
@@ -176,7 +178,9 @@ def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[Inv
     points, unrunnable = [], {}
     problems: dict[str, list[str]] = {}  # message -> the points it rejects, as their override lines
     refused: dict[str, list[str]] = {}  # the same, for points this torch cannot run
-    for overrides, cfg in zip(jobs, configs, strict=True):
+    progress = PlanningProgress(len(jobs), "checked")
+    for done, (overrides, cfg) in enumerate(zip(jobs, configs, strict=True)):
+        progress.show(done)
         try:
             points.append(make_point(overrides, cfg, experiment, torch_version or torch.__version__, runs_here,
                                      plan_auto))
@@ -208,13 +212,16 @@ def _assignments(overrides: tuple[str, ...]) -> dict[str, str]:
 def name_apart(points: list[Point]) -> list[Point]:
     """Each point with its `run_name`: its label, and where other points share the label (a strategy's knobs, an
     optimizer set apart), the overrides in which they differ, as the report names its rows."""
+    labels = [p.label for p in points]
+    assigned = [_assignments(p.overrides) for p in points]
     same: dict[str, list[dict[str, str]]] = {}
-    for p in points:
-        same.setdefault(p.label, []).append(_assignments(p.overrides))
+    for label, mine in zip(labels, assigned):
+        same.setdefault(label, []).append(mine)
+    differ = {label: sorted(k for k in {k for a in peers for k in a} if len({a.get(k) for a in peers}) > 1)
+              for label, peers in same.items()}
     named = []
-    for p in points:
-        mine, peers = _assignments(p.overrides), same[p.label]
-        keys = sorted({k for assigned in peers for k in assigned})
-        differ = [k for k in keys if len({assigned.get(k) for assigned in peers}) > 1 and k in mine]
-        named.append(replace(p, run_name=" ".join([p.label, *(f"{k}={mine[k]}" for k in differ)])))
+    for p, label, mine in zip(points, labels, assigned):
+        apart = replace(p, run_name=" ".join([label, *(f"{k}={mine[k]}" for k in differ[label] if k in mine)]))
+        apart.__dict__["config_hash"] = p.config_hash  # taken once (`Named.config_hash`), not again for the copy
+        named.append(apart)
     return named
