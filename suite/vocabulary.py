@@ -24,6 +24,9 @@ class PrecisionName(StrEnum):
     fp16 = "fp16"
 
 
+HALF_PRECISIONS = (PrecisionName.bf16, PrecisionName.fp16)  # 2 bytes a value where the point computes in them
+
+
 class AttentionKernel(StrEnum):
     """Which of torch's `scaled_dot_product_attention` kernels GPT-2 runs (torch.nn.attention.SDPBackend)."""
 

@@ -53,8 +53,8 @@ def test_message_sizes_go_up_by_the_factor_to_the_largest():
     (["cluster=lassen", "cluster.job.account=bank", "workers=5"],
      "workers=5 on nodes=1 is more than cluster lassen's 4 per node"),
     (["calibration.dtypes=[fp64]"], "calibration.dtypes: fp64 not among fp32, tf32, bf16, fp16"),
-    (["calibration.probe_strategies=[ddp,zero2]"], "calibration.probe_strategies: zero2 not among single, ddp, "
-     "horovod, zero, zero3, fsdp, megatron, gpipe, gpipe_dist, 1f1b, pipedream"),
+    (["calibration.probe_strategies=[ddp,zero2]"], "calibration.probe_strategies: zero2 not among 1f1b, axonn, "
+     "ddp, fsdp, gpipe, gpipe_dist, horovod, megatron, pipedream, single, zero, zero3"),
     (["calibration.probe_passes=0"], "calibration.probe_passes must be at least 1, got 0"),
     (["calibration.max_bytes=1024"],
      "calibration: message sizes 4096..1024 by x4: need 4 <= min <= max and factor >= 2"),

@@ -61,3 +61,17 @@ def test_every_configured_strategy_declares_how_it_is_priced():
     names = sorted(path.stem for path in (paths.CONF_DIR / "strategy").glob("*.yaml"))
     unpriced = [name for name in names if strategies.strategy_class(name).family is None]
     assert len(names) >= 10 and not unpriced, unpriced
+
+
+def test_pricing_and_the_overhead_probes_read_what_strategies_declare_not_their_classes(conf_with_toy):
+    """Architecture step 3: suite/predict/ imports no strategy but the base class's declarations, and `make
+    calibrate` probes every strategy that declares probes (AxoNN was missing from a list of its own), the toy too."""
+    from suite.tools.overhead_probes import probe_settings
+
+    predict = paths.REPO_ROOT / "suite" / "predict"
+    imports = [line for path in predict.glob("*.py") for line in path.read_text().splitlines()
+               if "suite.strategies." in line and "import" in line]
+    assert all("suite.strategies.base import" in line for line in imports), imports
+    settings = probe_settings()
+    assert settings["toy"] == ["strategy=toy"] and settings["axonn"] == ["strategy=axonn"]
+    assert settings["zero3"] == ["strategy=zero", "strategy.zero_stage=3"]

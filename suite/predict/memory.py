@@ -21,10 +21,6 @@ from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers, 
 from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
-from suite.strategies.ddp import DDP
-from suite.strategies.fsdp import HALF
-from suite.strategies.gpipe import GPipe
-from suite.strategies.zero import Zero
 from suite.vocabulary import Family
 
 MIB = 2**20
@@ -78,7 +74,7 @@ def replicated(w: Workload, base: float) -> Memory:
     params = p.param_bytes + p.buffer_bytes
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     buckets = 0.0
-    if isinstance(w.strategy, DDP) and w.layout.dp > 1 and not w.strategy.gradient_as_bucket_view:
+    if w.layout.dp > 1 and w.strategy.gradient_sync(w.layout.dp).bucket_copy:
         buckets = p.param_bytes  # the reducer's flat buckets beside the gradients
     kept = kept_for_backward(w, p.layers, checkpointed(p.layers, interval))
     return Memory(base, params, p.param_bytes, _state_ratio(w) * p.param_bytes, kept,
@@ -92,12 +88,12 @@ def sharded(w: Workload, base: float) -> Memory:
         w = tensor_split(w)
     p, shard = w.profile, w.layout.shard
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
-    zero = isinstance(w.strategy, Zero)
-    zero_stage = w.strategy.zero_stage if zero else 3
+    sharding = w.sharding
+    zero_stage = sharding.stage
     params = p.param_bytes / (shard if zero_stage == 3 else 1) + p.buffer_bytes
     grads = p.param_bytes / (shard if zero_stage >= 2 else 1)
     optimizer = _state_ratio(w) * p.param_bytes / shard
-    if zero:
+    if sharding.master_copy:
         optimizer += p.param_bytes / shard  # fp32 master partition
     gathered = 0.0
     if zero_stage == 3 and regathers(w):
@@ -106,12 +102,10 @@ def sharded(w: Workload, base: float) -> Memory:
         gathered = root + 2 * unit  # the root unit, the unit running and the one prefetched
     elif zero_stage == 3:
         gathered = p.param_bytes  # what forward gathered stays for backward
-    if not zero and w.cfg.precision in HALF:
-        gathered *= 0.5
+    gathered *= sharding.gathered_share
     buckets = 0.0
-    if zero and zero_stage < 3:
-        config = w.zero_config
-        buckets = config["reduce_bucket_size"] * PARAM_BYTES * (2 if config["overlap_comm"] else 1)
+    if zero_stage < 3:
+        buckets = sharding.bucket_elements * PARAM_BYTES * (2 if sharding.overlap_comm else 1)
     return Memory(base, params, grads, optimizer, kept_for_backward(w, p.layers, checkpointed(p.layers, interval)),
                   gathered + buckets + _input_bytes(w) + _workspace(w))
 
@@ -169,14 +163,16 @@ def pipeline(w: Workload, base: float) -> Memory:
 
 
 def _chunk_activations(w: Workload, chunk: Chunk, device: int) -> float:
-    """A chunk's activations at its device's peak. torchgpipe's `checkpoint` keeps only the chunk's input for
-    the micro-batches it recomputes (all, all but the last, none)."""
+    """A chunk's activations at its device's peak. A pipeline that recomputes micro-batches' forward itself
+    (`Strategy.recomputed_forward_share`: torchgpipe's `checkpoint`, all, all but the last or none) keeps only the
+    chunk's input for them."""
     full = kept_for_backward(w, chunk.layers, chunk.checkpointed, chunk.input_bytes, chunk.tp)
     in_flight = _in_flight(w, device)
-    if not isinstance(w.strategy, GPipe):
+    share = w.strategy.recomputed_forward_share(w.layout)
+    if not share:
         return full * in_flight
     m = w.layout.micro_batches
-    recomputed = {"always": m, "except_last": m - 1, "never": 0}[w.strategy.checkpoint]
+    recomputed = round(share * m)
     boundary = chunk.input_bytes
     return recomputed * boundary + (m - recomputed) * full + (full if recomputed else 0.0)
 

@@ -14,7 +14,6 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any
 
 from omegaconf import DictConfig
 
@@ -36,24 +35,12 @@ from suite.predict.costs import (
 from suite.predict.links import LinkModel, sent_bytes
 from suite.profiling.profiles import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
-from suite.strategies.axonn import AxoNN
-from suite.strategies.base import Strategy
-from suite.strategies.ddp import DDP
-from suite.strategies.fsdp import FSDP, HALF
-from suite.strategies.gpipe import GPipe
-from suite.strategies.horovod import Horovod
-from suite.strategies.megatron import megatron_bucket_size
-from suite.strategies.one_f_one_b import ZERO_BUBBLE, OneFOneB
-from suite.strategies.zero import Zero
-from suite.vocabulary import Family
+from suite.strategies.base import Sharding, Strategy
+from suite.vocabulary import HALF_PRECISIONS, Family
 
 MIB = 2**20
-DDP_FIRST_BUCKET = 1 * MIB  # torch DDP closes its first gradient bucket early (dist._DEFAULT_FIRST_BUCKET_BYTES)
 PARAM_BYTES = 4  # every network's parameters are fp32 (autocast computes in lower precision, it keeps them)
 VARIANTS = ("suite", "study_j")
-# DeepSpeed's defaults (in elements) where the generated ds_config has no value (a network without a linear layer)
-DEEPSPEED_ZERO_DEFAULTS = {"reduce_bucket_size": 5e8, "reduce_scatter": True, "stage3_param_persistence_threshold": 1e5,
-                           "stage3_max_reuse_distance": 1e9}
 
 
 @dataclass(frozen=True)
@@ -83,11 +70,9 @@ class Workload:
         return self.profile.layers
 
     @cached_property
-    def zero_config(self) -> dict[str, Any]:
-        """A ZeRO point's `zero_optimization`, as DeepSpeed runs it: the generated ds_config's (buckets sized to the
-        network, the user's `ds_config` over them) over DeepSpeed's defaults (overlap_comm: on at stage 3 only)."""
-        zero = self.strategy.generated_config(self.cfg)["zero_optimization"]
-        return {**DEEPSPEED_ZERO_DEFAULTS, "overlap_comm": zero["stage"] == 3, **zero}
+    def sharding(self) -> Sharding | None:
+        """What a sharded strategy (ZeRO, FSDP) declares it shards, gathers and reduces (`Strategy.sharding`)."""
+        return self.strategy.sharding(self.cfg)
 
 
 def data_parallel(w: Workload, variant: str) -> StepTime:
@@ -98,14 +83,13 @@ def data_parallel(w: Workload, variant: str) -> StepTime:
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
     grads = w.profile.param_bytes * (0.5 if w.cfg.grad_compression.name in ("fp16", "bf16") else 1.0)
     comm = sent = 0.0
+    sync = w.strategy.gradient_sync(dp)
     if dp > 1:
         sent = sent_bytes("all_reduce", grads, dp)
-        if isinstance(w.strategy, DDP) and w.strategy.forward_sync_buffers:  # in every micro-batch's forward
+        if sync.buffers_each_forward:  # in every micro-batch's forward
             sent += micro * sent_bytes("broadcast", w.profile.buffer_bytes, dp)
     if dp > 1 and variant == "study_j":
-        threshold = (w.strategy.fusion_threshold_mb if isinstance(w.strategy, Horovod)
-                     else w.strategy.bucket_cap_mb if isinstance(w.strategy, DDP) else None)  # AxoNN: no fusion
-        fused = min(grads, threshold * MIB) if threshold else grads
+        fused = min(grads, sync.bucket_bytes) if sync.bucket_bytes else grads  # AxoNN: no fusion
         comm = 2 * (dp - 1) * w.links.send(fused / dp)  # Eq. 5.1's ring, every step on the calibrated link
     elif dp > 1:
         comm = _overlapped_all_reduce(w, bwd, grads / max(w.profile.param_bytes, 1)) + micro * _buffer_broadcast(w)
@@ -153,26 +137,26 @@ def _overlapped_all_reduce(w: Workload, backward: float, shrink: float) -> float
     backward runs on; what ends after backward is exposed (all of it where compute does not hide it). AxoNN's
     all-reduces, one per layer's gradients here (one per tensor in fact), all follow backward."""
     sizes, ready = _grads_in_backward_order(w)
-    if isinstance(w.strategy, AxoNN):  # `sync_gradients`: each gradient on its own once backward has ended
+    sync = w.strategy.gradient_sync(w.layout.dp)
+    if sync.after_backward:
         return sum(w.links.collective("all_reduce", n * shrink, w.layout.dp) for n in sizes if n)
-    if isinstance(w.strategy, Horovod):
-        cycle = w.strategy.cycle_time_ms / 1000
+    if sync.cycle_s:
+        cycle = sync.cycle_s
         ticks = [math.ceil(at / cycle) * cycle for at in ready]
-        cap = w.strategy.fusion_threshold_mb * MIB or 1.0
+        cap = sync.bucket_bytes or 1.0
         groups = []
         for tick in sorted(set(ticks)):
             same = [i for i, t in enumerate(ticks) if t == tick]
             groups += [[same[i] for i in group] for group in buckets([sizes[i] for i in same], cap)]
         fused, starts = [sum(sizes[i] for i in g) for g in groups], [ticks[g[0]] for g in groups]
     else:
-        fused, starts = _filled_buckets([s * shrink for s in sizes], ready, w.strategy.bucket_cap_mb * MIB,
-                                        DDP_FIRST_BUCKET)
+        fused, starts = _filled_buckets([s * shrink for s in sizes], ready, sync.bucket_bytes, sync.first_bucket_bytes)
     return _exposed_reduction(w, "all_reduce", w.layout.dp, fused, starts, backward)
 
 
 def _buffer_broadcast(w: Workload) -> float:
     """DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward."""
-    if not isinstance(w.strategy, DDP) or not w.strategy.forward_sync_buffers:
+    if not w.strategy.gradient_sync(w.layout.dp).buffers_each_forward:
         return 0.0
     return w.links.collective("broadcast", w.profile.buffer_bytes, w.layout.dp)
 
@@ -187,7 +171,7 @@ def tp_kept(layer: LayerProfile, tp: int, precision: str, sequence_parallel: boo
     activations, split `tp` ways."""
     if not layer.block or tp == 1:
         return layer.saved_bytes / tp
-    linear_inputs = 2 * layer.output_bytes * (0.5 if precision in HALF else 1.0)
+    linear_inputs = 2 * layer.output_bytes * (0.5 if precision in HALF_PRECISIONS else 1.0)
     whole = min(linear_inputs + (0 if sequence_parallel else 2 * layer.output_bytes), layer.saved_bytes)
     return whole + (layer.saved_bytes - whole) / tp
 
@@ -245,18 +229,17 @@ def _sharded(w: Workload, variant: str) -> StepTime:
     params = w.profile.param_bytes
     optimizer = w.profile.optimizer_s / shard
     micro = w.layout.micro_batches
-    if isinstance(w.strategy, Zero) and w.strategy.zero_stage < 3:
+    sharding = w.sharding
+    if sharding.stage < 3:
         comm, sent = _zero_reduction(w, bwd)
-        reductions = micro if w.strategy.zero_stage == 2 else 1
+        reductions = micro if sharding.stage == 2 else 1
         comm = reductions * comm + w.links.collective("all_gather", params, shard, w.layout.tp)
         sent = reductions * sent + sent_bytes("all_gather", params, shard)
         return StepTime(compute=micro * (fwd + bwd), comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
     regather = regathers(w)
-    fsdp = isinstance(w.strategy, FSDP)
-    threshold = 0 if fsdp else w.zero_config["stage3_param_persistence_threshold"] * PARAM_BYTES
+    threshold = sharding.persistence_elements * PARAM_BYTES
     persistent = [layer.param_bytes < threshold for layer in layers]
-    gathered_share = 0.5 if fsdp and w.cfg.precision in HALF else 1.0
-    gathers = [0.0 if kept else layer.param_bytes * gathered_share for layer, kept in zip(layers, persistent)]
+    gathers = [0.0 if kept else layer.param_bytes * sharding.gathered_share for layer, kept in zip(layers, persistent)]
     root = sum(n for layer, n in zip(layers, gathers) if not layer.block)
     units = [n if layer.block else 0.0 for layer, n in zip(layers, gathers)]
     gathered = [w.links.collective("all_gather", n, shard, w.layout.tp) for n in units]
@@ -266,7 +249,7 @@ def _sharded(w: Workload, variant: str) -> StepTime:
     wrapped = list(reversed(checkpointed(list(layers), interval)))
     back_compute = [layer.backward_s + (layer.forward_s if again else 0.0) for layer, again in zip(back, wrapped)]
     regathered = list(reversed(units)) if regather else [0.0] * len(units)
-    regathered[-1] += root if regather and not fsdp else 0.0
+    regathered[-1] += root if regather and sharding.regathers_root else 0.0
     regathered_s = [w.links.collective("all_gather", n, shard, w.layout.tp) for n in regathered]
     ends = prefetched_compute(back_compute, regathered_s)
     scattered = [layer.param_bytes if layer.block else 0 for layer in back]
@@ -290,14 +273,14 @@ def _zero_reduction(w: Workload, backward: float) -> tuple[float, float]:
     parameter (a layer's `param_tensors` taken as equal here), reducing each bucket once it holds
     `reduce_bucket_size` elements; with `overlap_comm` on a stream of its own while backward runs on, without it
     all of it adds to the step."""
-    zero = w.zero_config
-    kind = "reduce_scatter" if zero["reduce_scatter"] else "all_reduce"
+    sharding = w.sharding
+    kind = "reduce_scatter" if sharding.reduce_scatter else "all_reduce"
     sizes, ready = _grads_in_backward_order(w)
     tensors = [max(layer.param_tensors, 1) for layer in reversed(w.layers)]
     pieces = [size / n for size, n in zip(sizes, tensors) for _ in range(n)]
     pieces_ready = [at for at, n in zip(ready, tensors) for _ in range(n)]
-    bucketed, starts = _filled_buckets(pieces, pieces_ready, zero["reduce_bucket_size"] * PARAM_BYTES)
-    if not zero["overlap_comm"]:
+    bucketed, starts = _filled_buckets(pieces, pieces_ready, sharding.bucket_elements * PARAM_BYTES)
+    if not sharding.overlap_comm:
         starts = [backward] * len(starts)
     comm = _exposed_reduction(w, kind, w.layout.shard, bucketed, starts, backward)
     return comm, sum(sent_bytes(kind, n, w.layout.shard) for n in bucketed)
@@ -305,9 +288,9 @@ def _zero_reduction(w: Workload, backward: float) -> tuple[float, float]:
 
 def regathers(w: Workload) -> bool:
     """Whether ZeRO-3 or FSDP gathers the parameters again for backward (see `sharded`)."""
-    if isinstance(w.strategy, FSDP):
-        return w.strategy.reshard_after_forward
-    return w.profile.param_bytes // PARAM_BYTES > w.zero_config["stage3_max_reuse_distance"]
+    if w.sharding.regathers is not None:
+        return w.sharding.regathers
+    return w.profile.param_bytes // PARAM_BYTES > w.sharding.max_reuse_elements
 
 
 def tensor_parallel(w: Workload, variant: str) -> StepTime:
@@ -337,9 +320,9 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     held = sum(layer.param_bytes / n for layer, n in zip(layers, ways))
     comm = sum(w.links.collective(*c) for c in collectives)
     sent = sum(sent_bytes(*c) for c in collectives) + sent_bytes("all_reduce", held, dp)  # bucketed or not
-    if w.strategy.overlap_grad_reduce and dp > 1:
+    cap = w.strategy.gradient_sync(dp).bucket_bytes
+    if cap and dp > 1:
         sizes, ready = _grads_in_backward_order(w, ways)
-        cap = (w.strategy.bucket_size or megatron_bucket_size(dp)) * PARAM_BYTES
         comm += _exposed_reduction(w, "all_reduce", dp, *_filled_buckets(sizes, ready, cap), bwd, stride=tp)
     else:
         comm += w.links.collective("all_reduce", held, dp, tp)
@@ -354,7 +337,7 @@ def split_block_collectives(w: Workload, blocks: int, recomputed: int,
     reduces, or under sequence parallelism a reduce-scatter and an all-gather each); a checkpointed block's forward
     runs twice. What is reduced is a row-parallel layer's output (or its input's gradient), in the compute dtype
     under autocast; what is gathered, a LayerNorm's output (or its input's gradient), in fp32."""
-    reduced = activation * (0.5 if w.cfg.precision in HALF else 1.0)
+    reduced = activation * (0.5 if w.cfg.precision in HALF_PRECISIONS else 1.0)
     kinds = ((("reduce_scatter", reduced), ("all_gather", activation))
              if getattr(w.strategy, "sequence_parallel", False) else (("all_reduce", reduced),))
     return [(kind, n, w.layout.tp) for kind, n in kinds] * (4 * blocks + 2 * recomputed)
@@ -472,14 +455,6 @@ def devices(w: Workload, recompute: float = 0.0) -> list[Device]:
     return out
 
 
-def _gpipe_recompute(w: Workload) -> float:
-    """Share of micro-batches whose forward torchgpipe runs again in backward (`checkpoint`)."""
-    if not isinstance(w.strategy, GPipe):
-        return 0.0
-    m = w.layout.micro_batches
-    return {"always": 1.0, "except_last": (m - 1) / m, "never": 0.0}[w.strategy.checkpoint]
-
-
 def _stage_sync(w: Workload, device: Device, tied_ranks: int, stage: int = 0) -> tuple[float, float]:
     """(seconds, bytes sent) of a stage's gradient sync: an all-reduce over the replicas, and one of a tied
     weight's copies among the stages that hold one."""
@@ -501,12 +476,11 @@ def flushed_pipeline(w: Workload, variant: str) -> StepTime:
     m = w.layout.micro_batches
     if variant == "study_j":
         return _study_j_pipeline(w)
-    stages = devices(w, _gpipe_recompute(w))
+    stages = devices(w, w.strategy.recomputed_forward_share(w.layout))  # torchgpipe's `checkpoint`
     if w.layout.stages_in_one_process and not w.stages_overlap:
         work = m * (sum(d.work.compute for d in stages) + (w.worker_forward_slowdown - 1) * forward_s(w.layers))
         return StepTime(compute=work, comm=0.0, optimizer=w.profile.optimizer_s, data=w.data_s)
-    zero_bubble = isinstance(w.strategy, OneFOneB) and w.strategy.schedule in ZERO_BUBBLE
-    schedule = flushed_schedule([d.work for d in stages], m, w.layout.virtual_stages, zero_bubble)
+    schedule = flushed_schedule([d.work for d in stages], m, w.layout.virtual_stages, w.strategy.fills_bubble)
     tied_ranks = 2 if w.layout.pp > 1 else 1
     sync, sent = max(_stage_sync(w, d, tied_ranks) for d in stages)
     per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)

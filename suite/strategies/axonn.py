@@ -32,7 +32,7 @@ from suite.models.layers import flatten_layers
 from suite.pipeline.microbatch import MicroBatching
 from suite.pipeline.partition import cut
 from suite.runtime.optim import build_optimizer
-from suite.strategies.base import DataParallel, Library, RankContext, Runtime, Supports
+from suite.strategies.base import DataParallel, GradientSync, Library, RankContext, Runtime, Supports
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages, profile_sample
 from suite.vocabulary import Family
 
@@ -244,6 +244,10 @@ class AxoNN(DistributedPipeline):
         if self.tp > 1:
             return None
         return Family.replicated if self.pp == 1 else Family.flushed_pipeline
+
+    def gradient_sync(self, dp: int) -> GradientSync:
+        """`sync_gradients`: each gradient all-reduced on its own once backward has ended."""
+        return GradientSync(after_backward=True)
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:

@@ -59,6 +59,39 @@ class Library:
 
 
 @dataclass(frozen=True)
+class GradientSync:
+    """How a strategy's replicas reduce their gradients, as it declares it to the performance model (suite.predict):
+    all-reduced in buckets filled in backward order, each once it holds `bucket_bytes` (the first once it holds
+    `first_bucket_bytes`); with a `cycle_s`, what is ready at each tick of that period, fused up to `bucket_bytes`
+    (Horovod); `after_backward`, each tensor on its own once backward has ended (AxoNN); else the gradients together
+    after backward."""
+
+    bucket_bytes: float = 0.0  # 0: not bucketed (Horovod: no fusion)
+    first_bucket_bytes: float | None = None
+    cycle_s: float | None = None
+    after_backward: bool = False
+    buffers_each_forward: bool = False  # rank 0's buffers (BatchNorm statistics) broadcast before every forward
+    bucket_copy: bool = False  # the buckets hold a copy of the gradients beside them, not views of them
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """What a sharded strategy (ZeRO, FSDP) splits over its replicas and how it gathers and reduces, as it declares it
+    to the performance model: ZeRO's `stage` (1 the optimizer's states, 2 and the gradients, 3 and the parameters)."""
+
+    stage: int
+    master_copy: bool = False  # an fp32 copy of its partition of the parameters beside the optimizer's states
+    gathered_share: float = 1.0  # of a parameter's bytes that gathering it moves and holds (half precision: 0.5)
+    regathers: bool | None = None  # gathers the parameters again for backward; None: by `max_reuse_elements`
+    regathers_root: bool = False  # the root unit's parameters gathered again too, with the first unit's
+    persistence_elements: float = 0.0  # a layer of fewer parameters than this stays gathered (kept whole)
+    max_reuse_elements: float = float("inf")  # a network of more parameters than this is gathered again
+    bucket_elements: float = 0.0  # stages 1-2: gradients reduced in buckets of this many elements
+    overlap_comm: bool = False  # stages 1-2: the buckets reduced while backward runs on (two buffers)
+    reduce_scatter: bool = True  # stages 1-2: reduce-scattered, else all-reduced
+
+
+@dataclass(frozen=True)
 class RankContext:
     """What a strategy's runtime on one rank is built from, handed over once."""
 
@@ -132,8 +165,29 @@ class Strategy:
 
     def recomputed_forward_share(self, layout: Layout) -> float:
         """The share of the forward pass a step computes again in backward by the strategy's own recomputation
-        (not `activation_checkpointing`, which the FLOP count sees itself): 0 for none. Counted in HFU."""
+        (not `activation_checkpointing`, which the FLOP count sees itself): 0 for none. Counted in HFU, and priced
+        (a pipeline's micro-batches recomputed keep only their stage's input)."""
         return 0.0
+
+    # What the performance model (suite.predict) prices, declared here rather than known there by class.
+    def gradient_sync(self, dp: int) -> GradientSync:
+        """How `dp` replicas reduce their gradients."""
+        return GradientSync()
+
+    def sharding(self, cfg) -> Sharding | None:
+        """What it shards over its replicas (None: it shards nothing)."""
+        return None
+
+    @classmethod
+    def probes(cls) -> dict[str, list[str]]:
+        """Its library-overhead probes (`make calibrate`, suite.tools.overhead_probes): the overrides of a point of it,
+        by the overhead key (`overhead_key`) each measures; none where the model does not price it."""
+        return {cls.name: []} if cls.family is not None else {}
+
+    @property
+    def fills_bubble(self) -> bool:
+        """Whether its pipeline schedule runs the weights' gradients in the bubble (zero-bubble schedules)."""
+        return False
 
     def setup(self, model: nn.Module, rank: RankContext) -> Runtime:
         """In each rank: wrap or split the host-built model, move what this rank holds to its device, build

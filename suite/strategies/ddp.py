@@ -15,8 +15,11 @@ from torch.nn.parallel import DistributedDataParallel
 from suite.errors import BadValue, ConfigError
 from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
-from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports
 from suite.vocabulary import Family, GradCompression
+
+MIB = 2**20
+FIRST_BUCKET_BYTES = 1 * MIB  # torch DDP closes its first gradient bucket early (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 # torch 2.14 renamed `broadcast_buffers`; an older torch (a GPU machine's own) knows only the old name.
 SYNC_BUFFERS = next(name for name in ("forward_sync_buffers", "broadcast_buffers")
@@ -55,6 +58,11 @@ class DDP(Strategy):
             raise BadValue(f"strategy ddp needs bucket_cap_mb > 0, got {self.bucket_cap_mb}")
         if self.sync_batchnorm and not will_use_cuda(cfg.cluster):
             raise ConfigError("strategy ddp: sync_batchnorm works on GPUs only (torch's SyncBatchNorm)")
+
+    def gradient_sync(self, dp: int) -> GradientSync:
+        return GradientSync(self.bucket_cap_mb * MIB, FIRST_BUCKET_BYTES,
+                            buffers_each_forward=self.forward_sync_buffers,
+                            bucket_copy=not self.gradient_as_bucket_view)
 
     def setup(self, model: nn.Module, rank: RankContext) -> DataParallel:
         device = rank.env.device

@@ -34,7 +34,7 @@ from suite.layout import Layout
 from suite.models.layers import block_layers
 from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import fsdp_param_groups
-from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.strategies.base import DataParallel, RankContext, Sharding, Strategy, Supports
 from suite.strategies.megatron import apply_tensor_parallel, check_tensor_split, whole_logits
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
@@ -64,6 +64,11 @@ class FSDP(Strategy):
         if self.tp > 1 and cfg.precision == "fp16":
             raise ConfigError(f"strategy fsdp: tp={self.tp} has no fp16 loss scaling over its 2D-sharded gradients; "
                               "use precision=bf16 (or fp32)")
+
+    def sharding(self, cfg) -> Sharding:
+        """Every parameter sharded (ZeRO-3's), gathered in half precision under bf16 or fp16 (torchtitan's
+        `param_dtype`), gathered again for backward with `reshard_after_forward`; the root unit stays gathered."""
+        return Sharding(3, gathered_share=0.5 if cfg.precision in HALF else 1.0, regathers=self.reshard_after_forward)
 
     def layout(self, cfg) -> Layout:
         """`workers / tp` replicas, each a tensor-parallel group training on its `batch_size` samples, over which

@@ -109,6 +109,10 @@ class GPipe(Pipeline):
     checkpoint: Literal["always", "except_last", "never"] = "except_last"  # torchgpipe's activation recomputation
 
     @classmethod
+    def probes(cls) -> dict[str, list[str]]:
+        return {cls.name: ["strategy.micro_batches=4"]}
+
+    @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
         """One pipeline of every rank (torchgpipe's devices are one process's)."""
         return [[f"strategy.micro_batches={m}"] for m in cls.micro_batch_counts(workers, batch)] if workers > 1 else []

@@ -17,7 +17,7 @@ from torch import nn
 
 from suite.errors import BadValue
 from suite.runtime.optim import build_optimizer
-from suite.strategies.base import DataParallel, Library, RankContext, Strategy
+from suite.strategies.base import DataParallel, GradientSync, Library, RankContext, Strategy
 from suite.vocabulary import Family
 
 MIB = 1024 * 1024
@@ -67,6 +67,9 @@ class Horovod(Strategy):
                               f"got {self.fusion_threshold_mb}")
         if self.cycle_time_ms <= 0:
             raise BadValue(f"strategy horovod needs cycle_time_ms > 0, got {self.cycle_time_ms}")
+
+    def gradient_sync(self, dp: int) -> GradientSync:
+        return GradientSync(self.fusion_threshold_mb * MIB, cycle_s=self.cycle_time_ms / 1000)
 
     def setup(self, model: nn.Module, rank: RankContext) -> HorovodOptimizer:
         import horovod.torch as hvd

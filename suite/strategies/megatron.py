@@ -33,7 +33,7 @@ from suite.runtime.dist import all_reduce_flat, broadcast_batch
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import DTensor
-from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
+from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
 if TYPE_CHECKING:
@@ -322,6 +322,17 @@ class Megatron(Strategy):
         if self.bucket_size is not None and self.bucket_size < 1:
             raise ConfigError(f"strategy megatron: bucket_size={self.bucket_size} must be a positive number of "
                               "gradient elements")
+
+    @classmethod
+    def probes(cls) -> dict[str, list[str]]:
+        return {cls.name: ["strategy.tp=2"]}
+
+    def gradient_sync(self, dp: int) -> GradientSync:
+        """With `overlap_grad_reduce`, buckets of fp32 gradients of `bucket_size` elements (Megatron-LM's default
+        where unset); else all of them after backward."""
+        if not self.overlap_grad_reduce:
+            return GradientSync()
+        return GradientSync((self.bucket_size or megatron_bucket_size(dp)) * 4)
 
     def layout(self, cfg) -> Layout:
         """With `batch_grows_with_tp` (Study N's Megatron-intra) the batch per worker is fixed, so each

@@ -34,6 +34,10 @@ class OneFOneB(ScheduledPipeline):
     def v_shaped(self) -> bool:
         return self.schedule in V_SHAPED
 
+    @property
+    def fills_bubble(self) -> bool:
+        return self.schedule in ZERO_BUBBLE
+
     def chunks_per_device(self) -> int:
         return self.virtual_stages
 

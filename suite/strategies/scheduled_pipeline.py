@@ -34,6 +34,10 @@ class ScheduledPipeline(DistributedPipeline):
     tp: int = 1  # tensor-parallel ranks per stage
     sequence_parallel: bool = False  # with tp > 1: megatron's sequence parallelism in each stage
 
+    @classmethod
+    def probes(cls) -> dict[str, list[str]]:
+        return {cls.name: ["strategy.micro_batches=4"]}
+
     def stages(self, cfg) -> int:
         return self.pp or cfg.workers // max(self.tp, 1)
 

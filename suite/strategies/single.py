@@ -23,6 +23,10 @@ class Single(Strategy):
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
         return [[]] if workers == 1 else []
 
+    @classmethod
+    def probes(cls) -> dict[str, list[str]]:
+        return {cls.name: ["workers=1"]}
+
     def check(self, cfg) -> None:
         if cfg.workers != 1:
             raise ConfigError(f"strategy single runs one process, but workers={cfg.workers}")

@@ -27,10 +27,13 @@ from suite.models import build_model
 from suite.runtime.activation_checkpointing import recomputed_under_forward_autocast, recomputes
 from suite.runtime.memory import tensor_mb
 from suite.runtime.optim import optimizer_implementation
-from suite.strategies.base import DataParallel, Library, RankContext, Strategy, Supports, optimizer_state
+from suite.strategies.base import DataParallel, Library, RankContext, Sharding, Strategy, Supports, optimizer_state
 from suite.vocabulary import Family
 
 DS_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
+# DeepSpeed's defaults (in elements) where the generated ds_config has no value (a network without a linear layer)
+DEEPSPEED_ZERO_DEFAULTS = {"reduce_bucket_size": 5e8, "reduce_scatter": True, "stage3_param_persistence_threshold": 1e5,
+                           "stage3_max_reuse_distance": 1e9}
 CONFIG_FILE = "ds_config.json"
 # What the engine resolved for these `zero_optimization` keys of the ds_config (DeepSpeed's defaults where the config
 # is silent), recorded with the run as params `effective.deepspeed.zero_optimization.<key>`: ds_config key -> the
@@ -224,11 +227,28 @@ class Zero(Strategy):
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
         return [[f"strategy.zero_stage={stage}"] for stage in (1, 2, 3)]
 
+    @classmethod
+    def probes(cls) -> dict[str, list[str]]:
+        return {cls.name: ["strategy.zero_stage=1"], "zero3": ["strategy.zero_stage=3"]}
+
     @property
     def overhead_key(self) -> str:
         """ZeRO-3 apart from stages 1-2, whose overhead it does not share (its parameter gathers hook every module:
         3-5x stages 1-2's per-step overhead on model_bench)."""
         return "zero3" if self.zero_stage == 3 else self.name
+
+    def sharding(self, cfg) -> Sharding:
+        """As DeepSpeed runs the point: the generated ds_config's `zero_optimization` (buckets sized to the network,
+        the user's `ds_config` over them) over DeepSpeed's defaults (overlap_comm: on at stage 3 only). Stage 3 keeps
+        a layer under `stage3_param_persistence_threshold` gathered, and gathers the rest again for backward (the root
+        unit with the first) unless the network is under `stage3_max_reuse_distance` parameters."""
+        zero = self.generated_config(cfg)["zero_optimization"]
+        zero = {**DEEPSPEED_ZERO_DEFAULTS, "overlap_comm": zero["stage"] == 3, **zero}
+        return Sharding(self.zero_stage, master_copy=True, regathers_root=True,
+                        persistence_elements=zero["stage3_param_persistence_threshold"],
+                        max_reuse_elements=zero["stage3_max_reuse_distance"],
+                        bucket_elements=zero["reduce_bucket_size"], overlap_comm=zero["overlap_comm"],
+                        reduce_scatter=zero["reduce_scatter"])
 
     def check(self, cfg) -> None:
         if self.zero_stage not in (1, 2, 3):

@@ -220,8 +220,15 @@ def summary_table(record: dict) -> str:
 
 
 def probe_keys(cfg: DictConfig) -> list[str]:
+    """The overhead keys of `calibration.probe_strategies`; by default every strategy's whose library is installed
+    here (one line for each that is not)."""
     chosen = cfg.calibration.probe_strategies
-    return list(overhead_probes.STRATEGIES) if chosen is None else list(chosen)
+    if chosen is not None:
+        return list(chosen)
+    keys, missing = overhead_probes.installed_keys()
+    for line in missing:
+        print(f"[{label(cfg)}] no overhead probes of {line}", flush=True)
+    return keys
 
 
 def overhead_table(path: Path) -> str:

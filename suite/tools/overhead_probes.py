@@ -13,6 +13,7 @@ from suite.predict.overhead import EXPERIMENT, Probe, save
 from suite.predict.predictor import crowding, workload
 from suite.predict.step import step_time
 from suite.records.store import Store, store_uri
+from suite.strategies import missing_library, strategy_class, strategy_names
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
 from suite.vocabulary import Status
@@ -24,32 +25,34 @@ NARROW = ["network.n_embd=32", "network.n_head=2", "dataset.vocab_size=256"]
 SHAPES = {"narrow": ["network.n_layer=2", *NARROW],  # 0.13 MB in 28 tensors
           "wide": ["network.n_layer=2", "network.n_embd=512", "network.n_head=4", "dataset.vocab_size=4096"],  # 32 MB
           "deep": ["network.n_layer=8", *NARROW]}  # 0.42 MB in 100 tensors
-# Per correction key, the strategy as its probes run it: on the calibration's workers (at least two) but `single`.
-STRATEGIES = {
-    "single": ["strategy=single", "workers=1"],
-    "ddp": ["strategy=ddp"],
-    "horovod": ["strategy=horovod"],
-    "zero": ["strategy=zero", "strategy.zero_stage=1"],
-    "zero3": ["strategy=zero", "strategy.zero_stage=3"],
-    "fsdp": ["strategy=fsdp"],
-    "megatron": ["strategy=megatron", "strategy.tp=2"],
-    "gpipe": ["strategy=gpipe", "strategy.micro_batches=4"],
-    "gpipe_dist": ["strategy=gpipe_dist", "strategy.micro_batches=4"],
-    "1f1b": ["strategy=1f1b", "strategy.micro_batches=4"],
-    "pipedream": ["strategy=pipedream"],
-}
+def probe_settings() -> dict[str, list[str]]:
+    """Per overhead key, the strategy as its probes run it (each strategy's `probes`): on the calibration's workers
+    (at least two) unless they say otherwise (`single`)."""
+    return {key: [f"strategy={name}", *overrides] for name in strategy_names()
+            for key, overrides in strategy_class(name).probes().items()}
 
 
 def probe_overrides(key: str, workers: int) -> list[str]:
     """A strategy's probe settings on a calibration of `workers` ranks."""
-    own = STRATEGIES[key]
+    own = probe_settings()[key]
     return own if any(o.startswith("workers=") for o in own) else [*own, f"workers={max(workers, 2)}"]
 
 
 def check_keys(keys: list[str]) -> None:
-    unknown = sorted(set(keys) - STRATEGIES.keys())
+    known = probe_settings()
+    unknown = sorted(set(keys) - known.keys())
     if unknown:
-        raise ConfigError(f"calibration.probe_strategies: {', '.join(unknown)} not among {', '.join(STRATEGIES)}")
+        raise ConfigError(f"calibration.probe_strategies: {', '.join(unknown)} not among {', '.join(known)}")
+
+
+def installed_keys() -> tuple[list[str], list[str]]:
+    """Every probe key whose strategy's library this environment has, and the lines saying which it has not."""
+    keys, missing = [], []
+    for key, overrides in probe_settings().items():
+        spec = strategy_class(overrides[0].removeprefix("strategy="))
+        lacking = missing_library(spec)
+        (missing.append(f"{key}: {lacking}") if lacking else keys.append(key))
+    return keys, missing
 
 
 def measure(cluster: str, keys: list[str], passes: int, workers: int) -> Path:
