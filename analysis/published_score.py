@@ -7,6 +7,10 @@ price keeps its reason; none is dropped.
 `tflops_per_gpu` is what the GPUs execute, recomputation included, as Megatron-LM and Narayanan et al. (2021)
 count it; `mfu` divides the model's FLOPs alone by the datasheet peak.
 
+A physics check before scoring: a published figure that implies more model FLOPs per second per GPU than the GPU's
+peak at the point's precision (or an MFU above 100%) contradicts what the record was mapped with (a precision
+assumed, a model misread) and is reported with that reason, not scored.
+
 Signed error = predicted / published - 1, as the CPU scores (analysis.model_score). A throughput (samples/s,
 tokens/s, TFLOP/s) predicted too high is a positive error, an iteration time predicted too long also: the sign
 says which way the number is off, not whether the model is optimistic.
@@ -88,6 +92,33 @@ def _peak(point) -> float:
     return peaks[point.cfg.precision if point.cfg.precision in ("bf16", "fp16") else "fp32"]
 
 
+TIMES = ("iteration_time_s", "epoch_time_s")  # the other priced metrics are rates
+
+
+def contradiction(metric: str, published: float, predicted: float, prediction) -> str | None:
+    """Why the published figure cannot be true of the point as mapped (its precision, its FLOPs): the model FLOP rate
+    per GPU it implies (the prediction's, scaled by the published over the predicted speed) above the GPU's peak at
+    the point's precision, or an MFU above 100%. None where it can be."""
+    point = prediction.point
+    if metric == MEMORY or not predicted or not prediction.flops_per_sample:
+        return None
+    try:
+        peak = _peak(point)
+    except (KeyError, TypeError):  # a cluster whose datasheet lacks the dtype: the pricing said so already
+        return None
+    if metric == "mfu":
+        implied = published / (100 if published > 1 else 1) * peak
+    else:
+        implied = prediction.model_tflops_per_device * (predicted / published if metric in TIMES else
+                                                        published / predicted)
+    if implied <= peak:
+        return None
+    precision = point.cfg.precision
+    return (f"contradicts its assumptions: the published figure implies {implied:.0f} TFLOP/s of model FLOPs per "
+            f"GPU, above the GPU's {precision} peak of {peak:.0f} (precision={precision}, "
+            f"{prediction.flops_per_sample / 1e12:.3g} TFLOP a sample)")
+
+
 def score_record(mapped: Mapped, predict: Callable) -> list[Scored]:
     """The record's primary metric, and its memory per GPU where `measured.also` states it."""
     record = mapped.record
@@ -109,6 +140,9 @@ def score_record(mapped: Mapped, predict: Callable) -> list[Scored]:
         return [Scored(record, record.measured.metric, published, None, str(e).splitlines()[0])]
     if metric == "mfu" and published > 1:  # stated in percent
         value *= 100
+    contradicts = contradiction(metric, published, value, prediction)
+    if contradicts:  # reported, never scored
+        return [Scored(record, metric, published, None, contradicts, prediction.priced_from)]
     scored = [Scored(record, metric, published, value, None, prediction.priced_from, prediction.fits)]
     scored += [Scored(record, MEMORY, gb, prediction.memory.peak / 1e9, None, prediction.priced_from,
                       prediction.fits) for _, gb in memory[:1]]

@@ -61,3 +61,19 @@ def test_a_malformed_records_file_is_one_line_and_exit_2(tmp_path, results):
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "furlongs" in errors[0] and str(bad) in errors[0]
+
+
+def test_a_published_figure_above_the_gpus_peak_at_the_assumed_precision_contradicts_it(tmp_path, results):
+    """The model-for-every-framework issue: a record read in the wrong precision (llm-foundry's bf16 run as fp32) was
+    priced 10x too slow. Its figure implies more model FLOPs per GPU than the A100's fp32 peak: reported, not scored."""
+    by_id = {e["id"]: e for e in yaml.safe_load(RECORDS.read_text())}
+    entry = by_id[CHOSEN[1]]
+    entry["training"]["precision"] = "fp32"
+    path = tmp_path / "records.yaml"
+    path.write_text(yaml.safe_dump([entry]))
+    done = run_make("validate-published", f"ARGS={path} --json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert row["predicted"] is None and row["error"] is None
+    assert row["reason"].startswith("contradicts its assumptions: the published figure implies 1"), row["reason"]
+    assert "above the GPU's fp32 peak of 20 (precision=fp32, " in row["reason"], row["reason"]
