@@ -50,7 +50,10 @@ def test_validate_published_prices_each_record_in_its_units_and_keeps_the_rest_w
     for heading in ("Published GPU measurements against the model's prediction", "Error per metric",
                     "error per strategy family", "error per GPU type", "error per source", "Targets"):
         assert heading in table.stdout
-    assert "throughput / time over 2 priced records: median" in table.stdout
+    assert "throughput / time over 2 priced records: median" in table.stdout.splitlines()[-1]  # every record: last
+    order = ("error per source", "error per strategy family", "Error per metric, and over every record last",
+             "against the model's prediction")
+    assert [table.stdout.index(heading) for heading in order] == sorted(table.stdout.index(h) for h in order)
     assert "Memory: 1 records state it; fits predicted right (they ran, so they fit) on" in table.stdout
 
 

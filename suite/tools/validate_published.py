@@ -1,7 +1,8 @@
 """`make validate-published`: the performance model scored against published GPU measurements, with nothing
 calibrated: each record mapped onto a suite point (suite.published.mapping), priced (suite.predict), and compared
 with its published figure; then the error per metric, strategy family, GPU type and source, the order of layouts
-within each source table, and the GPU pricing issue's targets beside what is reached.
+within each source table (per source first, every record together last), each record, and the GPU pricing issue's
+targets beside what is reached.
 
     python -m suite.tools.validate_published [FILE] [--json]
 
@@ -59,10 +60,10 @@ def main(argv: list[str]) -> int:
         for s in scored:
             print(json.dumps(s.as_json()))
         return 0
-    print(records_table(scored).markdown())
     for table in summary_tables(scored):
-        print()
         print(table.markdown())
+        print()
+    print(records_table(scored).markdown())
     print("\nTargets (the GPU pricing issue's):")
     print("\n".join(f"  {line}" for line in targets(scored)))
     return 0
