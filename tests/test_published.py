@@ -79,7 +79,21 @@ def test_what_a_record_leaves_unstated_is_said_not_hidden(records):
                            "float32 unless torch.amp is asked for (torch.get_default_dtype(): \"initially "
                            "torch.float32\"))",
                            "recomputation not stated: torchgpipe's default checkpoint=except_last",
-                           "optimizer not stated: SGD with momentum, the suite's default")
+                           "optimizer not stated: SGD with momentum, the suite's default",
+                           "an epoch of ImageNet's 1,281,167 training images")
+
+
+def test_an_epoch_is_priced_over_the_records_own_dataset_or_not_at_all(records):
+    """Issue 61: a paper's epoch over its own corpus was priced as an epoch of the suite's `tokens`, 500x too fast."""
+    record = records["llmfoundry-a100-40-mpt125m-s2048-16gpu"]
+    measured = replace(record.measured, metric="epoch_time_s", value=3600.0, also={})
+    assert map_record(replace(record, measured=measured)).reasons == (
+        Reason(mapping.NOT_STATED, "the dataset behind an epoch (measured.also.epoch_samples or epoch_tokens)"),)
+    stated = replace(measured, also={"epoch_tokens": 2048 * 1000})
+    assert "dataset.samples=1000" in map_record(replace(record, measured=stated)).overrides  # sequences of 2048
+    images = records[STUDY_J_GPIPE[0]]
+    stated = replace(images.measured, also={"epoch_samples": 50_000})
+    assert "dataset.samples=50000" in map_record(replace(images, measured=stated)).overrides
 
 
 @pytest.mark.parametrize(("ident", "reasons"), [

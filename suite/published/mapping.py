@@ -26,6 +26,7 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from suite.config import register_schema
+from suite.data import CATALOG
 from suite.errors import ConfigError
 from suite.models import network_names
 from suite.models.gpt2 import GPT2_SIZES, GPT2Dims
@@ -523,6 +524,24 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
     return strategy
 
 
+def _epoch(record: Record, language: bool, draft: _Draft) -> None:
+    """An epoch metric priced over the record's own dataset: `measured.also.epoch_samples` (or `epoch_tokens`, for a
+    language model), else ImageNet's training set for an ImageNet network; a language model's epoch of no stated size
+    is not priced (issue 61: an epoch over a paper's corpus priced as one of the suite's `tokens`, 500x too fast)."""
+    if record.measured.metric != "epoch_time_s":
+        return
+    also = record.measured.also
+    samples = also.get("epoch_samples")
+    if samples is None and language and also.get("epoch_tokens") and record.model.seq_len:
+        samples = also["epoch_tokens"] // record.model.seq_len
+    if samples:
+        draft.set(f"dataset.samples={int(samples)}")
+    elif language:
+        draft.cannot(NOT_STATED, "the dataset behind an epoch (measured.also.epoch_samples or epoch_tokens)")
+    else:
+        draft.assume(f"an epoch of ImageNet's {CATALOG['imagenet'].train:,} training images")
+
+
 def map_record(record: Record) -> Mapped:
     """The record's point as overrides (what `python -m suite` or `make predict` takes), with the defaults taken
     for what it leaves unstated; or the reasons it is not a point. Pure: nothing composed, nothing read but the
@@ -534,6 +553,7 @@ def map_record(record: Record) -> Mapped:
     _precision(record, strategy or "", draft)
     _recompute(record, strategy or "", draft)
     _optimizer(record, language, draft)
+    _epoch(record, language, draft)
     if record.layout.sequence_parallel and strategy in ("fsdp", "1f1b", "gpipe_dist") and (record.layout.tp or 1) > 1:
         draft.set("strategy.sequence_parallel=true")
     elif record.layout.sequence_parallel and strategy not in (None, "megatron"):
