@@ -266,3 +266,21 @@ def test_the_rows_of_one_source_table_and_model_are_ordered_by_kendalls_tau(reco
     assert ordering(same) == {("narayanan: Table 2", "GPT-3 175B"): (6, 1.0)}
     assert ordering(flipped) == {("narayanan: Table 2", "GPT-3 175B"): (6, -1.0)}
     assert ordering(same[:2]) == {}  # fewer than three rows order nothing
+
+
+def test_every_framework_of_the_open_set_is_described_and_matched_by_its_whole_name(records):
+    """Frameworks as data (conf/framework/): what each runs where a record is silent, with its source; a name is
+    matched whole, so a framework spelt otherwise has no defaults rather than another's by substring."""
+    from suite.published.frameworks import framework_of, frameworks
+
+    named = {r.training.framework for r in records.values() if r.training.framework}
+    assert named <= frameworks().keys(), named - frameworks().keys()
+    megatron = framework_of("Megatron-LM")
+    assert megatron.attention.value == "math" and "--use-flash-attn" in megatron.attention.source
+    assert megatron.recompute.value == "every" and megatron.selective_recompute
+    assert framework_of("torchtitan (PyTorch FSDP2)").precision.value == "bf16"
+    stranger = framework_of("my megatron fork")  # "megatron" in its name gave it Megatron-LM's kernels before
+    assert stranger.attention is None and stranger.precision is None and not stranger.offload
+    record = records["megatron-readme2020-mp-dgxa100-4b"]
+    renamed = replace(record, training=replace(record.training, framework="my megatron fork"))
+    assert "network.attention=math" not in map_record(renamed).overrides

@@ -31,6 +31,7 @@ from suite.errors import ConfigError
 from suite.models import network_names
 from suite.models.gpt2 import GPT2_SIZES, GPT2Dims
 from suite.paths import CONF_DIR
+from suite.published.frameworks import framework_of
 from suite.published.records import Record
 from suite.strategies import strategy_class
 from suite.sweep import catalog
@@ -210,21 +211,11 @@ def _gpt2(record: Record, draft: _Draft) -> None:
 
 
 def _attention(record: Record, draft: _Draft) -> None:
-    """The attention kernel the record's framework ran where the record does not name one."""
-    framework = (record.training.framework or "").lower()
-    if "megatron" in framework:
-        # Megatron-LM before --use-flash-attn (2023) materialises the scores: QK^T, the causal mask, softmax,
-        # dropout, then the product with V (megatron/model/transformer.py, ParallelSelfAttention)
-        draft.set("network.attention=math")
-        draft.assume("attention: Megatron-LM's, the score matrix materialised (before --use-flash-attn, 2023)")
-    if "llm-foundry" in framework:
-        # llm-foundry's benchmark tables ran `attn_impl: triton`, the default of scripts/train/benchmarking/
-        # submit_benchmarks.py at the commits that made them: Tri Dao's Triton FlashAttention (flash-attention
-        # 1.0.5), which torch does not ship; in FlashAttention-2's A100 figure torch's memory-efficient kernel runs
-        # within 20% of it at 2k-16k tokens (slower at head dimension 64, faster at 128)
-        draft.set("network.attention=efficient")
-        draft.assume("attention: llm-foundry's Triton FlashAttention (attn_impl: triton) as torch's memory-efficient "
-                     "kernel, the nearest torch runs")
+    """The attention kernel the record's framework ran (conf/framework/), the record naming none."""
+    kernel = framework_of(record.training.framework).attention
+    if kernel:
+        draft.set(f"network.attention={kernel.value}")
+        draft.assume(f"attention: {kernel.source}")
 
 
 def _cnn(record: Record, draft: _Draft) -> None:
@@ -260,36 +251,15 @@ def _network(record: Record, draft: _Draft) -> bool:
 # --- precision, recomputation, optimizer ------------------------------------------------------------------------
 
 
-# What a framework trains in where a record does not say, and where the framework documents it: a record's framework
-# (its name as the record writes it) not listed here leaves its precision "not stated" (issue 61: a record without
-# precision was priced in fp32, "the frameworks' default", 10x too slow). DeepSpeed is not listed: its ds_config's
-# default is fp32 (fp16.enabled: false), but its published runs set fp16 or bf16 in configs the records do not give.
-PYTORCH_FP32 = ("fp32", "PyTorch trains in float32 unless torch.amp is asked for (torch.get_default_dtype(): "
-                "\"initially torch.float32\")")
-DEFAULT_PRECISION = {
-    "torchtitan": ("bf16", "torchtitan's training.mixed_precision_param defaults to \"bfloat16\" "
-                           "(torchtitan/config/job_config.py)"),
-    "torchgpipe (PyTorch)": PYTORCH_FP32,
-    "PyTorch DDP": PYTORCH_FP32,
-    "Horovod (PyTorch)": PYTORCH_FP32,
-    "Horovod + TensorFlow": ("fp32", "tf_cnn_benchmarks' --use_fp16 defaults to false (benchmark_cnn.py)"),
-}
-
-
-def _default_precision(framework: str) -> tuple[str, str] | None:
-    """The documented default of the framework the record names (its name as the table spells it, then anything)."""
-    return next((default for name, default in DEFAULT_PRECISION.items() if framework.startswith(name)), None)
-
-
 def _precision(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.precision
-    if word is None:
-        default = _default_precision(record.training.framework or "")
+    if word is None:  # the framework's documented default (issue 61: fp32 assumed for every framework, 10x off)
+        default = framework_of(record.training.framework).precision
         if default is None:
             draft.cannot(PRECISION, f"not stated: precision (the record names none, and {record.training.framework} "
                          "documents no default the suite describes)")
             return
-        word, source = default
+        word, source = default.value, default.source
         draft.assume(f"precision not stated: {word}, {record.training.framework}'s default ({source})")
         if word == "fp32":  # the suite's own default
             return
@@ -320,10 +290,11 @@ def _precision(record: Record, strategy: str, draft: _Draft) -> None:
 
 def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.activation_recompute
-    framework = record.training.framework or ""
-    if word == "selective" and not framework.startswith("Megatron"):
-        draft.cannot(RECOMPUTE, f"{framework}'s selective checkpointing (torchtitan's: an operator policy that keeps "
-                                "matmul outputs), not the attention-core recomputation the suite runs")
+    framework = framework_of(record.training.framework)
+    if word == "selective" and not framework.selective_recompute:
+        draft.cannot(RECOMPUTE, f"{record.training.framework}'s selective checkpointing (torchtitan's: an operator "
+                                "policy that keeps matmul outputs), not the attention-core recomputation the suite "
+                                "runs")
     elif word == "selective":
         draft.set("activation_checkpointing=selective")
     elif strategy == "gpipe":  # torchgpipe's own recomputation
@@ -334,10 +305,9 @@ def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
         # full: torchgpipe's default except_last (every micro-batch but the last), the suite's default too
     elif word == "full":
         draft.set("activation_checkpointing=every")
-    elif word is None and record.training.framework == "Megatron-LM":
+    elif word is None and framework.recompute and framework.recompute.value == "every":
         draft.set("activation_checkpointing=every")
-        draft.assume("activation recomputation not stated: Megatron-LM's, --checkpoint-activations in its README's "
-                     "GPT-2 scripts (examples/pretrain_gpt2_distributed.sh)")
+        draft.assume(f"activation recomputation not stated: {framework.recompute.source}")
     elif word is None:
         draft.assume("activation recomputation not stated: none")
 
@@ -435,19 +405,19 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
     if isinstance(cp, int) and cp > 1:
         draft.cannot(CONTEXT_PARALLEL, f"the sequence split over {cp} GPUs")
         return None
-    framework = (record.training.framework or "").lower()
-    if "offload" in framework:
+    framework = framework_of(record.training.framework)
+    if framework.offload:
         draft.cannot(OFFLOAD, f"{record.training.framework}: what is offloaded (activations, optimizer states, "
                               "parameters) is not a field of the record, nor activation offload a knob of the suite")
         return None
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     schedule = layout.schedule or ("interleaved_1f1b" if word == "interleaved_1f1b" else None)
     if word == "hybrid":
-        if layout.zero_stage or ("fsdp" in framework and (pp or 1) > 1):
+        if layout.zero_stage or (framework.shards_data_parallel and (pp or 1) > 1):
             sharded = f"ZeRO-{layout.zero_stage}" if layout.zero_stage else "FSDP"
             draft.cannot(LAYOUT_3D, f"{sharded} with model parallelism (tp={tp}, pp={pp}; the 3D-layouts issue)")
             return None
-        if "fsdp" in framework:  # FSDP over tensor-parallel groups (torchtitan's 2D)
+        if framework.shards_data_parallel:  # FSDP over tensor-parallel groups (torchtitan's 2D)
             word = "fsdp"
         elif None in (dp, tp, pp):
             draft.cannot(NOT_STATED, "layout.dp, tp and pp of a hybrid layout")
@@ -494,7 +464,7 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
             draft.set("strategy.sequence_parallel=true")
         batch = _mini_batch(record, dp, False, draft)
     elif word in PIPELINES:
-        if word == "gpipe" and dp == 1 and ("torchgpipe" in framework or hardware.nodes in (None, 1)):
+        if word == "gpipe" and dp == 1 and (framework.single_process_pipeline or hardware.nodes in (None, 1)):
             strategy = "gpipe"
         else:
             strategy = {"gpipe": "gpipe_dist", "pipedream_async": "pipedream"}.get(word, "1f1b")

@@ -1,0 +1,63 @@
+"""The frameworks published records were measured with, as data: conf/framework/<name>.yaml says what each runs
+where a record leaves it unstated (precision, recomputation, its attention kernel) and what it does that a record's
+fields do not say (offloading, sharded data parallelism, a one-process pipeline), each default with its source. A
+record names its framework as its source spells it; a file's `names` are matched whole, never by substring, and a
+framework no file describes has no defaults (what it leaves unstated stays "not stated")."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import yaml
+
+from suite.paths import CONF_DIR
+
+KEYS = {"names", "attention", "precision", "recompute", "selective_recompute", "offload", "shards_data_parallel",
+        "single_process_pipeline"}
+
+
+@dataclass(frozen=True)
+class Default:
+    """What a framework runs where a record does not say, and the source that says so."""
+
+    value: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str  # its file's
+    attention: Default | None = None  # the kernel its attention ran: math, efficient or flash
+    precision: Default | None = None
+    recompute: Default | None = None  # activation recomputation: every or none
+    selective_recompute: bool = False  # its "selective" recomputation is the attention core's, as the suite's
+    offload: bool = False  # it offloads to the host (what, no record field says)
+    shards_data_parallel: bool = False  # its data parallelism is FSDP's
+    single_process_pipeline: bool = False  # one process drives every stage (torchgpipe)
+
+
+def _default(entry: dict | None, key: str) -> Default | None:
+    return Default(str(entry[key]), str(entry["source"])) if entry else None
+
+
+@functools.cache
+def frameworks() -> dict[str, Framework]:
+    """Each described framework, by every name a record may give it."""
+    found = {}
+    for path in sorted((CONF_DIR / "framework").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        unknown = set(data) - KEYS
+        if unknown:
+            raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(KEYS))})")
+        framework = Framework(path.stem, _default(data.get("attention"), "kernel"),
+                              _default(data.get("precision"), "default"), _default(data.get("recompute"), "default"),
+                              bool(data.get("selective_recompute")), bool(data.get("offload")),
+                              bool(data.get("shards_data_parallel")), bool(data.get("single_process_pipeline")))
+        found.update({name: framework for name in data["names"]})
+    return found
+
+
+def framework_of(name: str | None) -> Framework:
+    """The framework a record names; one with no defaults where no file describes it."""
+    return frameworks().get(name or "", Framework(name or "not stated"))
