@@ -163,8 +163,8 @@ def workload(point: Point, fewer_ranks: bool = False) -> tuple[Workload, torch.d
         loaded = cfg.dataset.loader_workers == 0
         data_s = data_profile(cfg, layout.mini_batch, device, threads)[0].batch_s if loaded else 0.0
     else:
+        profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together, layout.mini_batch)
         data_s = data_profile(cfg, layout.mini_batch, device, threads, together)[0].batch_s
-        profile, _ = network_profile(cfg, layout.micro_batch_size, device, threads, together)
         profiled_on = f"{profile.key['device']}, {threads} thread(s) per process, {together} process(es) at once"
         if profile.taken:
             profiled_on += f", {profile.taken['busy_share']:.0%} of the cores busy with other work"

@@ -80,67 +80,105 @@ def _key(cfg, batch: int, device: torch.device, threads: int, parts: tuple[str, 
             "threads": threads, "torch": torch.__version__, "version": VERSION}
 
 
-def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],
-            parse: Callable[[dict[str, Any]], T]) -> tuple[T, bool]:
-    """The profile of `key` (`parse`d) from results/profiles/, or taken now and stored; and whether it was stored
-    before. A stored file that does not parse (cut short by a full disk or a killed process, edited) is said on
-    stderr, discarded and taken again."""
+def _path(kind: str, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     name = key.get("network", {}).get("name") or key["dataset"]["name"]
     stem = f"{kind}-{name}-b{key['batch']}-{key['precision']}-t{key['threads']}-{digest}"
-    path = results_dir() / "profiles" / f"{stem}.json"
-    on_cpu = key.get("device", "").startswith("cpu")
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-            busy = data.get("taken", {}).get("busy_share", 0.0)
-            if not (on_cpu and busy > LOADED_SHARE >= busy_share()):
-                return parse(data), True
-            print(f"note: profile cache {path} was taken with {busy:.0%} of the cores busy with other work: "
-                  "profiling again", file=sys.stderr, flush=True)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not a profile of this version
-            print(f"warning: profile cache {path} is damaged ({error_line(e)}): discarded, profiling again",
-                  file=sys.stderr, flush=True)
-        path.unlink(missing_ok=True)
-    data = {"key": key, "taken": {"at": time.time(), "busy_share": busy_share() if on_cpu else 0.0}, **take()}
+    return results_dir() / "profiles" / f"{stem}.json"
+
+
+def _stored(kind: str, key: dict[str, Any], parse: Callable[[dict[str, Any]], T]) -> T | None:
+    """The profile of `key` (`parse`d) from results/profiles/, if there is one to use. A stored file that does not
+    parse (cut short by a full disk or a killed process, edited) is said on stderr and discarded; so is one taken
+    on a loaded CPU, once the machine is quieter."""
+    path = _path(kind, key)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        busy = data.get("taken", {}).get("busy_share", 0.0)
+        if not (key.get("device", "").startswith("cpu") and busy > LOADED_SHARE >= busy_share()):
+            return parse(data)
+        print(f"note: profile cache {path} was taken with {busy:.0%} of the cores busy with other work: "
+              "profiling again", file=sys.stderr, flush=True)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not a profile of this version
+        print(f"warning: profile cache {path} is damaged ({error_line(e)}): discarded, profiling again",
+              file=sys.stderr, flush=True)
+    path.unlink(missing_ok=True)
+    return None
+
+
+def _store(kind: str, key: dict[str, Any], taken: dict[str, Any], result: dict[str, Any],
+           parse: Callable[[dict[str, Any]], T]) -> T:
+    data = {"key": key, "taken": taken, **result}
+    path = _path(kind, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(path)
-    return parse(data), False
+    return parse(data)
 
 
-def network_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1) -> tuple[Profile, bool]:
+def _taken(key: dict[str, Any]) -> dict[str, Any]:
+    """When a profile is taken, and how busy the cores were with other work as it started."""
+    return {"at": time.time(), "busy_share": busy_share() if key.get("device", "").startswith("cpu") else 0.0}
+
+
+def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],
+            parse: Callable[[dict[str, Any]], T]) -> tuple[T, bool]:
+    """The profile of `key` (`parse`d) from results/profiles/, or taken now and stored; and whether it was stored
+    before."""
+    found = _stored(kind, key, parse)
+    if found is not None:
+        return found, True
+    return _store(kind, key, _taken(key), take(), parse), False
+
+
+def network_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1,
+                    data_batch: int | None = None) -> tuple[Profile, bool]:
     """The profile of the point's network at `batch` (and whether it came from the cache), taken by `together`
-    processes at once (see `_in_children`)."""
+    processes at once (see `_in_children`); with a `data_batch`, the same children take the data's profile at it
+    where none is stored (`data_profile` then finds it: one interpreter's start, not two)."""
     key = {**_key(cfg, batch, device, threads, ("network", "dataset", "optimizer")), "together": together}
-    return _cached("net", key, lambda: _in_children("network", cfg, batch, device, threads, together),
-                   Profile.from_json)
+    found = _stored("net", key, Profile.from_json)
+    if found is not None:
+        return found, True
+    taken = _taken(key)
+    data_key = {**_key(cfg, data_batch, device, threads, ("dataset",)), "together": together} if data_batch else None
+    if data_key is None or _stored("data", data_key, DataProfile.from_json) is not None:
+        return _store("net", key, taken, _in_children({"network": batch}, cfg, device, threads, together)["network"],
+                      Profile.from_json), False
+    both = _in_children({"network": batch, "data": data_batch}, cfg, device, threads, together)
+    _store("data", data_key, taken, both["data"], DataProfile.from_json)
+    return _store("net", key, taken, both["network"], Profile.from_json), False
 
 
 def data_profile(cfg, batch: int, device: torch.device, threads: int, together: int = 1) -> tuple[DataProfile, bool]:
     key = {**_key(cfg, batch, device, threads, ("dataset",)), "together": together}
-    return _cached("data", key, lambda: _in_children("data", cfg, batch, device, threads, together),
+    return _cached("data", key, lambda: _in_children({"data": batch}, cfg, device, threads, together)["data"],
                    DataProfile.from_json)
 
 
 def worker_thread_profile(cfg, batch: int, device: torch.device, threads: int,
                           together: int = 1) -> tuple[WorkerThreadProfile, bool]:
     key = {**_key(cfg, batch, device, threads, ("network", "dataset")), "together": together}  # no optimizer step
-    return _cached("thread", key, lambda: _in_children("thread", cfg, batch, device, threads, together),
+    return _cached("thread", key, lambda: _in_children({"thread": batch}, cfg, device, threads, together)["thread"],
                    WorkerThreadProfile.from_json)
 
 
-def _in_children(what: str, cfg, batch: int, device: torch.device, threads: int, together: int) -> dict[str, Any]:
-    """Profile in `together` fresh interpreters at once, each with the threads a rank gets (OMP_NUM_THREADS, read
-    when torch loads): as many as the point's ranks that share this node's cores, so that what they take from each
-    other (cores, caches, memory bandwidth) is in the times, and neither this process's threads nor its memory
-    are. Each time is the median over the children; the rest is the first child's."""
+def _in_children(batches: dict[str, int], cfg, device: torch.device, threads: int,
+                 together: int) -> dict[str, dict[str, Any]]:
+    """Profile (each of `batches`: network, data or thread, at its batch, in turn) in `together` fresh interpreters
+    at once, each with the threads a rank gets (OMP_NUM_THREADS, read when torch loads): as many as the point's ranks
+    that share this node's cores, so that what they take from each other (cores, caches, memory bandwidth) is in the
+    times, and neither this process's threads nor its memory are. Each time is the median over the children; the
+    rest is the first child's."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
         config.write(OmegaConf.to_yaml(cfg, resolve=True))
         config.flush()
-        command = [sys.executable, "-m", "suite.profiling.measure", what, str(batch), str(device), config.name]
+        command = [sys.executable, "-m", "suite.profiling.measure", ",".join(batches),
+                   ",".join(map(str, batches.values())), str(device), config.name]
         children = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT,
                                      text=True) for _ in range(together)]
         ended = [child.communicate() for child in children]
@@ -148,9 +186,10 @@ def _in_children(what: str, cfg, batch: int, device: torch.device, threads: int,
     for child, (out, err) in zip(children, ended):
         if child.returncode:
             lines = [line for line in err.splitlines() if line.strip()]
+            batch = max(batches.values())
             raise ConfigError(f"profiling {cfg.network.name} at batch {batch} failed: {lines[-1] if lines else '?'}")
         results.append(json.loads(out.splitlines()[-1]))
-    return _median_times(results)
+    return {what: _median_times([r[what] for r in results]) for what in batches}
 
 
 def _median_times(results: list[dict[str, Any]]) -> dict[str, Any]:

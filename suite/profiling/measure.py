@@ -1,5 +1,5 @@
-"""The child process of a profile: `python -m suite.profiling.measure network|data|thread BATCH DEVICE CONFIG` takes
-one profile in a fresh interpreter (the threads a rank gets, none of the parent's memory) and prints it as JSON;
+"""The child process of profiles: `python -m suite.profiling.measure WHAT[,WHAT] BATCH[,BATCH] DEVICE CONFIG` takes
+them in a fresh interpreter (the threads a rank gets, none of the parent's memory), in turn, and prints them as JSON;
 suite.profiling.cache starts it and stores what it prints."""
 
 from __future__ import annotations
@@ -243,16 +243,16 @@ def _time_data(cfg, batch: int, device: torch.device) -> float:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m suite.profiling.measure network|data|thread BATCH DEVICE CONFIG` (the point's resolved config, a
-    yaml file): one profile as JSON on stdout (what `network_profile`, `data_profile` and `worker_thread_profile`
-    run in fresh interpreters)."""
-    what, batch, device = argv[0], int(argv[1]), torch.device(argv[2])
-    cfg = OmegaConf.load(argv[3])
-    takes = {"network": lambda: _profile_network(cfg, batch, device),
-             "data": lambda: {"batch_s": _time_data(cfg, batch, device)},
-             "thread": lambda: _time_worker_forward(cfg, batch, device)}
-    result = takes[what]()
-    print(json.dumps(result))
+    """`python -m suite.profiling.measure WHAT[,WHAT] BATCH[,BATCH] DEVICE CONFIG` (each WHAT network, data or
+    thread, at its BATCH; CONFIG the point's resolved config, a yaml file): the profiles, in turn, as one JSON object
+    by WHAT on stdout (what `network_profile`, `data_profile` and `worker_thread_profile` run in fresh
+    interpreters)."""
+    device, cfg = torch.device(argv[2]), OmegaConf.load(argv[3])
+    takes = {"network": lambda batch: _profile_network(cfg, batch, device),
+             "data": lambda batch: {"batch_s": _time_data(cfg, batch, device)},
+             "thread": lambda batch: _time_worker_forward(cfg, batch, device)}
+    whats, batches = argv[0].split(","), [int(b) for b in argv[1].split(",")]
+    print(json.dumps({what: takes[what](batch) for what, batch in zip(whats, batches, strict=True)}))
     return 0
 
 
