@@ -366,3 +366,16 @@ def test_a_grid_composes_each_choice_of_files_once_into_the_configs_hydra_compos
             assert outcome(composer, overrides) == outcome(compose_point, overrides), overrides
     assert len(composer.files) == 9  # the grid's 8 points: 2 (one a strategy); the other 8 points: 7 (2 the defaults)
     assert outcome(composer, ["epoch=2"]).startswith("error: epoch: the config has no key epoch; did you mean epochs?")
+
+
+def test_a_points_hash_taken_while_it_is_checked_is_the_hash_of_its_config():
+    """Planning takes the resolved config once, for the checks and the hash, and builds a strategy once per set of
+    knobs: the points are what planning them one by one made."""
+    from suite.sweep.plan import config_hash
+    from suite.sweep.sweep_files import sweep_jobs
+
+    jobs = [job for name in ("smoke", "pipelines", "layouts_3d", "model_bench") for job in sweep_jobs(name, [])]
+    points = plan(jobs, invalid=[])
+    assert len(points) > 50
+    assert all(p.config_hash == config_hash(p.cfg) for p in points)
+    assert all(p.strategy == build_strategy(p.cfg) for p in points)

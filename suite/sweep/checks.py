@@ -3,6 +3,8 @@ precision, its batches, the strategy's own knobs and the machine's placement. su
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 
 import torch
@@ -45,9 +47,9 @@ def _non_finite(tree, prefix: str = "") -> tuple[str, float] | None:
     return None
 
 
-def _check_ranges(cfg: DictConfig) -> None:
+def _check_ranges(cfg: DictConfig, tree: dict) -> None:
     # nan passes `value <= 0` and inf passes it too: every number of the point is finite first, whatever its knob
-    non_finite = _non_finite(OmegaConf.to_container(cfg, resolve=True))
+    non_finite = _non_finite(tree)
     if non_finite:
         raise BadValue(f"{non_finite[0]}={non_finite[1]} must be a finite number")
     positive = {"workers": cfg.workers, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum,
@@ -208,17 +210,26 @@ def _check_attention(cfg: DictConfig, uses_cuda: bool) -> None:
                           f"FlashAttention-2), not {lacking}; use auto, efficient or math")
 
 
-def validate(cfg: DictConfig, torch_version: str, runs_here: bool = True) -> tuple[Strategy, Layout]:
+@functools.lru_cache(maxsize=1024)
+def _strategy(knobs: str) -> Strategy:
+    """The strategy of these knobs (a JSON object), built once for a grid's points that share them: it is frozen."""
+    return build_strategy(OmegaConf.create({"strategy": json.loads(knobs)}))
+
+
+def validate(cfg: DictConfig, torch_version: str, runs_here: bool = True,
+             tree: dict | None = None) -> tuple[Strategy, Layout]:
     """Raise ConfigError for a point that cannot run on a torch of `torch_version` (on this machine, where a local
-    launcher would run it and `runs_here`); return its strategy and layout."""
-    _check_ranges(cfg)
+    launcher would run it and `runs_here`); return its strategy and layout. `tree`: the config as a resolved
+    container, where the caller has it."""
+    tree = OmegaConf.to_container(cfg, resolve=True) if tree is None else tree
+    _check_ranges(cfg, tree)
     _check_names(cfg)
     _check_choices(cfg)
     _check_hardware(cfg.cluster)
     _check_device(cfg, runs_here)
     check_dataset(cfg.dataset)
     check_network(cfg.network, cfg.dataset)
-    strategy = build_strategy(cfg)
+    strategy = _strategy(json.dumps(tree["strategy"], sort_keys=True))
     too_old = older_torch(strategy, torch_version)
     if too_old:
         raise OlderTorch(too_old)

@@ -125,7 +125,11 @@ def _drop(tree: dict, dotted: str) -> None:
 
 
 def config_hash(cfg: DictConfig) -> str:
-    identity = OmegaConf.to_container(cfg, resolve=True)
+    return identity_hash(OmegaConf.to_container(cfg, resolve=True))
+
+
+def identity_hash(identity: dict) -> str:
+    """`config_hash` of the config as a resolved container, which it changes."""
     if _lookup(identity, "strategy.pp") == AUTO:  # who the point is: the planner's choice, recorded, is not
         for key in AUTO_CHOOSES:
             _drop(identity, key)
@@ -155,12 +159,15 @@ def make_point(overrides: list[str], cfg: DictConfig, experiment: str | None, to
             plan_auto(cfg)
             print(f"[{point_label(cfg)}] the planner chose {'-'.join(map(str, cfg.strategy.replicas))}, layers "
                   f"{'+'.join(map(str, cfg.strategy.balance))}", file=sys.stderr, flush=True)
-        strategy, layout = validate(cfg, torch_version, runs_here)
+        tree = OmegaConf.to_container(cfg, resolve=True)
+        strategy, layout = validate(cfg, torch_version, runs_here, tree)
     except (BadValue, OlderTorch):
         raise
     except ConfigError as e:
         raise Unrunnable(str(e), cfg) from e
-    return Point(tuple(overrides), cfg, strategy, layout)
+    point = Point(tuple(overrides), cfg, strategy, layout)
+    point.__dict__["config_hash"] = identity_hash(tree)  # the container the checks read: taken once
+    return point
 
 
 def plan(jobs: list[list[str]], experiment: str | None = None, invalid: list[InvalidPoint] | None = None,
