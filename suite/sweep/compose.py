@@ -5,11 +5,12 @@ of the suite, so a misspelt name or key is rejected in a second or two, with the
 A grid's points differ mostly in values (workers, a learning rate, a strategy's knob), not in which files make them:
 Hydra composes each distinct choice of files once (about a tenth of a second), and each point is that config with
 its values set as Hydra sets them (its own `_apply_overrides_to_config`); a point that fails so is composed whole, so
-that its error is Hydra's."""
+that its error is Hydra's. Each point's copy of the composed config is unpickled (0.5 ms) rather than deep-copied
+(2 ms, most of a point's planning)."""
 
 from __future__ import annotations
 
-import copy
+import pickle
 import sys
 import time
 
@@ -87,7 +88,7 @@ class Composer:
         self.groups = {str(path.relative_to(directory)) for directory in (CONF_DIR, *site_config_dirs())
                        for path in directory.rglob("*") if path.is_dir()}
         self.parser = OverridesParser.create()
-        self.files: dict[tuple[str, ...], DictConfig | None] = {}  # None: did not compose
+        self.files: dict[tuple[str, ...], bytes | None] = {}  # the pickled config; None: did not compose
         self.complete: dict[tuple[str, ...], bool] = {}  # whether the files leave no required key unset
 
     def _chooses_files(self, override: str) -> bool:
@@ -99,14 +100,15 @@ class Composer:
         values = [o for o in overrides if not self._chooses_files(o)]
         if files not in self.files:
             try:
-                self.files[files] = compose(config_name="config", overrides=list(files) + searchpath_overrides())
+                composed = compose(config_name="config", overrides=list(files) + searchpath_overrides())
             except Exception:  # said, as Hydra says it, by composing the point whole
-                self.files[files] = None
-            self.complete[files] = self.files[files] is not None and not OmegaConf.missing_keys(self.files[files])
+                composed = None
+            self.files[files] = None if composed is None else pickle.dumps(composed)
+            self.complete[files] = composed is not None and not OmegaConf.missing_keys(composed)
         base = self.files[files]
         if base is None:
             return compose_point(overrides)
-        cfg = copy.deepcopy(base)
+        cfg = pickle.loads(base)
         try:
             ConfigLoaderImpl._apply_overrides_to_config(self.parser.parse_overrides(values), cfg)
         except Exception:
