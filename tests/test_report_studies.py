@@ -304,6 +304,7 @@ def test_the_ui_shows_each_points_comparison_metrics_in_a_browser(digits_sweep, 
         finally:
             driver.quit()
     assert "Runs\nModels\nTraces" in shown, shown  # the model-training navigation (GenAI's: Traces, Judges, ...)
+    assert "Sort: Run Name" in shown, shown  # the order the view saved, under the UI's own name for it
     for column in ("speedup", "speedup_low", "speedup_high", "epoch_time_s_mean", "throughput_samples_s_mean",
                    "peak_memory_mb", "suite.status"):
         assert column in shown, shown

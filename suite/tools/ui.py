@@ -35,7 +35,8 @@ def save_view(store: Store, experiment_id: str) -> None:
     """The experiment's runs table as the suite shows it, saved as MLflow's shared view state (JSON in the tag)."""
     parents = [run.info.run_id for run in store.client.search_runs([experiment_id], "tags.`suite.sweep` != ''",
                                                                    max_results=50000)]
-    view = {"orderByKey": "attributes.run_name", "orderByAsc": True, "selectedColumns": COLUMNS,
+    # ordered by run name under the key of the UI's own "Run Name" sort (another key reads "Sort: undefined")
+    view = {"orderByKey": "tags.`mlflow.runName`", "orderByAsc": True, "selectedColumns": COLUMNS,
             "runsExpanded": dict.fromkeys(parents, True)}
     store.client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(view))
 
