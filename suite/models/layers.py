@@ -16,7 +16,7 @@ from torch import nn
 
 from suite.models.gpt2 import GPT2
 from suite.models.vision import CompactVGG
-from suite.runtime.torch_api import DTensor
+from suite.runtime.torch_api import is_dtensor
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Layer:
     def named_state(self) -> dict[str, torch.Tensor]:
         """This layer's weights and buffers on the host, under their names in the whole network; split ones
         (tensor parallelism) gathered whole, a collective their ranks join."""
-        return {self.prefix + k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        return {self.prefix + k: (v.full_tensor() if is_dtensor(v) else v).detach().cpu()
                 for k, v in self.module.state_dict().items()}
 
 

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
 
 from suite.models import build_model
 from suite.models.layers import flatten_layers
@@ -97,7 +96,11 @@ class _Kernels(TorchDispatchMode):
     tracks which tensors autocast would hold in half precision."""
 
     def __init__(self, half: bool, state: set[int], watch: CoreWatch) -> None:
+        # imported when counting, not with the module: it imports triton (a third of a second for every driver)
+        from torch.utils.flop_counter import flop_registry
+
         super().__init__()
+        self.flop_registry = flop_registry
         self.half, self.state = half, state  # the ids of the model's parameters and buffers
         self.watch = watch
         self.kernels: list[Kernel] = []
@@ -125,7 +128,7 @@ class _Kernels(TorchDispatchMode):
                 self.mark_half(_tensors(out))
             return out
         inputs, outputs = _tensors((args, kwargs)), _tensors(out)
-        counter = flop_registry.get(packet)
+        counter = self.flop_registry.get(packet)
         flops = float(counter(*args, **kwargs, out_val=out)) if counter else 0.0
         conv = packet in (_aten.convolution, _aten.convolution_backward)
         kind = (CONV if conv else MATMUL) if flops else MEMORY

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from suite.point_dir import error_line
-from suite.runtime.torch_api import DTensor
+from suite.runtime.torch_api import is_dtensor
 from suite.vocabulary import DEVICE_MEMORY
 
 # Per rank; a point reports the largest. mem_master_mb: fp32 master copies of the parameters that an
@@ -165,7 +165,7 @@ def largest_over_ranks(memory_by_rank: list[dict[str, float]], keys: tuple[str, 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The part of a tensor this rank stores (a DTensor's local shard)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def tensor_mb(tensors: list[torch.Tensor]) -> float:

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 
-try:
-    from torch.distributed.tensor import DTensor  # public from torch 2.5
-except ImportError:
-    from torch.distributed._tensor import DTensor  # noqa: F401 (re-exported) torch 2.1 to 2.4
+
+def is_dtensor(value) -> bool:
+    """Whether `value` is a DTensor (torch.distributed.tensor's, public from torch 2.5; torch.distributed._tensor's in
+    torch 2.1 to 2.4), without importing that module (0.4 s, sympy with it) in a process where nothing made one: no
+    DTensor exists before its module is imported."""
+    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        dtensor = getattr(sys.modules.get(name), "DTensor", None)
+        if dtensor is not None and isinstance(value, dtensor):
+            return True
+    return False
+
 
 # TF32 on GPUs: newer torch sets it per backend and operator through `fp32_precision`, and once anything in the
 # process does, reading the legacy flags (`allow_tf32`, `get_float32_matmul_precision`) raises RuntimeError.

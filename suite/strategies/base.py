@@ -28,7 +28,7 @@ from suite.runtime.memory import local_tensor, tensor_mb
 from suite.runtime.optim import optimizer_implementation
 from suite.runtime.precision import Precision
 from suite.runtime.timing import PhaseTimer
-from suite.runtime.torch_api import DTensor
+from suite.runtime.torch_api import is_dtensor
 from suite.vocabulary import Family, GradCompression, OptimizerName, PrecisionName
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -309,7 +309,7 @@ class Runtime:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The complete weights, valid on rank 0; sharded DTensors (FSDP2, tensor parallelism) are gathered,
         a collective every rank joins."""
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        return {k: (v.full_tensor() if is_dtensor(v) else v).detach().cpu()
                 for k, v in self.plain.state_dict().items()}
 
 

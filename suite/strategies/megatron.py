@@ -32,7 +32,7 @@ from suite.layout import Layout, divisors
 from suite.runtime.dist import all_reduce_flat, broadcast_batch
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
-from suite.runtime.torch_api import DTensor
+from suite.runtime.torch_api import is_dtensor
 from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports
 from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
@@ -121,7 +121,7 @@ def whole_logits(logits: torch.Tensor, group, tp: int) -> torch.Tensor:
     others are returned as they are). Each rank writes its split of the vocabulary into one zeroed tensor, which an
     in-place all-reduce over the group sums: a rank holds the logits whole once, not also in a collective's
     buffers, and gloo, which has no all-gather of GPU tensors (it crashed ranks sharing a GPU), all-reduces them."""
-    if not isinstance(logits, DTensor):
+    if not is_dtensor(logits):
         return logits
     split = logits.to_local()
     width = -(-logits.shape[-1] // tp)  # Shard(-1) splits as torch.chunk does
@@ -164,8 +164,8 @@ def param_groups(model: nn.Module) -> list[dict[str, list[nn.Parameter]]]:
     """The split parameters (DTensors) and the whole ones (plain tensors) in separate param groups: torch's
     multi-tensor (foreach) kernels take one group's tensors at once, and refuse DTensors beside plain tensors."""
     params = list(model.parameters())
-    split = [p for p in params if isinstance(p, DTensor)]
-    whole = [p for p in params if not isinstance(p, DTensor)]
+    split = [p for p in params if is_dtensor(p)]
+    whole = [p for p in params if not is_dtensor(p)]
     return [{"params": group} for group in (split, whole) if group]
 
 

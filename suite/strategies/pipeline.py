@@ -30,7 +30,7 @@ from suite.placement import will_use_cuda
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
 from suite.runtime.timing import PhaseTimer
-from suite.runtime.torch_api import DTensor
+from suite.runtime.torch_api import is_dtensor
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
 from suite.strategies.megatron import param_groups, split_stage, whole_logits
 
@@ -242,7 +242,7 @@ class DistributedStages(Runtime):
         """Give every copy of a tied weight the sum of their gradients, on this rank and across stages. A split
         parameter's gradient is first given its placement (the split embedding's comes back whole from backward)."""
         for param in self.model.parameters():
-            if isinstance(param.grad, DTensor) and param.grad.placements != param.placements:
+            if is_dtensor(param.grad) and param.grad.placements != param.placements:
                 param.grad = param.grad.redistribute(param.device_mesh, param.placements)
         for copies in self.tied:  # the copies of one rank (a V's first and last chunks) sum theirs here
             if len(copies) > 1:
