@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from packaging.version import Version
 
 from suite.errors import ConfigError
-from suite.paths import CONF_DIR, REPO_ROOT
+from suite.paths import REPO_ROOT, config_file, config_names
 from suite.strategies.base import Library, Strategy
 from suite.strategies.knob_types import check_knob_types
 
@@ -36,17 +36,17 @@ def build_strategy(cfg) -> Strategy:
 
 @functools.cache
 def strategy_class(name: str) -> type[Strategy] | None:
-    """The spec class that conf/strategy/<name>.yaml selects (its `_target_`): the one place a strategy's facts
-    are declared, which the predictor and the reports ask; None for a name no config has (a run recorded by
-    another version of the suite)."""
-    path = CONF_DIR / "strategy" / f"{name}.yaml"
+    """The spec class that conf/strategy/<name>.yaml (or a site config directory's) selects (its `_target_`): the one
+    place a strategy's facts are declared, which the predictor and the reports ask; None for a name no config has
+    (a run recorded by another version of the suite)."""
+    path = config_file(f"strategy/{name}.yaml")
     target = OmegaConf.load(path).get("_target_") if path.exists() else None
     return get_class(target) if target else None
 
 
 def strategy_names() -> list[str]:
-    """Every configured strategy (conf/strategy/*.yaml)."""
-    return sorted(path.stem for path in (CONF_DIR / "strategy").glob("*.yaml"))
+    """Every configured strategy (conf/strategy/*.yaml and the site config directories')."""
+    return config_names("strategy")
 
 
 def label(name: str) -> str:
