@@ -256,15 +256,19 @@ def test_the_command_lists_each_record_and_the_count(tmp_path, capsys, records):
     ]
 
 
-def test_the_rows_of_one_source_table_and_model_are_ordered_by_kendalls_tau(records):
-    from analysis.published_score import Scored, ordering, source_table
+def test_the_rows_of_one_source_table_and_model_are_ordered_by_kendalls_tau_and_the_pick_scored(records):
+    from analysis.published_score import Order, Scored, ordering, source_table
 
     rows = [r for r in records.values() if r.prefix == "narayanan" and r.model.name == "GPT-3 175B"]
     assert len(rows) == 6 and {source_table(r) for r in rows} == {"Table 2"}
     same = [Scored(r, r.measured.metric, r.measured.value, 2 * r.measured.value) for r in rows]
     flipped = [Scored(r, r.measured.metric, r.measured.value, 1 / r.measured.value) for r in rows]
-    assert ordering(same) == {("narayanan: Table 2", "GPT-3 175B"): (6, 1.0)}
-    assert ordering(flipped) == {("narayanan: Table 2", "GPT-3 175B"): (6, -1.0)}
+    fastest = max(rows, key=lambda r: r.measured.value)
+    slowest = min(rows, key=lambda r: r.measured.value)
+    key = ("narayanan: Table 2", "GPT-3 175B")
+    assert ordering(same) == {key: Order(6, 1.0, fastest.id, 0.0)}  # picks the published fastest
+    # picks the published slowest, that far below the fastest
+    assert ordering(flipped) == {key: Order(6, -1.0, slowest.id, 1 - slowest.measured.value / fastest.measured.value)}
     assert ordering(same[:2]) == {}  # fewer than three rows order nothing
 
 
