@@ -116,7 +116,9 @@ SMALL = ("calibration.max_bytes=4194304 calibration.matmul_n=256 calibration.sec
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
-    """`make calibrate` on 2 gloo ranks, 4 KiB to 4 MiB, into a results directory of its own."""
+    """`make calibrate` on 2 gloo ranks, 4 KiB to 4 MiB, into a results directory of its own. Over 120 s in `make
+    test` on 2 loaded cores: the matmul peak, every collective's curve and the library-overhead probes, which the
+    module's tests read."""
     with results_of_their_own(tmp_path_factory, "calibrated") as results:
         made = run_make("calibrate", f"ARGS={SMALL}")
     return results, made

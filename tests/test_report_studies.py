@@ -87,7 +87,9 @@ SLICE = [" ".join([*FAST, *args]) for args in (
 
 @pytest.fixture(scope="module")
 def slice_store(tmp_path_factory):
-    """Both studies' kinds of points, one made to fail, in one experiment; and one that cannot run, recorded."""
+    """Both studies' kinds of points, one made to fail, in one experiment; and one that cannot run, recorded.
+    Over 120 s in `make test` on 2 loaded cores: one sweep of 10 points, both studies' kinds, shared by the module's
+    tests."""
     from suite.records.store import Store
     site = tmp_path_factory.mktemp("site")
     (site / "sweep").mkdir()
