@@ -94,9 +94,9 @@ def test_a_sweeps_runs_carry_their_prediction(calibrated, store):
 
 
 def test_bench_model_prints_its_scores(calibrated, results):
-    # Over 120 s in `make test` (about 120 s alone, 270 on 2 loaded cores): two invocations of make bench-model, 12
-    # points and their profiles, then one point of another sweep's grid; each assertion is about a table only a grid
-    # prints.
+    # Over 120 s in `make test` (135 s alone, about 270 on 2 loaded cores): make bench-model's 12 points and their
+    # profiles (108 s alone), then one point of another sweep's grid (21 s; 29 s when it was two of `pipelines`); each
+    # assertion is about a table only a grid prints.
     # a 1-block GPT-2, which the grid's 4-stage pipelines could not take: --strategies leaves them out before planning;
     # recorded under names that state their dimensions (no size of GPT-2 has one block of width 128 or 512)
     result = run_make("bench-model", "ARGS=--strategies single,ddp steps_per_epoch=1 epochs=1 warmup_steps=1 "
