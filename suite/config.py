@@ -238,6 +238,9 @@ class PointConfig:
     network: NetworkConfig = MISSING
     strategy: Any = MISSING  # {_target_: suite.strategies.<module>.<Class>, knobs...}
     cluster: ClusterConfig = MISSING
+    # Whose implementation the model prices the point as (conf/framework/): the suite's own, which is the only one a
+    # sweep runs; another (`framework=megatron_lm`) is priced by `make predict` as that framework would run it.
+    framework: Any = MISSING
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

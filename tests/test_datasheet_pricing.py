@@ -13,15 +13,17 @@ from conftest import edit_catalog_entry, run_make
 from suite.errors import ConfigError
 from suite.predict import fabric, roofline
 from suite.predict.predictor import predict, workload
-from suite.predict.step import devices, split_block_collectives
+from suite.predict.step import devices, pipeline_sends, split_block_collectives
 from suite.profiling.counted import ATTENTION, CONV, MATMUL, MEMORY, Kernel, count_network
 from suite.sweep.plan import plan
 
 TOKENS = ["dataset=tokens", "dataset.seq_len=128", "dataset.vocab_size=512", "dataset.samples=4096"]
 
 
-def point(*overrides: str, cluster: str = "dgx_a100_80gb"):
-    (p,) = plan([[*TOKENS, "network=gpt2_tiny", f"cluster={cluster}", "cluster.job.account=x", *overrides]])
+def point(*overrides: str, cluster: str = "dgx_a100_80gb", runs_here: bool = False):
+    """A point priced (as `make predict` plans it), or, `runs_here`, planned to run (as a sweep plans it)."""
+    (p,) = plan([[*TOKENS, "network=gpt2_tiny", f"cluster={cluster}", "cluster.job.account=x", *overrides]],
+                runs_here=runs_here)
     return p
 
 
@@ -371,6 +373,29 @@ def test_sequence_parallel_pipeline_stages_send_each_other_slices_of_the_sequenc
     assert first_sliced.sends == pytest.approx(sliced.links.send(activation / 2, 2))
     kinds = {kind for kind, _, _ in split_block_collectives(sliced, 1, 0, activation)}
     assert kinds == {"reduce_scatter", "all_gather"}
+
+
+def test_megatron_lm_sends_a_stages_output_in_half_precision_scattered_over_its_tp_ranks(results):
+    """The same 3D point priced as the suite runs it and as Megatron-LM would (framework=megatron_lm): the suite
+    sends GPT-2's fp32 residual whole from each tp rank; Megatron-LM sends 1/tp of it from each in params_dtype (bf16
+    here), and the receiving stage all-gathers it over its tp ranks (p2p_communication.py's scatter/gather)."""
+    common = ("workers=4", "strategy=1f1b", "strategy.pp=2", "strategy.tp=2", "strategy.micro_batches=2",
+              "precision=bf16", "optimizer.name=adam")
+    (suite, _, _), (megatron, _, _) = (workload(point(*common, f"framework={name}"))
+                                       for name in ("suite", "megatron_lm"))
+    boundary = suite.layers[1]
+    assert boundary.output_bytes == 4 * boundary.output_elements  # the residual stream stays fp32 under autocast
+    assert devices(suite)[0].work.sends == pytest.approx(suite.links.send(boundary.output_bytes, 2))
+    assert devices(megatron)[0].work.sends == pytest.approx(megatron.links.send(2 * boundary.output_elements / 2, 2))
+    assert pipeline_sends(megatron, [boundary], 2)[1] == [("all_gather", 2 * boundary.output_elements, 2)]
+    assert pipeline_sends(suite, [boundary], 2)[1] == []
+    # a quarter of the bytes on the link between stages, and the gather's (tp - 1) / tp of the half-precision whole
+    assert predict(point(*common, "framework=megatron_lm")).step.sent < predict(point(*common)).step.sent
+
+
+def test_a_sweep_runs_only_the_suites_own_implementation():
+    with pytest.raises(ConfigError, match="^Megatron-LM's implementation is priced, not run: a sweep runs the suite's"):
+        point("workers=2", "strategy=megatron", "framework=megatron_lm", runs_here=True)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

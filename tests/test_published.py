@@ -20,30 +20,36 @@ RECORDS = Path(__file__).resolve().parents[1] / "analysis" / "published" / "gpu_
 SHARED = Path("/work/shared/published/gpu_measurements.yaml")
 
 MEGATRON_TP = ("megatron-readme2020-mp-dgxa100-4b", (
+    "framework=megatron_lm",
     "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=36",
     "network.n_head=24", "network.n_embd=3072", "network.attention=math", "cluster=dgx_a100_40gb", "workers=4",
     "strategy=megatron", "strategy.tp=4", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16",
     "activation_checkpointing=every", "optimizer.name=adam"))
 ZERO = ("narayanan-a100-t2-zero3-175b-384gpu", (
+    "framework=megatron_deepspeed",
     "dataset=tokens", "dataset.seq_len=2048", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=96",
     "network.n_head=96", "network.n_embd=12288", "network.attention=math", "cluster=dgx_a100_80gb", "workers=384",
     "strategy=zero",
     "strategy.zero_stage=3", "batch_size=4", "precision=fp16", "activation_checkpointing=every",
     "optimizer.name=adam"))
 STUDY_J_GPIPE = ("studyj-torchgpipe-resnet18-imagenet-4gpu-configA", (
+    "framework=torchgpipe",
     "dataset=imagenet", "network=resnet18", "cluster=lisa", "workers=4", "strategy=gpipe",
     "strategy.micro_batch_size=24", "batch_size=288"))
 HYBRID_DP_TP = ("megatron-readme2020-dp-dgxa100-2b", (  # Megatron-LM's dp x tp: the suite's megatron with replicas
+    "framework=megatron_lm",
     "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=30",
     "network.n_head=18", "network.n_embd=2304", "network.attention=math", "cluster=dgx_a100_40gb", "workers=256",
     "strategy=megatron", "strategy.tp=2", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16",
     "activation_checkpointing=every", "optimizer.name=adam"))
 HYBRID_3D = ("narayanan-a100-t2-ptd-530b-560gpu", (  # Megatron-LM's dp x pp x tp: 1F1B's stages split over tp ranks
+    "framework=megatron_lm",
     "dataset=tokens", "dataset.seq_len=2048", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=105",
     "network.n_head=128", "network.n_embd=20480", "network.attention=math", "cluster=dgx_a100_80gb", "workers=560",
     "strategy=1f1b", "strategy.tp=8", "strategy.pp=35", "strategy.micro_batch_size=1", "batch_size=1120",
     "precision=bf16", "activation_checkpointing=every", "optimizer.name=adam"))
 STUDY_J_HOROVOD = ("studyj-horovod-resnet50-imagenet-16gpu-speedup", (
+    "framework=pytorch",
     "dataset=imagenet", "network=resnet50", "cluster=lisa", "workers=16", "strategy=horovod", "batch_size=32"))
 
 

@@ -191,7 +191,8 @@ def datasheet_profile(cfg, batch: int) -> Profile:
         output_bytes=layer.output_bytes, saved_bytes=layer.saved_bytes, param_bytes=layer.param_bytes,
         param_tensors=layer.param_tensors, tied_bytes=layer.tied_bytes, block=layer.block,
         core_forward_s=sum(map(gpu.seconds, layer.core_forward)),
-        core_forward_flops=int(sum(k.flops for k in layer.core_forward)), core_saved_bytes=layer.core_saved_bytes)
+        core_forward_flops=int(sum(k.flops for k in layer.core_forward)), core_saved_bytes=layer.core_saved_bytes,
+        output_elements=layer.output_elements)
         for layer in network.layers)
     param_bytes = sum(layer.param_bytes for layer in layers)
     streamed, states = optimizer_bytes(cfg)

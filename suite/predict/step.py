@@ -381,6 +381,7 @@ class Chunk:
     checkpointed: tuple[bool, ...]  # per layer: activation checkpointing wraps it (counted over the whole network)
     tp: int = 1  # ranks that split its layers (a 3D layout's tensor parallelism: blocks, embedding, head)
     sends: tuple[bool, bool] = (True, True)  # whether its output goes to another device; its input comes from one
+    input_layer: LayerProfile | None = None  # whose output it receives (None: the network's input)
 
     @property
     def params(self) -> float:
@@ -397,7 +398,8 @@ def chunks(w: Workload) -> list[Chunk]:
     wrapped = checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing))
     device = w.layout.chunk_stage
     return [Chunk(tuple(w.layers[a:b]), inputs[a], i == 0, i == last, tuple(wrapped[a:b]), w.layout.tp,
-                  (i < last and device(i + 1) != device(i), i > 0 and device(i - 1) != device(i)))
+                  (i < last and device(i + 1) != device(i), i > 0 and device(i - 1) != device(i)),
+                  w.layers[a - 1] if a else None)
             for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
@@ -409,9 +411,8 @@ def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
     Layers split over tp ranks (blocks as megatron splits them, the embedding and head by vocabulary) compute 1/tp
     of their work and wait for their collectives."""
     output, received = chunk.sends
-    sliced = chunk.tp if getattr(w.strategy, "sequence_parallel", False) else 1
-    sizes = [n / sliced for n in ([chunk.layers[-1].output_bytes] if output else [])
-             + ([chunk.input_bytes] if received else [])]
+    boundaries = ([chunk.layers[-1]] if output else []) + ([chunk.input_layer] if received else [])
+    sizes, gathers = pipeline_sends(w, boundaries, chunk.tp)
     again = sum(layer.forward_s for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if wrapped)
     compute = (again + sum(layer.forward_s * (1 + recompute) + layer.backward_s for layer in chunk.layers)) / chunk.tp
     split = []
@@ -419,11 +420,26 @@ def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
         blocks = [wrapped for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if layer.block]
         activation = next(layer.output_bytes for layer in w.layers if layer.block)
         split = (split_block_collectives(w, len(blocks), sum(blocks), activation)
-                 + vocab_collectives(w, activation, chunk.first, chunk.last))
+                 + vocab_collectives(w, activation, chunk.first, chunk.last) + gathers)
     compute += sum(w.links.collective(*c) for c in split)
     return DeviceWork(compute, sum(w.links.send(n, chunk.tp) for n in sizes),
                       sum(sizes) + sum(sent_bytes(*c) for c in split),
                       sum(map(weight_gradient_s, chunk.layers)) / chunk.tp)
+
+
+def pipeline_sends(w: Workload, boundaries: list[LayerProfile], tp: int) -> tuple[list[float], list[tuple]]:
+    """The bytes one of a stage's tp ranks sends per micro-batch across each of its `boundaries` (the layer whose
+    output crosses it: forward its output, backward its gradient), and the collectives its ranks run on what they
+    receive, as the point's framework sends (conf/framework/, `pipeline_sends`): the output as computed, whole from
+    every tp rank (the suite's; its slice of the sequence under sequence parallelism), or Megatron-LM's 1/tp of it
+    from each, in half precision, all-gathered over the tp ranks that receive it."""
+    sends = w.cfg.framework.get("pipeline_sends") or {}
+    half = sends.get("dtype") == "half" and w.cfg.precision in HALF_PRECISIONS
+    scattered = bool(sends.get("split_over_tp")) and tp > 1
+    split = tp if scattered or getattr(w.strategy, "sequence_parallel", False) else 1
+    whole = [2 * layer.output_elements if half and layer.output_elements else layer.output_bytes
+             for layer in boundaries]
+    return [n / split for n in whole], [("all_gather", n, tp) for n in whole] if scattered else []
 
 
 def weight_gradient_s(layer: LayerProfile) -> float:

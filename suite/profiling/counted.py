@@ -77,6 +77,7 @@ class CountedLayer:
     block: bool
     core_forward: tuple[Kernel, ...] = ()  # the forward kernels its attention cores launch (GPT-2's)
     core_saved_bytes: int = 0  # what autograd keeps inside them and nowhere else, their inputs excluded
+    output_elements: int = 0
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,7 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         saved = _Saved(kernels, params)
         with (watch, fused(kernels), kernels, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)):
             y = layer.module(x_in)
-            output_bytes, x_half = kernels.nbytes(y), id(y) in kernels.half_ids
+            output_bytes, output_elements, x_half = kernels.nbytes(y), y.numel(), id(y) in kernels.half_ids
             if last:
                 y = loss_fn(y, targets)
         forward = list(kernels.kernels)
@@ -287,6 +288,6 @@ def count_network(cfg, batch: int) -> CountedNetwork:
             backward=tuple(backward), output_bytes=output_bytes, saved_bytes=saved.total,
             param_bytes=sum(map(_nbytes, own)), param_tensors=len(own), tied_bytes=sum(map(_nbytes, tied)),
             block=bool(layer.prefix) and any(True for _ in layer.module.parameters()),
-            core_forward=tuple(kernels.core_kernels), core_saved_bytes=saved.core))
+            core_forward=tuple(kernels.core_kernels), core_saved_bytes=saved.core, output_elements=output_elements))
         x = y.detach() if not last else x
     return CountedNetwork(tuple(counted), _nbytes(inputs), sum(_nbytes(b) for b in model.buffers()), largest)

@@ -171,7 +171,8 @@ def _profile_layers(layers, inputs, targets, precision, device, param_storages) 
             out.append(asdict(LayerProfile(
                 name=layer.prefix.removesuffix(".") or type(layer.module).__name__, forward_s=forward_s,
                 backward_s=backward_s, forward_flops=fwd_count.get_total_flops(),
-                backward_flops=bwd_count.get_total_flops(), output_bytes=_nbytes(y), saved_bytes=saved.total,
+                backward_flops=bwd_count.get_total_flops(), output_bytes=_nbytes(y), output_elements=y.numel(),
+                saved_bytes=saved.total,
                 param_bytes=sum(_nbytes(p) for p in params), param_tensors=len(params),
                 tied_bytes=sum(_nbytes(p) for p in tied),
                 block=bool(layer.prefix) and any(True for _ in layer.module.parameters()),

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-VERSION = 7  # of what a profile holds: a profile of another version is taken again
+VERSION = 8  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
 STEPS = 5  # timed steps at least
 WINDOW_S = 5.0  # of the whole network's timed steps, unless MAX_STEPS come first
@@ -49,6 +49,8 @@ class LayerProfile:
     core_forward_s: float = 0.0
     core_forward_flops: int = 0
     core_saved_bytes: int = 0
+    # The values of its output (a framework that sends a stage's output in another dtype sends these); 0: not counted
+    output_elements: int = 0
 
 
 @dataclass(frozen=True)

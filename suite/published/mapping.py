@@ -31,7 +31,7 @@ from suite.errors import ConfigError
 from suite.models import network_names
 from suite.models.gpt2 import GPT2_SIZES, GPT2Dims
 from suite.paths import CONF_DIR
-from suite.published.frameworks import framework_of
+from suite.published.frameworks import framework_of, frameworks
 from suite.published.records import Record
 from suite.strategies import strategy_class
 from suite.sweep import catalog
@@ -208,6 +208,14 @@ def _gpt2(record: Record, draft: _Draft) -> None:
         draft.set("network=gpt2_small", f"network.n_layer={dims.n_layer}", f"network.n_head={dims.n_head}",
                   f"network.n_embd={dims.n_embd}")
     _attention(record, draft)
+
+
+def _framework(record: Record, draft: _Draft) -> None:
+    """Priced as the record's framework runs the point, where a file of conf/framework/ describes it; else as the
+    suite's own implementation."""
+    described = frameworks().get(record.training.framework or "")
+    if described:
+        draft.set(f"framework={described.name}")
 
 
 def _attention(record: Record, draft: _Draft) -> None:
@@ -517,6 +525,7 @@ def map_record(record: Record) -> Mapped:
     for what it leaves unstated; or the reasons it is not a point. Pure: nothing composed, nothing read but the
     catalog's cluster files."""
     draft = _Draft()
+    _framework(record, draft)
     language = _network(record, draft)
     _cluster(record, draft)
     strategy = _layout(record, language, draft)

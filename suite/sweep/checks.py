@@ -166,6 +166,9 @@ def _check_device(cfg: DictConfig, runs_here: bool) -> None:
         raise ConfigError(f"precision=bf16 needs a GPU with bfloat16 (compute capability 8.0+), not {old_gpu}; "
                           "use fp16")
     _check_attention(cfg, uses_cuda)
+    if runs_here and not cfg.framework.get("runnable", False):
+        raise ConfigError(f"{cfg.framework.names[0]}'s implementation is priced, not run: a sweep runs the suite's own "
+                          "(make predict ARGS='framework=...' prices what another framework would run)")
     if cfg.cluster.scheduler != "local" or not runs_here:
         return
     if cfg.cluster.device == "cuda" and not torch.cuda.is_available():

@@ -113,7 +113,9 @@ def notes(predictions: list[Prediction], variant: str) -> list[str]:
     compute += [f"Priced from {'; '.join(counted)} (suite.predict.roofline; nothing calibrated or profiled on a "
                 "GPU)." if all(t.startswith("datasheet") for t in counted) else
                 f"Priced from {'; '.join(counted)} (suite.predict.roofline)."] if counted else []
-    return [f"Model: {variant}. {' '.join(compute)} Links: {'; '.join(priced)}." + library_note
+    implementations = sorted({p.point.cfg.framework.names[0] for p in predictions})
+    return [f"Model: {variant}, as {' and '.join(implementations)} would run each point (framework=). "
+            f"{' '.join(compute)} Links: {'; '.join(priced)}." + library_note
             + (f" Corrected by {'; '.join(corrected)}: the column fitted." if corrected else "")]
 
 
