@@ -116,7 +116,7 @@ MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb", "mem_master_mb"
 # sees the rank's process hold at the end (the allocator's cache, the CUDA context, NCCL's buffers; the GPU's used
 # memory where NVML cannot tell the process's own and the process is alone on the GPU: suite.runtime.memory).
 DEVICE_MEMORY = ("peak_cuda_allocated_mb", "peak_cuda_reserved_mb", "nvml_used_mb")
-# FLOPs and utilisation (suite.runtime.utilisation): `model_tflop_per_step` and `hardware_tflop_per_step` are the
+# FLOPs and utilisation (suite.runtime.metrics): `model_tflop_per_step` and `hardware_tflop_per_step` are the
 # TFLOP of one global step (every replica; forward and backward, without and with recomputation);
 # `achieved_tflops` is the model TFLOP/s of one device; `peak_tflops` that device's dense matmul peak for the
 # point's math dtype; `mfu` and `hfu` their ratios (model and hardware FLOPs). No peak, no `peak_tflops`, `mfu`

@@ -26,7 +26,7 @@ from suite.predict.links import calibrated_links, matmul_tflops
 from suite.predict.predictor import recorded_prediction
 from suite.profiling.cache import _cached
 from suite.profiling.profiles import DataProfile
-from suite.runtime.utilisation import Device, NoPeak, calibrated_peak
+from suite.runtime.metrics import Device, NoPeak, calibrated_peak
 from suite.strategies import missing_library
 from suite.strategies.base import Library, Strategy
 from suite.sweep.point import prediction_for

@@ -419,7 +419,7 @@ def comm_mb(point: PointDir) -> float:
 
 
 def test_comm_volume_against_parameter_bytes(store):
-    """comm_mb_per_step (suite.runtime.comm) against GPT-2's parameter bytes P, with 2 ranks: an all-reduce of
+    """comm_mb_per_step (suite.runtime.metrics) against GPT-2's parameter bytes P, with 2 ranks: an all-reduce of
     N bytes counts N, an all-gather or reduce-scatter of N bytes N/2. Reuses the runs of the tests above."""
     single, ddp = train_pair(store, WORKLOADS["gpt2"], ["strategy=ddp"], workers=2, global_batch=8)
     params = single.summary()["mem_params_mb"]  # the tied embedding and head once, as DDP's buckets hold it

@@ -9,8 +9,17 @@ from torch import nn
 
 from suite.calibration_files import record_path
 from suite.layout import Layout
-from suite.runtime.flops import StepFlops, count_step, step_flops
-from suite.runtime.utilisation import Device, NoPeak, Peak, find_peak, math_dtype, utilisation
+from suite.runtime.metrics import (
+    Device,
+    NoPeak,
+    Peak,
+    StepFlops,
+    count_step,
+    find_peak,
+    math_dtype,
+    step_flops,
+    utilisation,
+)
 from suite.strategies.gpipe import GPipe
 from suite.vocabulary import PeakSource
 from suite.worker.trainer import loss_fn

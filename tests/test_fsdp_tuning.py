@@ -18,10 +18,9 @@ from omegaconf import OmegaConf
 from conftest import run_suite
 from suite.models.gpt2 import GPT2
 from suite.records.store import Store
-from suite.runtime.comm import buffer_bytes
 from suite.runtime.dist import DistEnv
+from suite.runtime.metrics import PhaseTimer, buffer_bytes
 from suite.runtime.precision import make_precision
-from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
 from suite.strategies.fsdp import FSDP
 

@@ -9,8 +9,8 @@ from torch import nn
 
 from suite.layout import Layout
 from suite.models.gpt2 import GPT2
+from suite.runtime.metrics import PhaseTimer, synchronize
 from suite.runtime.precision import make_precision
-from suite.runtime.timing import PhaseTimer, synchronize
 from suite.strategies.base import RankContext
 from suite.strategies.gpipe import GPipe
 

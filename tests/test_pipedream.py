@@ -27,8 +27,8 @@ from suite.pipeline.partition import StageModule, cut
 from suite.pipeline.pipedream import PipeDreamStage, lag
 from suite.pipeline.topology import Topology
 from suite.point_dir import PointDir
+from suite.runtime.metrics import PhaseTimer
 from suite.runtime.precision import Precision
-from suite.runtime.timing import PhaseTimer
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
 

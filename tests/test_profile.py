@@ -12,8 +12,8 @@ from torch.profiler import ProfilerActivity, profile
 from analysis.report import write_report
 from suite.errors import ConfigError
 from suite.point_dir import PointDir
+from suite.runtime.metrics import PhaseTimer
 from suite.runtime.profile import StepTrace
-from suite.runtime.timing import PhaseTimer
 from suite.runtime.trace_breakdown import (
     breakdown,
     clip,

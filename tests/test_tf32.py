@@ -4,6 +4,7 @@ operator, whose use makes the legacy flags (`allow_tf32`, `get_float32_matmul_pr
 import pytest
 import torch
 
+from suite.runtime.metrics import math_dtype
 from suite.runtime.torch_api import (
     CONV_FP32_PRECISION,
     MATMUL_FP32_PRECISION,
@@ -11,7 +12,6 @@ from suite.runtime.torch_api import (
     matmul_tf32,
     matmuls_in_tf32,
 )
-from suite.runtime.utilisation import math_dtype
 
 GPU = torch.device("cuda", 0)
 new_api = pytest.mark.skipif(not (MATMUL_FP32_PRECISION and CONV_FP32_PRECISION),

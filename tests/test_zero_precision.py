@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from suite.runtime.dist import DistEnv
+from suite.runtime.metrics import PhaseTimer
 from suite.runtime.precision import make_precision
-from suite.runtime.timing import PhaseTimer
 from suite.strategies.base import RankContext
 from suite.strategies.zero import Zero
 

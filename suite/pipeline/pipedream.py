@@ -36,8 +36,8 @@ from torch.func import functional_call
 from suite.layout import Layout
 from suite.pipeline import p2p
 from suite.pipeline.topology import Topology
+from suite.runtime.metrics import PhaseTimer
 from suite.runtime.precision import Precision
-from suite.runtime.timing import PhaseTimer
 
 
 @dataclass

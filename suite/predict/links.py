@@ -15,7 +15,7 @@ and reduce-scatter (p-1)/p, broadcast 1.
 Where a GPU cluster has no record, NCCL's own cost model prices its catalog fabric (suite.predict.fabric); where
 a CPU cluster has none, its `hardware` latency and bandwidth give an alpha-beta model.
 
-Message sizes are the whole buffer, as `suite.runtime.comm` counts them: an all-gather's output, a
+Message sizes are the whole buffer, as `suite.runtime.metrics` counts them: an all-gather's output, a
 reduce-scatter's input.
 """
 
@@ -47,7 +47,7 @@ def bus_factor(kind: str, ranks: int) -> float:
 
 
 def sent_bytes(kind: str, nbytes: float, ranks: int) -> float:
-    """Bytes one rank sends in a collective of an `nbytes` buffer among `ranks` (suite.runtime.comm's count)."""
+    """Bytes one rank sends in a collective of an `nbytes` buffer among `ranks` (suite.runtime.metrics's count)."""
     return bus_factor(kind, ranks) * nbytes if ranks > 1 else 0.0
 
 

@@ -25,9 +25,9 @@ from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.profiling.cores import CoreWatch
 from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, WINDOW_S, LayerProfile
+from suite.runtime.metrics import synchronize
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import make_precision
-from suite.runtime.timing import synchronize
 from suite.runtime.torch_api import set_math
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn

@@ -5,7 +5,7 @@
   `<scope>_<collective>_{time_s,algbw_gbs,busbw_gbs}` and `<scope>_p2p_{time_s,bandwidth_gbs}` with step = message
   size in bytes, `<scope>_p2p_latency_s`, `<scope>_p2p_bandwidth_gbs_max`; the record below as an artifact.
 - results/calibration/<cluster>.yaml, the latest calibration of the cluster, for MFU's peak
-  (suite.runtime.utilisation), the performance model, and `make calibrate APPLY=1` (which copies its
+  (suite.runtime.metrics), the performance model, and `make calibrate APPLY=1` (which copies its
   bandwidths and latencies into conf/cluster/<cluster>.yaml): `provenance` (date, hosts, git sha, torch,
   backend, device, ranks, MLflow run), `matmul` (n, threads on CPU, TFLOP/s per math dtype), `collectives`
   (per scope and collective, per size: bytes, time_s, algbw_gbs, busbw_gbs) and `p2p` (per scope: the two ranks,

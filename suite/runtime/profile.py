@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from suite.runtime.timing import PhaseTimer, synchronize
+from suite.runtime.metrics import PhaseTimer, synchronize
 
 # Collection is toggled off for every kind of activity: torch warns when CPU is toggled without both GPU kinds.
 ALL_ACTIVITIES = (ProfilerActivity.CPU, ProfilerActivity.CUDA, ProfilerActivity.XPU)

@@ -25,9 +25,9 @@ from torch import nn
 from suite.layout import Layout
 from suite.runtime.dist import DistEnv
 from suite.runtime.memory import local_tensor, tensor_mb
+from suite.runtime.metrics import PhaseTimer
 from suite.runtime.optim import optimizer_implementation
 from suite.runtime.precision import Precision
-from suite.runtime.timing import PhaseTimer
 from suite.runtime.torch_api import is_dtensor
 from suite.vocabulary import Family, GradCompression, OptimizerName, PrecisionName
 
@@ -43,7 +43,7 @@ class Supports:
     activation_checkpointing: bool = True  # applied to the plain model before `setup`
     grad_accum: bool = False  # trains `grad_accum` micro-batches per step (DataParallel's step), synced as it says
     grad_compressions: tuple[str, ...] = (GradCompression.none,)
-    # True where all its communication goes through torch.distributed process groups, so that suite.runtime.comm's
+    # True where all its communication goes through torch.distributed process groups, so that suite.runtime.metrics's
     # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
     counts_communication: bool = False
 

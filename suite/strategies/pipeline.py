@@ -28,8 +28,8 @@ from suite.pipeline.partition import StageModule, check_balance, cut, stage_size
 from suite.pipeline.topology import Topology
 from suite.placement import will_use_cuda
 from suite.runtime.memory import local_tensor
+from suite.runtime.metrics import PhaseTimer
 from suite.runtime.optim import build_optimizer
-from suite.runtime.timing import PhaseTimer
 from suite.runtime.torch_api import is_dtensor
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
 from suite.strategies.megatron import param_groups, split_stage, whole_logits

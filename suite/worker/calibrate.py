@@ -27,10 +27,9 @@ import torch
 import torch.distributed as dist
 
 from suite.placement import node_threads
-from suite.runtime.comm import SHARE_SENT
 from suite.runtime.dist import DistEnv
 from suite.runtime.manifest import rank_info
-from suite.runtime.timing import synchronize
+from suite.runtime.metrics import SHARE_SENT, synchronize
 from suite.runtime.torch_api import matmuls_in_tf32
 from suite.vocabulary import Collective, MathDtype
 
@@ -58,7 +57,7 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
 def bus_bandwidth(op: Collective, algbw: float, ranks: int) -> float:
     """nccl-tests' bus bandwidth (doc/PERFORMANCE.md): the algorithm bandwidth times the share of the buffer
     each rank sends with a ring, 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for
-    broadcast (suite.runtime.comm counts communication with the same factors); comparable with a link's peak."""
+    broadcast (suite.runtime.metrics counts communication with the same factors); comparable with a link's peak."""
     return algbw * SHARE_SENT[HOOK_OPS[op]](ranks, False)
 
 
@@ -164,7 +163,7 @@ class Calibration:
     def matmuls(self) -> dict:
         """Rank 0's device, every math dtype (the other ranks wait). On CPU the device is the node: rank 0 runs
         with the threads of all its ranks (at most the node's cores), as a point's ranks on a node share its cores (see
-        suite.runtime.utilisation)."""
+        suite.runtime.metrics)."""
         s = self.settings
         n = s.matmul_n or (8192 if self.env.device.type == "cuda" else 2048)
         cpu = self.env.device.type == "cpu"

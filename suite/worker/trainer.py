@@ -30,19 +30,27 @@ from suite.models import build_model
 from suite.placement import node_threads
 from suite.point_dir import PointDir, error_line
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing
-from suite.runtime.comm import CommVolume
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
-from suite.runtime.flops import StepFlops, step_flops
 from suite.runtime.manifest import rank_info
 from suite.runtime.memory import largest_over_ranks, peak_memory, reset_peak
+from suite.runtime.metrics import (
+    PHASES,
+    CommVolume,
+    Device,
+    PhaseTimer,
+    StepFlops,
+    find_peak,
+    math_dtype,
+    step_flops,
+    synchronize,
+    utilisation,
+)
 from suite.runtime.precision import make_precision
 from suite.runtime.profile import StepTrace
 from suite.runtime.settings import process_settings
-from suite.runtime.timing import PHASES, PhaseTimer, synchronize
 from suite.runtime.torch_api import set_math
 from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
-from suite.runtime.utilisation import Device, find_peak, math_dtype, utilisation
 from suite.strategies.base import RankContext, Strategy
 from suite.vocabulary import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN
 
@@ -243,7 +251,7 @@ class Trainer:
         return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
 
     def count_flops(self) -> StepFlops | str:
-        """FLOPs of one replica's step, counted on the meta device (suite.runtime.flops); else why not."""
+        """FLOPs of one replica's step, counted on the meta device (suite.runtime.metrics); else why not."""
         try:
             flops = step_flops(self.cfg.network, self.cfg.dataset, self.data.train[0], self.layout.mini_batch,
                                self.cfg.activation_checkpointing,
@@ -282,7 +290,7 @@ class Trainer:
         return self._summary(epochs, to_target)
 
     def _comm_metrics(self) -> dict[str, float]:
-        """MiB sent in collectives per timed step, by the rank that sends the most (see suite.runtime.comm)."""
+        """MiB sent in collectives per timed step, by the rank that sends the most (see suite.runtime.metrics)."""
         if not self.comm.counts:
             return {}
         (mb,) = self._max([self.comm.sent_bytes / 2**20 / max(self.timer.steps, 1)])
@@ -304,7 +312,7 @@ class Trainer:
         return {"fp16_skipped_steps": skipped}
 
     def _utilisation(self, seconds: float, steps: int) -> dict[str, Any]:
-        """MFU and HFU of `steps` global steps in `seconds` (rank 0; see suite.runtime.utilisation)."""
+        """MFU and HFU of `steps` global steps in `seconds` (rank 0; see suite.runtime.metrics)."""
         if isinstance(self.flops, str):
             return {"run_tags": {"suite.mfu_missing": self.flops}}
         device = self.env.device

@@ -27,8 +27,8 @@ from suite.data import build_datasets
 from suite.models import build_model
 from suite.point_dir import PointDir
 from suite.runtime.dist import init_distributed, shutdown
+from suite.runtime.metrics import synchronize
 from suite.runtime.rendezvous import discover
-from suite.runtime.timing import synchronize
 from suite.strategies import build_strategy
 from suite.sweep.plan import plan
 from suite.worker.trainer import Trainer
