@@ -80,8 +80,8 @@ def composition_error_line(error: BaseException) -> str:
     if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
         group, _, name = error.missing_cfg_file.rpartition("/")
         group = group.replace("/", ".")
-        return (f"{group}={name}: no such {group}; {did_you_mean(name, error.options)}"
-                f"({group}: {', '.join(error.options)})")
+        options = [option for option in error.options if not option.endswith("_schema")]  # the suite's dataclasses
+        return (f"{group}={name}: no such {group}; {did_you_mean(name, options)}({group}: {', '.join(options)})")
     unknown = _cause(error, (ConfigAttributeError, ConfigKeyError))
     if unknown is not None and unknown.full_key and unknown.parent_node is not None:
         parent, _, key = unknown.full_key.rpartition(".")

@@ -18,6 +18,11 @@ MALFORMED = {
     "misspelt knob": (["strategy=gpipe", "strategy.micro_batche=4"],
                       "strategy.micro_batche=4: strategy has no key micro_batche; did you mean micro_batches?"),
     "misspelt cluster": (["cluster=lasen"], "cluster=lasen: no such cluster; did you mean lassen?"),
+    # the choices listed are networks, not the schema Hydra stores beside them (network_schema)
+    "unknown network": (["network=gpt2_xl"], "network=gpt2_xl: no such network; did you mean gpt2_small? (network: "
+                        "gpt2_medium, gpt2_mini, gpt2_mini_wide, gpt2_nano, gpt2_small, gpt2_tiny, mobilenet_v2, "
+                        "resnet152"),
+    "a framework's implementation run": (["framework=megatron_lm"], "Megatron-LM's implementation is priced, not run"),
     "single on two workers": (["strategy=single", "workers=2"], "strategy single runs one process"),
     "transformer on images": (["network=gpt2_tiny"], "gpt2"),
     "unknown precision": (["precision=fp8"], "precision=fp8"),
