@@ -393,6 +393,18 @@ def test_megatron_lm_sends_a_stages_output_in_half_precision_scattered_over_its_
     assert predict(point(*common, "framework=megatron_lm")).step.sent < predict(point(*common)).step.sent
 
 
+@pytest.mark.parametrize(("precision", "share"), [("fp16", 0.5), ("bf16", 1.0)])
+def test_megatron_lm_all_reduces_fp16_gradients_in_fp16_and_bf16_ones_in_fp32(results, precision, share):
+    """Replicas of a tensor-parallel group (and data-parallel ranks) all-reduce gradients: the suite's fp32 ones
+    under autocast; Megatron-LM's in params_dtype under --fp16 (no --fp32-allreduce), in fp32 under --bf16."""
+    common = ("workers=4", "strategy=megatron", "strategy.tp=2", f"precision={precision}", "optimizer.name=adam")
+    suite, megatron = (predict(point(*common, f"framework={name}")) for name in ("suite", "megatron_lm"))
+    reduced = suite.step.sent - megatron.step.sent  # the gradients' all-reduce among the 2 replicas: half its bytes
+    held = sum(layer.param_bytes / (2 if layer.block or suite.point.strategy.vocab_parallel else 1)
+               for layer in workload(suite.point)[0].layers)
+    assert reduced == pytest.approx((1 - share) * held)  # a 2-rank all-reduce sends its buffer's bytes once
+
+
 def test_a_sweep_runs_only_the_suites_own_implementation():
     with pytest.raises(ConfigError, match="^Megatron-LM's implementation is priced, not run: a sweep runs the suite's"):
         point("workers=2", "strategy=megatron", "framework=megatron_lm", runs_here=True)

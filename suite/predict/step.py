@@ -81,7 +81,7 @@ def data_parallel(w: Workload, variant: str) -> StepTime:
     layers, dp, micro = w.layers, w.layout.dp, w.layout.micro_batches
     interval = checkpoint_interval(w.cfg.activation_checkpointing)
     fwd, bwd = forward_s(layers), backward_s(layers) + recompute_s(layers, interval)
-    grads = w.profile.param_bytes * (0.5 if w.cfg.grad_compression.name in ("fp16", "bf16") else 1.0)
+    grads = w.profile.param_bytes * reduced_gradient_share(w)
     comm = sent = 0.0
     sync = w.strategy.gradient_sync(dp)
     if dp > 1:
@@ -95,6 +95,15 @@ def data_parallel(w: Workload, variant: str) -> StepTime:
         comm = _overlapped_all_reduce(w, bwd, grads / max(w.profile.param_bytes, 1)) + micro * _buffer_broadcast(w)
     return StepTime(compute=micro * (fwd + bwd), comm=comm, optimizer=w.profile.optimizer_s, data=w.data_s,
                     sent=sent)
+
+
+def reduced_gradient_share(w: Workload) -> float:
+    """The share of the fp32 gradients' bytes a data-parallel all-reduce sends: half where they are compressed to 16
+    bits (`grad_compression`) or where the point's framework reduces them in its half-precision parameters' dtype
+    (conf/framework/, `gradient_reduction`: Megatron-LM under --fp16), else all of them (the suite's fp32 gradients
+    under autocast)."""
+    halves = w.cfg.framework.get("gradient_reduction", {}).get("half_in", [])
+    return 0.5 if w.cfg.grad_compression.name in ("fp16", "bf16") or w.cfg.precision in halves else 1.0
 
 
 def _grads_in_backward_order(w: Workload, ways: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
@@ -318,14 +327,16 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     if vocab:
         collectives += vocab_collectives(w, activation, embedding=True, head=True)
     held = sum(layer.param_bytes / n for layer, n in zip(layers, ways))
+    share = reduced_gradient_share(w)
     comm = sum(w.links.collective(*c) for c in collectives)
-    sent = sum(sent_bytes(*c) for c in collectives) + sent_bytes("all_reduce", held, dp)  # bucketed or not
+    sent = sum(sent_bytes(*c) for c in collectives) + sent_bytes("all_reduce", held * share, dp)  # bucketed or not
     cap = w.strategy.gradient_sync(dp).bucket_bytes
     if cap and dp > 1:
         sizes, ready = _grads_in_backward_order(w, ways)
-        comm += _exposed_reduction(w, "all_reduce", dp, *_filled_buckets(sizes, ready, cap), bwd, stride=tp)
+        reduced = [n * share for n in sizes]
+        comm += _exposed_reduction(w, "all_reduce", dp, *_filled_buckets(reduced, ready, cap), bwd, stride=tp)
     else:
-        comm += w.links.collective("all_reduce", held, dp, tp)
+        comm += w.links.collective("all_reduce", held * share, dp, tp)
     optimizer = w.profile.optimizer_s * held / max(w.profile.param_bytes, 1)
     return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
 
@@ -478,8 +489,9 @@ def _stage_sync(w: Workload, device: Device, tied_ranks: int, stage: int = 0) ->
     layout = w.layout
     # ranks between two replicas of a stage (consecutive where stages are replicated unlike); of a stage
     replica, tp = 1 if layout.stage_replicas else layout.pp * layout.tp, layout.tp
-    collectives = [("all_reduce", device.params, layout.stage_width(stage), replica),
-                   ("all_reduce", tied, tied_ranks, max(w.layout.pp - 1, 1) * tp)]
+    share = reduced_gradient_share(w)
+    collectives = [("all_reduce", device.params * share, layout.stage_width(stage), replica),
+                   ("all_reduce", tied * share, tied_ranks, max(w.layout.pp - 1, 1) * tp)]
     return (sum(w.links.collective(*c) for c in collectives),
             sum(sent_bytes(kind, n, ranks) for kind, n, ranks, _ in collectives))
 
