@@ -33,8 +33,9 @@ from suite.launch_timing import mark
 
 MESSAGE_BYTES = 1 << 20  # a request carries a rank's whole environment
 # What every rank imports before it trains, besides the strategy modules (all imported too).
-PRELOAD = ("torch", "torch.distributed", "torchvision", "omegaconf", "suite.worker.rank", "suite.worker.trainer",
-           "suite.runtime.dist", "suite.runtime.manifest", "suite.strategies", "suite.worker.calibrate")
+PRELOAD = ("torch", "torch.distributed", "torch.utils.flop_counter", "torchvision", "omegaconf", "suite.worker.rank",
+           "suite.worker.trainer", "suite.runtime.dist", "suite.runtime.manifest", "suite.strategies",
+           "suite.worker.calibrate")
 
 
 class ForkServer:

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.distributed.distributed_c10d import _world
-from torch.utils.flop_counter import FlopCounterMode
 
 from suite.calibration_files import DamagedRecord, load_record, reading, record_path
 from suite.models import build_model
@@ -192,6 +191,8 @@ class StepFlops:
 def count_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[int, int]:
     """FLOPs of the forward pass and of forward and backward together, of one step of `model` on this batch."""
+    from torch.utils.flop_counter import FlopCounterMode  # here: it imports triton (0.4 s), which the driver needs not
+
     with FlopCounterMode(display=False, custom_mapping=FORMULAS) as counter:
         loss = loss_fn(model(inputs), targets)
         forward = counter.get_total_flops()
