@@ -41,17 +41,21 @@ class NetworkConfig:
     conf/network/<name>.yaml selects. The rest is filled in as the point composes (suite.models.resolve_network):
     the architecture, GPT-2's dimensions not overridden, and the name it is recorded by, that of what is built."""
 
-    family: str = MISSING  # gpt2 | resnet | vgg | mobilenet
-    size: str | None = MISSING  # gpt2: nano, tiny, mini, mini_wide, small, medium; resnet: 18, 50, 152; vgg: 11, 16;
-    # mobilenet: v2. After composition: the size of what is built, null for a GPT-2 of dimensions no size has.
+    family: str = MISSING  # gpt2 | llama3 | resnet | vgg | mobilenet
+    size: str | None = MISSING  # gpt2: nano, tiny, mini, mini_wide, small, medium; llama3: nano, tiny, 8b, 70b, 405b;
+    # resnet: 18, 50, 152; vgg: 11, 16; mobilenet: v2. After composition: the size of what is built, null for a
+    # decoder of dimensions no size has.
     name: str | None = None  # set from what is built: gpt2_tiny, resnet18, or gpt2_L4_H4_E96 (not a size)
-    arch: str | None = None  # set from family and size: gpt2 | resnet18 | resnet50 | resnet152 | vgg11 | vgg16 | ...
+    arch: str | None = None  # set from family and size: gpt2 | llama3 | resnet18 | resnet50 | vgg11 | vgg16 | ...
     width: float = 1.0  # channel multiplier (vgg, mobilenet_v2) for small test variants
     dropout: float = 0.0
-    n_layer: int | None = None  # gpt2; null = the size's (0 for the other families)
-    n_head: int | None = None  # gpt2
-    n_embd: int | None = None  # gpt2
-    attention: AttentionKernel = AttentionKernel.auto  # gpt2: the kernel of its scaled_dot_product_attention
+    n_layer: int | None = None  # gpt2, llama3; null = the size's (0 for the other families)
+    n_head: int | None = None  # gpt2, llama3
+    n_embd: int | None = None  # gpt2, llama3
+    n_kv_head: int | None = None  # llama3: key-value heads, each shared by n_head / n_kv_head query heads
+    ffn_dim_multiplier: float | None = None  # llama3: its feed-forward width is 2/3 x 4 x n_embd times this,
+    multiple_of: int | None = None  # llama3: rounded up to a multiple of this
+    attention: AttentionKernel = AttentionKernel.auto  # gpt2, llama3: the kernel of scaled_dot_product_attention
 
 
 @dataclass

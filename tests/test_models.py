@@ -14,11 +14,11 @@ from torchvision.models import VGG
 from suite.config import DatasetConfig, NetworkConfig
 from suite.data import build_datasets
 from suite.errors import ConfigError
-from suite.models import ARCHS, FAMILIES, build_model, check_network, network_names, resolve_network, size_name
+from suite.models import ARCHS, DECODERS, FAMILIES, build_model, check_network, network_names, resolve_network, size_name
 from suite.models.gpt2 import GPT2_SIZES
 from suite.paths import CONF_DIR
 
-CNNS = [arch for arch in ARCHS if arch != "gpt2"]
+CNNS = [arch for arch in ARCHS if arch not in DECODERS]
 SMALL_TOKENS = {"vocab_size": 97, "seq_len": 16}
 
 
@@ -244,7 +244,7 @@ def test_the_shipped_gpt2_configs_pass_the_check_on_token_data(network):
 
 
 @pytest.mark.parametrize("network, overrides, dataset, message", [
-    ("resnet18", {"family": "alexnet"}, "cifar10", "network.family=alexnet is not one of gpt2, resnet, vgg, mobilenet"),
+    ("resnet18", {"family": "alexnet"}, "cifar10", "network.family=alexnet is not one of gpt2, llama3, resnet, vgg, mobilenet"),
     ("resnet18", {"size": "34"}, "cifar10", "network.size=34 is not a size of resnet: one of 18, 50, 152"),
     ("gpt2_tiny", {"size": "huge"}, "tokens", "network.size=huge is not a size of gpt2: one of nano, tiny, mini, "
                                               "mini_wide, small, medium"),
@@ -260,8 +260,8 @@ def test_the_shipped_gpt2_configs_pass_the_check_on_token_data(network):
     ("vgg11", {"dropout": 1.0}, "imagenet", "network.dropout=1.0 must be in [0, 1)"),
     ("gpt2_tiny", {"dropout": -0.1}, "tokens", "network.dropout=-0.1 must be in [0, 1)"),
     ("gpt2_tiny", {"n_embd": 65}, "tokens", "n_embd=65 is not divisible by n_head=2"),
-    ("gpt2_tiny", {"n_layer": 0}, "tokens", "n_layer, n_head and n_embd must be positive"),
-    ("gpt2_tiny", {"n_head": -2}, "tokens", "n_layer, n_head and n_embd must be positive"),
+    ("gpt2_tiny", {"n_layer": 0}, "tokens", "n_layer, n_head, n_embd must be positive"),
+    ("gpt2_tiny", {"n_head": -2}, "tokens", "n_layer, n_head, n_embd must be positive"),
 ])
 def test_check_network_rejects_bad_configs_in_one_line(network, overrides, dataset, message):
     with pytest.raises(ConfigError) as error:
@@ -359,5 +359,6 @@ def test_two_different_networks_never_share_a_recorded_name():
 
 def test_each_family_names_its_sizes():
     assert {family: list(f.sizes) for family, f in FAMILIES.items()} == {
-        "gpt2": ["nano", "tiny", "mini", "mini_wide", "small", "medium"], "resnet": ["18", "50", "152"],
+        "gpt2": ["nano", "tiny", "mini", "mini_wide", "small", "medium"],
+        "llama3": ["nano", "tiny", "8b", "70b", "405b"], "resnet": ["18", "50", "152"],
         "vgg": ["11", "16"], "mobilenet": ["v2"]}

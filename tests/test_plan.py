@@ -20,8 +20,8 @@ MALFORMED = {
     "misspelt cluster": (["cluster=lasen"], "cluster=lasen: no such cluster; did you mean lassen?"),
     # the choices listed are networks, not the schema Hydra stores beside them (network_schema)
     "unknown network": (["network=gpt2_xl"], "network=gpt2_xl: no such network; did you mean gpt2_small? (network: "
-                        "gpt2_medium, gpt2_mini, gpt2_mini_wide, gpt2_nano, gpt2_small, gpt2_tiny, mobilenet_v2, "
-                        "resnet152"),
+                        "gpt2_medium, gpt2_mini, gpt2_mini_wide, gpt2_nano, gpt2_small, gpt2_tiny, llama3_405b, "
+                        "llama3_70b, llama3_8b, llama3_nano, llama3_tiny, mobilenet_v2, resnet152"),
     "a framework's implementation run": (["framework=megatron_lm"], "Megatron-LM's implementation is priced, not run"),
     "single on two workers": (["strategy=single", "workers=2"], "strategy single runs one process"),
     "transformer on images": (["network=gpt2_tiny"], "gpt2"),
@@ -78,7 +78,7 @@ MALFORMED = {
                            "grad_compression.rank must be positive"),
     "bad checkpointing interval": (["activation_checkpointing=0"], "activation_checkpointing=0 is not none, every"),
     "selective recomputation of a CNN": (["activation_checkpointing=selective"],
-                                         "activation_checkpointing=selective recomputes GPT-2's attention cores; "
+                                         "activation_checkpointing=selective recomputes a decoder's attention cores; "
                                          "network resnet18 has none"),
     "selective recomputation under torchgpipe": (["dataset=tokens", "network=gpt2_tiny", "strategy=gpipe", "workers=2",
                                                   "activation_checkpointing=selective"],
@@ -89,7 +89,7 @@ MALFORMED = {
                                    "fsdp, single, zero accumulate)"),
     "accumulation in a pipeline": (["strategy=1f1b", "workers=2", "grad_accum=2"],
                                    "a pipeline's micro-batches are its accumulation (strategy.micro_batches)"),
-    "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits GPT-2's attention"),
+    "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits a decoder's attention"),
     "sequence parallel not dividing the sequence": (["dataset=tokens", "dataset.seq_len=33", "network=gpt2_tiny",
                                                      "strategy=megatron", "workers=2",
                                                      "strategy.sequence_parallel=true"],
@@ -115,7 +115,7 @@ MALFORMED = {
                                   "strategy.pp=2", "strategy.tp=4"],
                                  "strategy 1f1b: tp=4 does not divide n_head=2 of gpt2_tiny"),
     "3D tp of a CNN": (["strategy=gpipe_dist", "workers=4", "strategy.pp=2", "strategy.tp=2"],
-                       "strategy gpipe_dist: tp=2 splits GPT-2's attention and MLP"),
+                       "strategy gpipe_dist: tp=2 splits a decoder's attention and MLP"),
     "3D tp in one stage": (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=2", "strategy.pp=1",
                             "strategy.tp=2"], "tp=2 in one stage is tensor parallelism alone: use strategy=megatron"),
     "a V schedule without two chunks a rank": (["dataset=tokens", "network=gpt2_tiny", "strategy=1f1b", "workers=2",
@@ -139,7 +139,7 @@ MALFORMED = {
     "unknown attention kernel": (["dataset=tokens", "network=gpt2_tiny", "network.attention=sdpa"],
                                  "network.attention"),
     "unknown network family": (["network.family=alexnet"],
-                               "network.family=alexnet is not one of gpt2, resnet, vgg, mobilenet"),
+                               "network.family=alexnet is not one of gpt2, llama3, resnet, vgg, mobilenet"),
     "unknown network size": (["network=resnet18", "network.size=34"],
                              "network.size=34 is not a size of resnet: one of 18, 50, 152"),
     "network size of the wrong type": (["dataset=tokens", "network=gpt2_tiny", "network.size=[1,2]"],

@@ -1,7 +1,7 @@
 """Every network of the studies as an ordered list of layers, the unit a pipeline cuts between.
 
 A ResNet or MobileNetV2 block is one layer, a VGG convolution, activation or pool is one layer,
-GPT-2 is [embedding, block, ..., block, head]. Running the layers one after the other computes
+GPT-2 and Llama 3 are [embedding, block, ..., block, head]. Running the layers one after the other computes
 exactly what the network's own `forward` does. Each layer keeps the parameter names it has in the
 whole network (`prefix` + its own name), so a pipeline stage can report its weights under the names
 of the single-process model.
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from suite.models.gpt2 import GPT2
+from suite.models.llama import Llama
 from suite.models.vision import CompactVGG
 from suite.runtime.torch_api import is_dtensor
 
@@ -87,6 +88,9 @@ def flatten_layers(model: nn.Module) -> list[Layer]:
 
     if isinstance(model, GPT2):
         return [Layer("", GPT2Embedding(model)), *_numbered("blocks.", model.blocks), Layer("", GPT2Head(model))]
+    if isinstance(model, Llama):
+        return [Layer("", Stem(tok_emb=model.tok_emb)), *_numbered("blocks.", model.blocks),
+                Layer("", Stem(ln_f=model.ln_f, head=model.head))]
     if isinstance(model, ResNet):
         blocks = [layer for name in ("layer1", "layer2", "layer3", "layer4")
                   for layer in _numbered(f"{name}.", getattr(model, name))]
@@ -105,7 +109,7 @@ def flatten_layers(model: nn.Module) -> list[Layer]:
 
 
 def block_layers(model: nn.Module) -> list[Layer]:
-    """The layers that are the network's own submodules and hold parameters (a GPT-2 block, a ResNet block,
+    """The layers that are the network's own submodules and hold parameters (a decoder block, a ResNet block,
     a VGG convolution; not the wrappers that `flatten_layers` builds around a network's ends)."""
     return [layer for layer in flatten_layers(model) if layer.prefix and any(True for _ in layer.module.parameters())]
 

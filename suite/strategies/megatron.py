@@ -1,8 +1,10 @@
-"""Megatron-LM's tensor (intra-layer) parallelism for GPT-2, with torch.distributed.tensor.parallel.
+"""Megatron-LM's tensor (intra-layer) parallelism for the decoders (GPT-2, Llama 3), with
+torch.distributed.tensor.parallel.
 
 `tp` consecutive ranks split every block: attention qkv and the MLP up-projection by columns, the attention
 output and MLP down-projection by rows, so each block does one all-reduce in forward and one in backward per
-sub-layer. With `vocab_parallel` (the default, as Megatron-LM's GPT) the token embedding and the LM head tied to it
+sub-layer. A rank holds whole heads (under grouped-query attention, whole key-value groups: a group's query heads
+with the key and value heads they share) and whole units of the MLP. With `vocab_parallel` (the default, as Megatron-LM's GPT) the token embedding and the LM head tied to it
 are split by vocabulary rows too, unevenly where tp does not divide the vocabulary (GPT-2's 50257): the logits stay
 split by vocabulary and the cross-entropy is computed on the split logits (torch's `loss_parallel`, Megatron-LM's
 vocab-parallel cross-entropy), which communicates b x s values instead of gathering the b x s x v logits (only
@@ -29,6 +31,7 @@ from torch import nn
 
 from suite.errors import ConfigError
 from suite.layout import Layout, divisors
+from suite.models import DECODERS, llama_dims
 from suite.runtime.dist import all_reduce_flat, broadcast_batch
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
@@ -45,8 +48,8 @@ if TYPE_CHECKING:
 
 
 def block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """How one GPT-2 block is split. Under sequence parallelism the block's input and output are this
-    rank's slice of the sequence: the LayerNorms run on it, the attention and MLP inputs are gathered
+    """How one decoder block is split. Under sequence parallelism the block's input and output are this
+    rank's slice of the sequence: the norms run on it, the attention and MLP inputs are gathered
     whole, and their row-parallel outputs are reduce-scattered back into slices."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
@@ -83,7 +86,7 @@ def ends_plan(vocab_parallel: bool, sequence_parallel: bool) -> dict[str, Parall
 
 
 def split_blocks(blocks, mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Split each GPT-2 block of `blocks` over the tensor-parallel `mesh` (`block_plan`)."""
+    """Split each decoder block of `blocks` over the tensor-parallel `mesh` (`block_plan`)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     for block in blocks:  # inside a checkpoint wrapper, the block it wraps: the plan names its submodules
@@ -91,10 +94,10 @@ def split_blocks(blocks, mesh: DeviceMesh, sequence_parallel: bool) -> None:
 
 
 def is_block(module: nn.Module) -> bool:
-    """A GPT-2 block, bare or in activation checkpointing's wrapper."""
-    from suite.models.gpt2 import Block
+    """A decoder block, bare or in activation checkpointing's wrapper."""
+    from suite.models import gpt2, llama
 
-    return isinstance(getattr(module, "_checkpoint_wrapped_module", module), Block)
+    return isinstance(getattr(module, "_checkpoint_wrapped_module", module), (gpt2.Block, llama.Block))
 
 
 def split_stage(layers: list[nn.Module], mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -133,16 +136,23 @@ def whole_logits(logits: torch.Tensor, group, tp: int) -> torch.Tensor:
 
 
 def check_tensor_split(strategy: str, cfg, tp: int, ranks: int, sequence_parallel: bool = False) -> None:
-    """Before launch: `tp` ranks can split the point's network (GPT-2's attention heads), and `ranks` (the workers,
-    or a pipeline's ranks) into groups of `tp`; under `sequence_parallel`, its sequence too."""
+    """Before launch: `tp` ranks can split the point's network (a decoder's attention heads, Llama's key-value heads
+    and feed-forward units), and `ranks` (the workers, or a pipeline's ranks) into groups of `tp`; under
+    `sequence_parallel`, its sequence too."""
     net = cfg.network
     if tp < 1 or ranks % tp:
         raise ConfigError(f"strategy {strategy}: tp={tp} does not divide {ranks} workers")
-    if tp > 1 and net.arch != "gpt2":
-        raise ConfigError(f"strategy {strategy}: tp={tp} splits GPT-2's attention and MLP; network {net.name} "
+    if tp > 1 and net.arch not in DECODERS:
+        raise ConfigError(f"strategy {strategy}: tp={tp} splits a decoder's attention and MLP; network {net.name} "
                           f"({net.arch}) has no such layers")
-    if net.arch == "gpt2" and net.n_head % tp:
+    if net.arch in DECODERS and net.n_head % tp:
         raise ConfigError(f"strategy {strategy}: tp={tp} does not divide n_head={net.n_head} of {net.name}")
+    if net.arch == "llama3" and net.n_kv_head % tp:
+        raise ConfigError(f"strategy {strategy}: tp={tp} does not divide n_kv_head={net.n_kv_head} of {net.name} "
+                          "(a rank holds whole key-value groups)")
+    if net.arch == "llama3" and (hidden := llama_dims(net).ffn_hidden) % tp:
+        raise ConfigError(f"strategy {strategy}: tp={tp} does not divide the feed-forward width {hidden} of "
+                          f"{net.name}")
     if sequence_parallel and tp == 1:
         raise ConfigError(f"strategy {strategy}: sequence_parallel splits the sequence over tensor-parallel ranks; "
                           "set strategy.tp > 1")
@@ -154,9 +164,10 @@ def check_tensor_split(strategy: str, cfg, tp: int, ranks: int, sequence_paralle
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, vocab_parallel: bool, sequence_parallel: bool) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
+    tied = model.head.weight is model.tok_emb.weight  # GPT-2's; Llama's head is its own
     split_blocks(model.blocks, mesh, sequence_parallel)
     parallelize_module(model, mesh, ends_plan(vocab_parallel, sequence_parallel))
-    if vocab_parallel:  # splitting gave the head its own Parameter around the embedding's shard: tie them again
+    if vocab_parallel and tied:  # splitting gave the head its own Parameter around the embedding's shard: tie again
         model.head.weight = model.tok_emb.weight
 
 
@@ -315,8 +326,8 @@ class Megatron(Strategy):
         return [[f"strategy.tp={tp}"] for tp in divisors(workers)]
 
     def check(self, cfg) -> None:
-        if cfg.network.arch != "gpt2":
-            raise ConfigError(f"strategy megatron splits GPT-2's attention and MLP; network {cfg.network.name} "
+        if cfg.network.arch not in DECODERS:
+            raise ConfigError(f"strategy megatron splits a decoder's attention and MLP; network {cfg.network.name} "
                               f"({cfg.network.arch}) has no such layers")
         check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)
         if self.bucket_size is not None and self.bucket_size < 1:

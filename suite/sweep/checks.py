@@ -15,7 +15,7 @@ from suite.config import OptimizerConfig
 from suite.data import check_dataset, train_samples
 from suite.errors import BadValue, ConfigError
 from suite.layout import Layout
-from suite.models import check_network
+from suite.models import DECODERS, check_network
 from suite.models.gpt2 import flash_runs
 from suite.paths import name_problem
 from suite.placement import will_use_cuda
@@ -259,8 +259,8 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
     if recomputes(cfg.activation_checkpointing) and not supports.activation_checkpointing:
         raise ConfigError(f"strategy {strategy.name} does not apply activation_checkpointing="
                           f"{cfg.activation_checkpointing}; leave it none")
-    if cfg.activation_checkpointing == SELECTIVE and cfg.network.arch != "gpt2":
-        raise ConfigError(f"activation_checkpointing=selective recomputes GPT-2's attention cores; network "
+    if cfg.activation_checkpointing == SELECTIVE and cfg.network.arch not in DECODERS:
+        raise ConfigError(f"activation_checkpointing=selective recomputes a decoder's attention cores; network "
                           f"{cfg.network.name} has none (use every or a block interval k)")
     if cfg.grad_accum > 1 and not supports.grad_accum:
         accumulating = [name for name in strategy_names() if strategy_class(name).supports.grad_accum]

@@ -38,7 +38,9 @@ MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).
 IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": False, "cluster.gpu_order": None,
-                     "math.tf32": None, "math.cudnn_benchmark": False, "grad_accum": 1, "network.attention": "auto"}
+                     "math.tf32": None, "math.cudnn_benchmark": False, "grad_accum": 1, "network.attention": "auto",
+                     # Llama 3's dimensions, 0 in the other families' points (recorded before there was a Llama)
+                     "network.n_kv_head": 0, "network.ffn_dim_multiplier": 0, "network.multiple_of": 0}
 PlanAuto = Callable[[DictConfig], None]  # writes the planner's choice into a pp=auto point's config
 
 
