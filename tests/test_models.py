@@ -14,7 +14,16 @@ from torchvision.models import VGG
 from suite.config import DatasetConfig, NetworkConfig
 from suite.data import build_datasets
 from suite.errors import ConfigError
-from suite.models import ARCHS, DECODERS, FAMILIES, build_model, check_network, network_names, resolve_network, size_name
+from suite.models import (
+    ARCHS,
+    DECODERS,
+    FAMILIES,
+    build_model,
+    check_network,
+    network_names,
+    resolve_network,
+    size_name,
+)
 from suite.models.gpt2 import GPT2_SIZES
 from suite.paths import CONF_DIR
 
@@ -244,7 +253,8 @@ def test_the_shipped_gpt2_configs_pass_the_check_on_token_data(network):
 
 
 @pytest.mark.parametrize("network, overrides, dataset, message", [
-    ("resnet18", {"family": "alexnet"}, "cifar10", "network.family=alexnet is not one of gpt2, llama3, resnet, vgg, mobilenet"),
+    ("resnet18", {"family": "alexnet"}, "cifar10",
+     "network.family=alexnet is not one of gpt2, llama3, resnet, vgg, mobilenet"),
     ("resnet18", {"size": "34"}, "cifar10", "network.size=34 is not a size of resnet: one of 18, 50, 152"),
     ("gpt2_tiny", {"size": "huge"}, "tokens", "network.size=huge is not a size of gpt2: one of nano, tiny, mini, "
                                               "mini_wide, small, medium"),

@@ -106,8 +106,8 @@ def slice_store(tmp_path_factory):
         store = Store()
         invalid = []
         plan([[*FAST, "strategy=megatron", "workers=2"]], invalid=invalid)
-        assert [p.error for p in invalid] == ["strategy megatron splits a decoder's attention and MLP; network resnet18 "
-                                              "(resnet18) has no such layers"]
+        assert [p.error for p in invalid] == ["strategy megatron splits a decoder's attention and MLP; network "
+                                              "resnet18 (resnet18) has no such layers"]
         record_invalid(invalid, store)
         record_invalid(invalid, store)  # once per point: a second sweep finds it recorded
         yield store, results

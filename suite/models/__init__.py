@@ -4,8 +4,8 @@ A network is a family (gpt2, llama3, resnet, vgg, mobilenet) and one of its name
 once beside its model (`GPT2_SIZES`, `LLAMA3_SIZES`, `RESNET_SIZES`, ...) and selected by conf/network/<name>.yaml. A
 point is recorded under the name of what it builds (`resolve_network`): the size's name (`gpt2_tiny`, `resnet18`),
 or, where a decoder's dimensions are overridden, the size whose dimensions they are, else a name that states them
-(`gpt2_L4_H4_E96`, `llama3_L2_H4_KV2_E64_F192`), so that no name means two networks. `network.width` (vgg, mobilenet) and `network.dropout` are knobs of a size,
-recorded beside its name.
+(`gpt2_L4_H4_E96`, `llama3_L2_H4_KV2_E64_F192`), so that no name means two networks. `network.width` (vgg,
+mobilenet) and `network.dropout` are knobs of a size, recorded beside its name.
 """
 
 from __future__ import annotations

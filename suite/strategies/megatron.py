@@ -4,8 +4,9 @@ torch.distributed.tensor.parallel.
 `tp` consecutive ranks split every block: attention qkv and the MLP up-projection by columns, the attention
 output and MLP down-projection by rows, so each block does one all-reduce in forward and one in backward per
 sub-layer. A rank holds whole heads (under grouped-query attention, whole key-value groups: a group's query heads
-with the key and value heads they share) and whole units of the MLP. With `vocab_parallel` (the default, as Megatron-LM's GPT) the token embedding and the LM head tied to it
-are split by vocabulary rows too, unevenly where tp does not divide the vocabulary (GPT-2's 50257): the logits stay
+with the key and value heads they share) and whole units of the MLP. With `vocab_parallel` (the default, as
+Megatron-LM's GPT) the token embedding and the LM head (GPT-2's tied to it) are split by vocabulary rows too,
+unevenly where tp does not divide the vocabulary (GPT-2's 50257): the logits stay
 split by vocabulary and the cross-entropy is computed on the split logits (torch's `loss_parallel`, Megatron-LM's
 vocab-parallel cross-entropy), which communicates b x s values instead of gathering the b x s x v logits (only
 evaluation, outside the timed steps, gathers them: the training loop's metrics read whole logits); without it, and
