@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 
-import torch
 from omegaconf import DictConfig
 
 from suite.errors import ConfigError
@@ -15,7 +14,11 @@ def will_use_cuda(cluster) -> bool:
     """Whether a point's ranks will run on GPUs (`auto` on a remote cluster assumes they will)."""
     if cluster.device != "auto":
         return cluster.device == "cuda"
-    return cluster.scheduler != "local" or torch.cuda.is_available()
+    if cluster.scheduler != "local":
+        return True
+    import torch  # here, not above: what records a job's point (suite.records.record) never needs torch
+
+    return torch.cuda.is_available()
 
 
 def for_ranks(cfg: DictConfig) -> DictConfig:

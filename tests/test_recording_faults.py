@@ -49,6 +49,14 @@ def holder(out: PointDir) -> subprocess.Popen:
     return process
 
 
+def test_the_recorder_of_a_jobs_point_does_not_import_torch():
+    """Every batch job ends each point with `python -m suite.records.record`: torch's import (2 s of CPU) is not
+    part of writing a run."""
+    probe = "import sys; import suite.records.record; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout == "False\n", result.stdout + result.stderr
+
+
 def test_a_claim_whose_recorder_is_gone_is_taken_over_at_once(tmp_path):
     out = PointDir(tmp_path)
     recorder = holder(out)
