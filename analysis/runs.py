@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from suite.records.store import run_status
+from suite.records.run_schema import run_status
 from suite.vocabulary import AUTO, AUTO_CHOOSES, MEMORY_SPLIT, Status
 
 # Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from launchers.batch import Job
 from suite.errors import ConfigError
+from suite.records.store_health import sqlite_file
 
 
 def span(queue: Any) -> str:
@@ -111,8 +112,6 @@ def check_in_service(cluster: Any) -> None:
 
 def unshared_path(job: Job) -> str | None:
     """The line saying which file the job needs is on no file system its compute nodes mount; None if all are."""
-    from suite.records.store import sqlite_file  # imports MLflow: not for every user of the schedulers
-
     prefixes = job.cluster.job.shared_paths
     if prefixes is None:
         return None

@@ -27,7 +27,8 @@ from suite.paths import REPO_ROOT
 from suite.point_dir import PointDir
 from suite.records import store as store_module
 from suite.records.record import finish
-from suite.records.store import INCOMPLETE, VERDICT, Store, run_status
+from suite.records.run_schema import INCOMPLETE, VERDICT, run_status
+from suite.records.store import Store
 from suite.runtime.manifest import git_sha
 from suite.signals import Stopped
 from suite.sweep import jobs

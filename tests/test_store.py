@@ -39,7 +39,7 @@ def test_a_run_whose_params_were_edited_is_inconsistent_to_the_report_and_the_re
     import sqlite3
 
     from analysis.runs import row_from_run
-    from suite.records.store import INCONSISTENT, run_status
+    from suite.records.run_schema import INCONSISTENT, run_status
     from suite.sweep.driver import skip_reason
 
     now = time.time()
@@ -54,3 +54,38 @@ def test_a_run_whose_params_were_edited_is_inconsistent_to_the_report_and_the_re
     assert run.data.params["strategy"] == "warpdrive" and run_status(run) == INCONSISTENT
     assert skip_reason(run, "code", force=False, retry_failed=False) is None  # run again
     assert row_from_run(run).status == INCONSISTENT  # the report's row: not finished, so in no result
+
+
+def schema_and_experiments(db) -> tuple[list, list, list]:
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        # each table's definition as the set of its lines: MLflow's migrations order a table's constraints as a set
+        # iterates, differently from one process to the next
+        return ([(kind, name, sorted((sql or "").replace(",", "").splitlines())) for kind, name, sql in
+                 connection.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name")],
+                connection.execute("SELECT * FROM alembic_version").fetchall(),
+                connection.execute("SELECT experiment_id, name, artifact_location FROM experiments").fetchall())
+
+
+def test_a_new_store_is_a_copy_of_the_environments_empty_one_as_mlflow_would_make_it(tmp_path, monkeypatch):
+    """`make setup` keeps an empty store in the environment; a new store starts as a copy of it, not by MLflow's
+    schema migrations (3 s of CPU at each of a sweep's first run, a test's, a job's sqlite store), and is then
+    what MLflow makes: the same tables, schema version and Default experiment."""
+    import mlflow.store.db.utils
+    from mlflow.tracking import MlflowClient
+
+    from suite.records.store_health import write_empty_store
+
+    migrated = tmp_path / "migrated.db"
+    MlflowClient(tracking_uri=f"sqlite:///{migrated}").search_experiments(max_results=1)
+    write_empty_store()
+
+    def no_migrations(engine):
+        raise AssertionError("a new store ran MLflow's migrations")
+
+    monkeypatch.setattr(mlflow.store.db.utils, "_initialize_tables", no_migrations)
+    copied = tmp_path / "results" / "mlflow.db"
+    Store(f"sqlite:///{copied}")
+    assert schema_and_experiments(copied) == schema_and_experiments(migrated)

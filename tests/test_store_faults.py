@@ -12,7 +12,8 @@ import pytest
 
 from conftest import DIGITS, free_port, run_make, run_suite
 from suite.paths import REPO_ROOT
-from suite.records.store import SERVER_TIMEOUT_S, Store, StoreError
+from suite.records.store import Store
+from suite.records.store_health import SERVER_TIMEOUT_S, StoreError
 
 TINY = [*DIGITS, "epochs=1", "steps_per_epoch=1"]
 

@@ -18,7 +18,8 @@ from conftest import DIGITS, copy_rank_outputs, free_port, tracking_server
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT
 from suite.records import tracking_server as server
-from suite.records.store import Store, StoreError
+from suite.records.store import Store
+from suite.records.store_health import StoreError
 from suite.sweep.plan import plan
 from suite.sweep.point import new_point_dir
 

@@ -24,7 +24,8 @@ from suite.config import is_calibration
 from suite.hosts import scheduler_job_id
 from suite.point_dir import PointDir, error_line
 from suite.records.calibration import write_calibration
-from suite.records.store import Store, complete, is_server, source_tags
+from suite.records.run_schema import complete, source_tags
+from suite.records.store import Store, is_server
 from suite.records.verdict import Ending, verdict
 from suite.vocabulary import Status
 

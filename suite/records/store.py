@@ -2,33 +2,36 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import functools
-import getpass
-import hashlib
 import itertools
-import json
 import logging
 import os
 import sqlite3
-import ssl
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from suite.errors import ConfigError
 from suite.owner import Owner
 from suite.paths import results_dir
-from suite.records.tracking_server import credentials_file, export_credentials
+from suite.records.run_schema import PARAMS_DIGEST, VERDICT, ended_as, params_digest, source_tags
+from suite.records.store_health import (
+    StoreError,
+    backup_file,
+    check_authorized,
+    check_intact,
+    check_reachable,
+    read_only,
+    sqlite_file,
+    start_from_empty,
+)
+from suite.records.tracking_server import export_credentials
 from suite.vocabulary import (
     DEVICE_MEMORY,
     EFFECTIVE_PREFIX,
@@ -37,7 +40,6 @@ from suite.vocabulary import (
     SUMMARY_DETAILS,
     SUMMARY_METRICS,
     TRACE_BREAKDOWN,
-    Status,
 )
 
 # MLflow 3 opens an experiment without this tag on its GenAI overview of traces; this kind opens the runs table.
@@ -63,133 +65,10 @@ def is_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-class StoreError(ConfigError):
-    """A store that cannot be used as it is (damaged, unreachable, impossible to create): one line saying why and
-    what to do. Raised when it is opened, before anything is launched or written."""
-
-
-SERVER_TIMEOUT_S = 5  # MLflow's own client retries an unreachable server for minutes, silently
-
-
-def sqlite_file(uri: str) -> Path | None:
-    """The file of a sqlite store; None for any other store."""
-    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-
-
-def backup_file(db: Path) -> Path:
-    """The copy of a sqlite store that each sweep takes before writing to it (Store.back_up)."""
-    return db.with_name(f"{db.name}.bak")
-
-
-def read_only(db: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=60)
-
-
-def check_intact(db: Path) -> None:
-    """Raise StoreError if the sqlite file is damaged (a truncated or overwritten file), with the way back."""
-    try:
-        with contextlib.closing(read_only(db)) as connection:
-            problems = [row[0] for row in connection.execute("PRAGMA quick_check")]
-    except sqlite3.DatabaseError as e:
-        if e.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-            raise  # busy, unreadable, ...: not damage
-        problems = [str(e)]
-    if problems == ["ok"]:
-        return
-    backup = backup_file(db)
-    if backup.exists():
-        taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(backup.stat().st_mtime))
-        way_back = (f"Restore the copy taken when a sweep last started ({taken}): "
-                    f"mv {db} {db}.damaged && cp {backup} {db}")
-    else:
-        recovered = db.with_name(f"{db.stem}.recovered{db.suffix}")
-        way_back = f"Salvage what is left: sqlite3 {db} .recover | sqlite3 {recovered} && mv {recovered} {db}"
-    raise StoreError(f"the store {db} is damaged ({problems[0]}); nothing was written to it. {way_back}")
-
-
-def check_reachable(uri: str) -> None:
-    """Raise StoreError unless the tracking server at `uri` answers within SERVER_TIMEOUT_S (any HTTP answer)."""
-    try:
-        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT_S).close()
-    except urllib.error.HTTPError:
-        pass  # it answered
-    except OSError as e:  # refused, unknown host, timed out
-        reason = getattr(e, "reason", e)
-        if not isinstance(reason, ssl.SSLError):  # a certificate not trusted here is an answer too
-            raise StoreError(f"the tracking server {uri} does not answer ({reason}): start it (`make mlflow-server`) "
-                             "or set tracking.uri / MLFLOW_TRACKING_URI to one that runs") from None
-
-
-def check_authorized(uri: str) -> None:
-    """Raise StoreError if the tracking server at `uri` refuses the credentials this process sends (its first
-    answer may take a while: a server just started, a password hash checked)."""
-    request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1")
-    username, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    if username and password:
-        request.add_unredirected_header("Authorization", "Basic " + base64.b64encode(
-            f"{username}:{password}".encode()).decode())
-    try:
-        urllib.request.urlopen(request, timeout=60).close()
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403):
-            sent = f"the credentials of user {username}" if username else "no credentials"
-            raise StoreError(f"the tracking server {uri} refuses {sent}: the suite's own (`make mlflow-server`) "
-                             f"takes those in {credentials_file()}; for another, set MLFLOW_TRACKING_USERNAME and "
-                             "MLFLOW_TRACKING_PASSWORD") from None
-    except OSError:
-        pass  # it answered /health a moment ago: MLflow's client says what is wrong when it is used
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
-
-
-def run_params(cfg: DictConfig, knobs: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config, plus the short names the contract promises, the point's layout (degrees and
-    batches, see suite.layout) and the strategy's own knobs."""
-    params = flatten(OmegaConf.to_container(cfg, resolve=True))
-    params.update(dataset=cfg.dataset.name, network=cfg.network.name, strategy=cfg.strategy.name, **layout)
-    for knob, value in knobs.items():
-        params.setdefault(knob, value)
-    return params
-
-
-INCOMPLETE = "incomplete"  # the status of a point's run whose recording stopped part-way (a full disk, a crash)
-# The status of a point's run whose params are no longer those it was recorded with (its store edited by hand): its
-# config hash no longer says what it measured, so neither the report nor a resumed sweep trusts it.
-INCONSISTENT = "inconsistent"
-PARAMS_DIGEST = "suite.params_digest"
-# The tags that say how a point ended: Store.write_run writes them after everything else, just before it ends the run.
-VERDICT = ("suite.status", "suite.error")
 # A run write that another writer's lock holds up past sqlite's busy timeout (MLflow sets 20 s on every session)
 # is made again whole, this many times at most, after pauses of RETRY_AFTER_S, twice that, ...
 WRITE_ATTEMPTS = 4
 RETRY_AFTER_S = 2.0
-
-
-def params_digest(params: dict[str, Any]) -> str:
-    """A digest of a run's params as MLflow keeps them (strings), recorded with the run and checked when it is read."""
-    return hashlib.sha256(json.dumps(sorted((k, str(v)) for k, v in params.items())).encode()).hexdigest()[:16]
-
-
-def complete(run) -> bool:
-    """Whether a point's run was recorded to the end: Store.write_run writes its verdict (`suite.status`) and then
-    ends it (`ended_as`), last of all; a run ended without its verdict (KILLED by a recorder that found it
-    half-written) is not."""
-    return run.info.status in ("FINISHED", "FAILED", "KILLED") and "suite.status" in run.data.tags
-
-
-def ended_as(tags: dict[str, str]) -> str:
-    """MLflow's status of a point's run: FINISHED, KILLED where the sweep was stopped during it (`suite.interrupted`:
-    Ctrl-C or a scheduler's SIGTERM; its `suite.status` says failed or timeout), else FAILED."""
-    if tags["suite.status"] == Status.finished:
-        return "FINISHED"
-    return "KILLED" if "suite.interrupted" in tags else "FAILED"
 
 
 def locked(exc: BaseException | None) -> bool:
@@ -201,31 +80,6 @@ def locked(exc: BaseException | None) -> bool:
         exc = exc.__cause__ or exc.__context__
     return False
 
-
-def source_tags(git_sha: str) -> dict[str, str]:
-    """MLflow's standard run metadata, which its UI shows in the Source, Version and User columns: the code (the
-    suite's commit, left out where it is unknown: an installed wheel), what ran it, and who."""
-    commit = {"mlflow.source.git.commit": git_sha} if git_sha != "unknown" else {}
-    return {**commit, "mlflow.source.name": "suite", "mlflow.source.type": "LOCAL", "mlflow.user": user()}
-
-
-def user() -> str:
-    """Who runs this: the login name, else the uid (a container's user may have no name)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return str(os.getuid())
-
-
-def run_status(run) -> str:
-    """How a point ended as its run says (the `suite.status` tag); `incomplete` if the run is not complete,
-    `inconsistent` if its params are not those it was recorded with."""
-    if not complete(run):
-        return INCOMPLETE
-    digest = run.data.tags.get(PARAMS_DIGEST)  # runs recorded before the digest was have none
-    if digest is not None and digest != params_digest(run.data.params):
-        return INCONSISTENT
-    return run.data.tags.get("suite.status", "?")
 
 
 class Store:
@@ -254,9 +108,9 @@ class Store:
 
     @functools.cached_property
     def client(self) -> MlflowClient:
-        """MLflow's client. Making one creates a sqlite store that does not exist, or upgrades its tables: under a
-        lock beside the file, since two processes doing so at once both run MLflow's schema migrations, and one
-        fails ("duplicate column")."""
+        """MLflow's client. Making one creates a sqlite store that does not exist (a copy of the environment's empty
+        store, else by MLflow's schema migrations), or upgrades its tables: under a lock beside the file, since two
+        processes doing so at once both run the migrations, and one fails ("duplicate column")."""
         if not self.path:
             return MlflowClient(tracking_uri=self.uri)
         self.make_directory()
@@ -269,6 +123,8 @@ class Store:
                              "and every point's files go there; make it writable or set SUITE_RESULTS_DIR") from None
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.path.exists():
+                start_from_empty(self.path)
             return MlflowClient(tracking_uri=self.uri)
 
     def empty(self) -> bool:

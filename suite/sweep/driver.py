@@ -19,7 +19,8 @@ from suite.paths import REPO_ROOT
 from suite.placement import threads_per_worker
 from suite.point_dir import error_line
 from suite.records.record import finish
-from suite.records.store import INCOMPLETE, INCONSISTENT, Store, run_params, run_status, source_tags
+from suite.records.run_schema import INCOMPLETE, INCONSISTENT, run_params, run_status, source_tags
+from suite.records.store import Store
 from suite.records.verdict import NotStarted
 from suite.runtime.manifest import git_sha
 from suite.strategies import missing_library

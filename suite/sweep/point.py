@@ -14,7 +14,7 @@ from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
 from suite.placement import for_ranks
 from suite.point_dir import PointDir, error_line
-from suite.records.store import run_params
+from suite.records.run_schema import run_params
 from suite.runtime.manifest import git_sha
 from suite.sweep.plan import Point
 

@@ -7,7 +7,8 @@ from collections import Counter
 
 from launchers.batch import ENDED
 from suite.point_dir import PointDir
-from suite.records.store import INCOMPLETE, INCONSISTENT, Store, run_status
+from suite.records.run_schema import INCOMPLETE, INCONSISTENT, run_status
+from suite.records.store import Store
 from suite.sweep import jobs
 from suite.sweep.plan import Point
 

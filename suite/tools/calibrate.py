@@ -138,7 +138,7 @@ def label(cfg: DictConfig) -> str:
 def job_dir(cfg: DictConfig, create: bool) -> PointDir:
     """A fresh directory for the job (created, with its config and point.json, when `create`)."""
     from suite.placement import for_ranks
-    from suite.records.store import flatten
+    from suite.records.run_schema import flatten
     from suite.runtime.manifest import git_sha
     from suite.sweep.plan import config_hash
 

@@ -38,7 +38,8 @@ from suite.errors import ConfigError
 from suite.predict.correction import FORMS, Correction, Observed, correction_path, fit, save
 from suite.predict.links import calibrated_links, link_model
 from suite.predict.predictor import Prediction, predict, recorded_prediction
-from suite.records.store import Store, run_status
+from suite.records.run_schema import run_status
+from suite.records.store import Store
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import InvalidPoint, Point, plan
 from suite.sweep.sweep_files import sweep_jobs
