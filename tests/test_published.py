@@ -322,6 +322,26 @@ def test_the_rows_of_one_source_table_and_model_are_ordered_by_kendalls_tau_and_
     assert ordering(same[:2]) == {}  # fewer than three rows order nothing
 
 
+def test_memory_per_gpu_is_scored_per_source_with_whether_the_model_says_it_fits(records):
+    """The records that state their memory per GPU: the predicted peak's error per source and over all of them, and
+    fits agreed (a record ran, so it fits); a target line beside the issue's."""
+    from analysis.published_score import MEMORY, Scored, memory_table, targets
+
+    stating = [r for r in records.values() if "memory_gib" in r.measured.also][:3]
+    gb = [r.measured.also["memory_gib"] * 2**30 / 1e9 for r in stating]
+    scored = [Scored(stating[0], MEMORY, gb[0], 1.1 * gb[0], fits=True),
+              Scored(stating[1], MEMORY, gb[1], 0.8 * gb[1], fits=False),
+              Scored(stating[2], MEMORY, gb[2], None, "not priced")]
+    table = memory_table(scored)
+    assert [row[:2] + row[5:] for row in table.rows] == [["torchtitan", "2", "1 of 2", "1 unpriced"],
+                                                         ["every record stating it", "2", "1 of 2", "1 unpriced"]]
+    assert table.rows[0][2:5] == ["15.0%", "19.0%", "-5.0%"]  # median |error|, p90, median signed
+    assert "fits predicted right (they ran, so they fit) on 1 of 2 priced" in table.notes[0]
+    assert "memory per GPU over 2 priced records: median 15.0% (<= 10%: NOT met); fits predicted in 1 of 2 (>= 95%: " \
+           "NOT met)" in targets(scored)
+    assert targets(scored[2:]) == ["memory per GPU: none of the 1 records that state it priced"]
+
+
 def test_every_framework_of_the_open_set_is_described_and_matched_by_its_whole_name(records):
     """Frameworks as data (conf/framework/): what each runs where a record is silent, with its source; a name is
     matched whole, so a framework spelt otherwise has no defaults rather than another's by substring."""
