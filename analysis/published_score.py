@@ -1,8 +1,9 @@
 """Scoring the performance model against published GPU measurements: each record's published figure beside what
 the suite predicts for the point its configuration maps to (suite.published.mapping), in the record's metric and
-units; the error per metric, strategy family, GPU type and source; and within each source table that compares
-layouts of one model, Kendall's tau of predicted against published order. A record the suite cannot express or
-price keeps its reason; none is dropped.
+units; the error per metric, strategy family, GPU type and source; within each source table that compares layouts
+of one model, Kendall's tau of predicted against published order; and where a record states its memory per GPU, the
+predicted peak's error and whether the model says it fits. A record the suite cannot express or price keeps its
+reason; none is dropped.
 
 `tflops_per_gpu` is what the GPUs execute, recomputation included, as Megatron-LM and Narayanan et al. (2021)
 count it; `mfu` divides the model's FLOPs alone by the datasheet peak.
@@ -53,7 +54,7 @@ class Scored:
     def as_json(self) -> dict:
         r = self.record
         return {"id": r.id, "metric": self.metric, "published": self.published, "predicted": self.predicted,
-                "error": self.error, "reason": self.reason, "priced_from": self.priced_from,
+                "error": self.error, "reason": self.reason, "priced_from": self.priced_from, "fits": self.fits,
                 "strategy": r.layout.strategy, "gpu": r.hardware.gpu, "source": r.source.ref or r.prefix}
 
 
@@ -174,16 +175,40 @@ def throughput(scored: list[Scored]) -> list[Scored]:
     return [s for s in scored if s.metric != MEMORY]
 
 
+def memory_per_gpu(scored: list[Scored]) -> list[Scored]:
+    return [s for s in scored if s.metric == MEMORY]
+
+
+def fits_agreed(group: list[Scored]) -> tuple[int, int]:
+    """Of a group's priced records, how many the model says fit: a published record ran, so it fits."""
+    stated = [s for s in group if s.fits is not None]
+    return sum(bool(s.fits) for s in stated), len(stated)
+
+
+def memory_table(scored: list[Scored]) -> Table:
+    """Memory per GPU where a record states it: the predicted peak's error per source, over every such record last,
+    and whether the model's fits agrees."""
+    stating = memory_per_gpu(scored)
+    rows = []
+    for groups in (grouped(stating, lambda s: s.record.prefix), {"every record stating it": stating}):
+        for row in _summary_rows(groups):
+            agreed, priced = fits_agreed(groups[row[0]])
+            rows.append([*row[:5], f"{agreed} of {priced}" if priced else "", row[5]])
+    table = Table("published_memory", "Memory per GPU error per source (the predicted peak against the published)",
+                  ["group", "priced", "median |error|", "p90 |error|", "bias (median signed)",
+                   "fits predicted (they ran)", "not priced"], rows)
+    agreed, priced = fits_agreed(stating)
+    table.notes.append(f"Memory: {len(stating)} records state it; fits predicted right (they ran, so they fit) on "
+                       f"{agreed} of {priced} priced.")
+    return table
+
+
 def summary_tables(scored: list[Scored]) -> list[Table]:
     columns = ["group", "priced", "median |error|", "p90 |error|", "bias (median signed)", "not priced"]
     main = throughput(scored)
-    memory = [s for s in scored if s.metric == MEMORY]
     taus = ordering(main)
     rows = _summary_rows(grouped(scored, lambda s: s.metric)) + _summary_rows({"all throughput / time": main})
     by_metric = Table("published_by_metric", "Error per metric, and over every record last", columns, rows)
-    stated = [s for s in memory if s.fits is not None]
-    by_metric.notes.append(f"Memory: {len(memory)} records state it; fits predicted right (they ran, so they fit) on "
-                           f"{sum(bool(s.fits) for s in stated)} of {len(stated)} priced.")
     # Per source first: one framework's many records must not carry the score of the others
     return [
         Table("published_by_source", "Throughput and time error per source (records sharing an id prefix)",
@@ -198,6 +223,7 @@ def summary_tables(scored: list[Scored]) -> list[Table]:
               [[table, model, str(o.records), f"{o.tau:+.2f}", o.pick, f"{o.shortfall:.1%}"]
                for (table, model), o in sorted(taus.items())]),
         by_metric,
+        memory_table(scored),
     ]
 
 
@@ -256,6 +282,17 @@ def targets(scored: list[Scored]) -> list[str]:
         lines.append(f"ordering {table} / {model} ({o.records} records): tau {o.tau:+.2f} (>= {TARGETS['tau']}: "
                      f"{'met' if tau_met else 'NOT met'}); pick {o.pick}, {o.shortfall:.1%} below the published "
                      f"fastest (<= {TARGETS['pick']:.0%}: {'met' if pick_met else 'NOT met'})")
+    stating = memory_per_gpu(scored)
+    errors = [s.error for s in stating if s.error is not None]
+    if errors:
+        median = error_summary(errors)["median"]
+        agreed, priced = fits_agreed(stating)
+        lines.append(f"memory per GPU over {len(errors)} priced records: median {median:.1%} (<= "
+                     f"{TARGETS['memory_median']:.0%}: {'met' if median <= TARGETS['memory_median'] else 'NOT met'}); "
+                     f"fits predicted in {agreed} of {priced} (>= {TARGETS['fits']:.0%}: "
+                     f"{'met' if priced and agreed >= TARGETS['fits'] * priced else 'NOT met'})")
+    elif stating:
+        lines.append(f"memory per GPU: none of the {len(stating)} records that state it priced")
     if main:
         summary = error_summary(main)
         lines.append(f"throughput / time over {summary['n']} priced records: median {summary['median']:.1%} "

@@ -41,6 +41,7 @@ def test_validate_published_prices_each_record_in_its_units_and_keeps_the_rest_w
     assert megatron["priced_from"] == "datasheet"
     memory = rows[(CHOSEN[1], "memory_gb_per_gpu")]
     assert memory["published"] == pytest.approx(20 * 2**30 / 1e9) and memory["predicted"] > 1
+    assert isinstance(memory["fits"], bool)  # the model's: whether the point fits the GPU
     unexpressed = rows[(CHOSEN[2], "tflops_per_gpu")]
     assert unexpressed["predicted"] is None and unexpressed["reason"].startswith("not stated")
     assert not (results / "calibration").exists()
@@ -48,13 +49,15 @@ def test_validate_published_prices_each_record_in_its_units_and_keeps_the_rest_w
     table = run_make("validate-published", f"ARGS={records}")
     assert table.returncode == 0, table.stderr[-2000:]
     for heading in ("Published GPU measurements against the model's prediction", "Error per metric",
-                    "error per strategy family", "error per GPU type", "error per source", "Targets"):
+                    "error per strategy family", "error per GPU type", "error per source",
+                    "Memory per GPU error per source", "Targets"):
         assert heading in table.stdout
     assert "throughput / time over 2 priced records: median" in table.stdout.splitlines()[-1]  # every record: last
     order = ("error per source", "error per strategy family", "Error per metric, and over every record last",
              "against the model's prediction")
     assert [table.stdout.index(heading) for heading in order] == sorted(table.stdout.index(h) for h in order)
-    assert "Memory: 1 records state it; fits predicted right (they ran, so they fit) on" in table.stdout
+    assert "Memory: 1 records state it; fits predicted right (they ran, so they fit) on " in table.stdout
+    assert "  memory per GPU over 1 priced records: median" in table.stdout
 
 
 def test_a_malformed_records_file_is_one_line_and_exit_2(tmp_path, results):

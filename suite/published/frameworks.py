@@ -1,8 +1,8 @@
 """The frameworks published records were measured with, as data: conf/framework/<name>.yaml says what each runs
-where a record leaves it unstated (precision, recomputation, its attention kernel) and what it does that a record's
-fields do not say (offloading, sharded data parallelism, a one-process pipeline), each default with its source. A
-record names its framework as its source spells it; a file's `names` are matched whole, never by substring, and a
-framework no file describes has no defaults (what it leaves unstated stays "not stated")."""
+where a record leaves it unstated (precision, recomputation, its attention kernel, its context length) and what it
+does that a record's fields do not say (offloading, sharded data parallelism, a one-process pipeline), each default
+with its source. A record names its framework as its source spells it; a file's `names` are matched whole, never by
+substring, and a framework no file describes has no defaults (what it leaves unstated stays "not stated")."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 from suite.paths import CONF_DIR
 
 KEYS = {"names", "attention", "precision", "recompute", "selective_recompute", "offload", "shards_data_parallel",
-        "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction"}
+        "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Framework:
     offload: bool = False  # it offloads to the host (what, no record field says)
     shards_data_parallel: bool = False  # its data parallelism is FSDP's
     single_process_pipeline: bool = False  # one process drives every stage (torchgpipe)
+    seq_len: Default | None = None  # the context its training configs give a language model
 
 
 def _default(entry: dict | None, key: str) -> Default | None:
@@ -53,7 +54,8 @@ def frameworks() -> dict[str, Framework]:
         framework = Framework(path.stem, _default(data.get("attention"), "kernel"),
                               _default(data.get("precision"), "default"), _default(data.get("recompute"), "default"),
                               bool(data.get("selective_recompute")), bool(data.get("offload")),
-                              bool(data.get("shards_data_parallel")), bool(data.get("single_process_pipeline")))
+                              bool(data.get("shards_data_parallel")), bool(data.get("single_process_pipeline")),
+                              _default(data.get("seq_len"), "default"))
         found.update({name: framework for name in data["names"]})
     return found
 

@@ -7,10 +7,10 @@ cannot be. Every record ends as one or the other; none is dropped.
 
 Where a record leaves something the point needs unstated (null), the mapping takes the framework's documented
 default, or the suite's, and says so in `assumptions`; where the suite has no way to express what the record ran
-(a network it does not build, fp8, selective recomputation, dp x tp x pp, a GPU the catalog lacks), the record gets
-a `Reason`. A point the planner rejects (fp16 in a pipeline, gradient accumulation under a strategy that does not
-accumulate, ...) keeps the planner's line as its reason. Pricing and scoring (`make validate-published`) start from
-`plan_records`' points.
+(a network it does not build, fp8, torch.compile, selective recomputation of another kind, dp x tp x pp, a GPU the
+catalog lacks), the record gets a `Reason`. A point the planner rejects (fp16 in a pipeline, gradient accumulation
+under a strategy that does not accumulate, ...) keeps the planner's line as its reason. Pricing and scoring (`make
+validate-published`) start from `plan_records`' points.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from suite.data import CATALOG
 from suite.errors import ConfigError
 from suite.models import network_names
 from suite.models.gpt2 import GPT2_SIZES, GPT2Dims
+from suite.models.llama import LLAMA3_SIZES
 from suite.paths import CONF_DIR
 from suite.published.frameworks import framework_of, frameworks
 from suite.published.records import Record
@@ -51,6 +52,8 @@ PRECISION = "precision"
 RECOMPUTE = "selective recomputation"
 LAYOUT_3D = "3D layouts"  # dp x tp x pp, FSDP/ZeRO x tp, interleaved with tp: the 3D-layouts issue
 CONTEXT_PARALLEL = "context parallelism"
+COMPILE = "torch.compile"
+ASYNC_TP = "async tensor parallelism"
 OFFLOAD = "offload"
 BATCH = "batch"
 OPTIMIZER_KIND = "optimizer"
@@ -58,10 +61,15 @@ INCONSISTENT = "inconsistent record"  # its layout's own numbers disagree (dp x 
 PLANNER = "planner"  # composed, but the suite's checks reject the point: their line
 
 LANGUAGE_FAMILIES = ("gpt", "gpt2", "mpt")  # decoder-only GPT blocks: the suite's GPT-2 of the record's dimensions
+LLAMA_FAMILIES = ("llama3",)  # Meta's Llama 3 and 3.1: the suite's Llama 3 of the record's dimensions
 CNN_FAMILIES = ("resnet", "vgg", "mobilenet")
 DATA_PARALLEL = ("ddp", "horovod", "fsdp", "zero1", "zero2", "zero3")
 PIPELINES = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream_async")
 TOKENS_VOCAB = 50257  # conf/dataset/tokens.yaml
+LLAMA3_VOCAB = 128256  # Llama 3's tokenizer: 128,000 tokens and 256 special ones (Meta's params.json, "vocab_size")
+# Key-value heads, not a field of a record: 8 in every size of torchtitan's llama3_configs (8B, 70B, 405B) and of
+# Meta's Llama 3 paper (Dubey et al. 2024, Table 3)
+LLAMA3_KV_HEADS = 8
 IMAGENET_SIZE = 224  # conf/dataset/imagenet.yaml
 PREFERRED_CLUSTERS = ("dgx",)  # among clusters of one GPU type and node size: the catalog's generic nodes first
 
@@ -180,9 +188,33 @@ def _cluster(record: Record, draft: _Draft) -> None:
 # --- the network and its data -----------------------------------------------------------------------------------
 
 
+def _seq_len(record: Record, draft: _Draft) -> int | None:
+    """The record's context, else its framework's documented default (an assumption); None where neither is."""
+    if record.model.seq_len is not None:
+        return record.model.seq_len
+    default = framework_of(record.training.framework).seq_len
+    if default is None:
+        return None
+    draft.assume(f"sequence length not stated: {default.value}, {record.training.framework}'s default "
+                 f"({default.source})")
+    return int(default.value)
+
+
+def _tokens(record: Record, seq_len: int, vocab: int, vocab_source: str, draft: _Draft) -> None:
+    """The token dataset of the record's context and vocabulary (unstated: the network's own, `vocab_source`)."""
+    draft.set("dataset=tokens", f"dataset.seq_len={seq_len}")
+    if record.model.vocab is None:
+        draft.assume(f"vocabulary not stated: {vocab_source} {vocab}")
+    vocab = record.model.vocab or vocab
+    if vocab != TOKENS_VOCAB:
+        draft.set(f"dataset.vocab_size={vocab}")
+
+
 def _gpt2(record: Record, draft: _Draft) -> None:
     model = record.model
-    missing = [f"model.{k}" for k in ("n_layer", "hidden", "n_head", "seq_len") if getattr(model, k) is None]
+    seq_len = _seq_len(record, draft)
+    missing = [f"model.{k}" for k in ("n_layer", "hidden", "n_head") if getattr(model, k) is None]
+    missing += ["model.seq_len"] if seq_len is None else []
     if missing:
         draft.cannot(NOT_STATED, ", ".join(missing))
         return
@@ -195,11 +227,7 @@ def _gpt2(record: Record, draft: _Draft) -> None:
         return
     if model.family != "gpt2":
         draft.assume(f"{model.family} block ({model.name}) built as GPT-2's of its dimensions")
-    draft.set("dataset=tokens", f"dataset.seq_len={model.seq_len}")
-    if model.vocab is None:
-        draft.assume(f"vocabulary not stated: GPT-2's {TOKENS_VOCAB}")
-    elif model.vocab != TOKENS_VOCAB:
-        draft.set(f"dataset.vocab_size={model.vocab}")
+    _tokens(record, seq_len, TOKENS_VOCAB, "GPT-2's", draft)
     dims = GPT2Dims(n_layer=model.n_layer, n_head=model.n_head, n_embd=model.hidden)
     size = next((s for s, d in GPT2_SIZES.items() if d == dims), None)
     if size is not None:
@@ -207,6 +235,37 @@ def _gpt2(record: Record, draft: _Draft) -> None:
     else:  # recorded as gpt2_L{n}_H{h}_E{e} (suite.models.resolve_network)
         draft.set("network=gpt2_small", f"network.n_layer={dims.n_layer}", f"network.n_head={dims.n_head}",
                   f"network.n_embd={dims.n_embd}")
+    _attention(record, draft)
+
+
+def _llama3(record: Record, draft: _Draft) -> None:
+    """`network=llama3_<size>` where the record's dimensions are a named size's, else that network with its
+    dimensions overridden."""
+    model = record.model
+    seq_len = _seq_len(record, draft)
+    missing = [f"model.{k}" for k in ("n_layer", "hidden", "n_head", "ffn_hidden") if getattr(model, k) is None]
+    missing += ["model.seq_len"] if seq_len is None else []
+    if missing:
+        draft.cannot(NOT_STATED, ", ".join(missing))
+        return
+    if model.hidden % model.n_head or model.n_head % LLAMA3_KV_HEADS:
+        draft.cannot(NETWORK, f"{model.name}: hidden={model.hidden}, n_head={model.n_head} and Llama 3's "
+                              f"{LLAMA3_KV_HEADS} key-value heads do not divide into whole heads and groups")
+        return
+    draft.assume(f"key-value heads not stated: Llama 3's {LLAMA3_KV_HEADS} (torchtitan's llama3_configs)")
+    _tokens(record, seq_len, LLAMA3_VOCAB, "Llama 3's tokenizer's", draft)
+    stated = (model.n_layer, model.n_head, LLAMA3_KV_HEADS, model.hidden, model.ffn_hidden)
+    size = next((s for s, d in LLAMA3_SIZES.items()
+                 if (d.n_layer, d.n_head, d.n_kv_head, d.n_embd, d.ffn_hidden) == stated), None)
+    if size is not None:
+        draft.set(f"network=llama3_{size}")
+    else:
+        # Llama's width rule (LlamaDims.ffn_hidden) rounds a multiplier's width of at most ffn_hidden up to a
+        # multiple of ffn_hidden itself: the stated width, exactly
+        multiplier = model.ffn_hidden / int(2 * 4 * model.hidden / 3)
+        draft.set("network=llama3_8b", f"network.n_layer={model.n_layer}", f"network.n_head={model.n_head}",
+                  f"network.n_kv_head={LLAMA3_KV_HEADS}", f"network.n_embd={model.hidden}",
+                  f"network.ffn_dim_multiplier={multiplier!r}", f"network.multiple_of={model.ffn_hidden}")
     _attention(record, draft)
 
 
@@ -247,11 +306,14 @@ def _network(record: Record, draft: _Draft) -> bool:
     if family in LANGUAGE_FAMILIES:
         _gpt2(record, draft)
         return True
+    if family in LLAMA_FAMILIES:
+        _llama3(record, draft)
+        return True
     if family in CNN_FAMILIES:
         _cnn(record, draft)
         return False
     draft.cannot(NETWORK if family else NOT_STATED,
-                 f"{family} ({record.model.name}): the suite builds GPT-2 and ResNet, VGG, MobileNetV2"
+                 f"{family} ({record.model.name}): the suite builds GPT-2, Llama 3 and ResNet, VGG, MobileNetV2"
                  if family else "model.family")
     return False
 
@@ -296,13 +358,23 @@ def _precision(record: Record, strategy: str, draft: _Draft) -> None:
         draft.cannot(PRECISION, f"{word}: not a precision the suite knows (fp32, bf16, fp16)")
 
 
+def _eager(record: Record, draft: _Draft) -> None:
+    """What the record ran beyond eager PyTorch's kernels and collectives, as `measured.also` flags it."""
+    also = record.measured.also
+    if also.get("torch_compile"):
+        draft.cannot(COMPILE, "compiled and fused kernels: the suite profiles and prices eager PyTorch")
+    if also.get("async_tp"):
+        draft.cannot(ASYNC_TP, "tensor-parallel matmuls decomposed to overlap their collectives (torchtitan's "
+                               "enable_async_tensor_parallel): not a knob of the suite")
+
+
 def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.activation_recompute
     framework = framework_of(record.training.framework)
     if word == "selective" and not framework.selective_recompute:
         draft.cannot(RECOMPUTE, f"{record.training.framework}'s selective checkpointing (torchtitan's: an operator "
-                                "policy that keeps matmul outputs), not the attention-core recomputation the suite "
-                                "runs")
+                                "policy that keeps every other matmul's output and the attention kernel's, and "
+                                "recomputes the rest), not the attention-core recomputation the suite runs")
     elif word == "selective":
         draft.set("activation_checkpointing=selective")
     elif strategy == "gpipe":  # torchgpipe's own recomputation
@@ -529,6 +601,7 @@ def map_record(record: Record) -> Mapped:
     language = _network(record, draft)
     _cluster(record, draft)
     strategy = _layout(record, language, draft)
+    _eager(record, draft)
     _precision(record, strategy or "", draft)
     _recompute(record, strategy or "", draft)
     _optimizer(record, language, draft)

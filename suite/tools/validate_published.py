@@ -1,8 +1,9 @@
 """`make validate-published`: the performance model scored against published GPU measurements, with nothing
 calibrated: each record mapped onto a suite point (suite.published.mapping), priced (suite.predict), and compared
 with its published figure; then the error per metric, strategy family, GPU type and source, the order of layouts
-within each source table (per source first, every record together last), each record, and the GPU pricing issue's
-targets beside what is reached.
+within each source table (per source first, every record together last), the predicted memory per GPU against what
+records state (per source, and whether the model says it fits: a record ran, so it fits), each record, and the GPU
+pricing issue's targets beside what is reached.
 
     python -m suite.tools.validate_published [FILE] [--json]
 
@@ -10,8 +11,9 @@ FILE defaults to analysis/published/gpu_measurements.yaml; any file of its schem
 README.md). Per record: id, published value, prediction, signed error (predicted / published - 1), source; a record
 the suite cannot express or price is listed with its reason. `--json`: one JSON object per line for each record's
 primary metric, and one with `metric: memory_gb_per_gpu` where the record states its memory per GPU, each with
-`id`, `metric`, `published`, `predicted` (null, with `reason`, where it cannot price), in the record's units. A
-malformed record is one line naming the file, the record and the key, exit 2, before anything is priced.
+`id`, `metric`, `published`, `predicted` (null, with `reason`, where it cannot price), in the record's units, and
+`fits` (the model's: whether the point fits its GPU). A malformed record is one line naming the file, the record and
+the key, exit 2, before anything is priced.
 """
 
 from __future__ import annotations
