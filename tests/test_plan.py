@@ -1,5 +1,6 @@
 """Malformed points are rejected before any process starts, with one clear line and a non-zero exit."""
 
+import re
 import subprocess
 import sys
 
@@ -335,9 +336,11 @@ def test_a_large_grid_says_how_many_points_it_plans_and_how_far_it_is(monkeypatc
     monkeypatch.setattr(PlanningProgress, "EVERY_S", 0.0)
     points = plan([["dataset=digits", "network=resnet18", f"seed={seed}"] for seed in range(3)])
     assert len(points) == 3
-    assert capsys.readouterr().err.splitlines()[:5] == [
-        "[plan] 3 points to plan", "[plan] 0 of 3 points composed in 0 s", "[plan] 1 of 3 points composed in 0 s",
-        "[plan] 2 of 3 points composed in 0 s", "[plan] 0 of 3 points checked in 0 s"]
+    # the seconds as the machine takes them: a loaded one composes a point in more than one
+    lines = [re.sub(r" in \d+ s$", " in N s", line) for line in capsys.readouterr().err.splitlines()[:5]]
+    assert lines == ["[plan] 3 points to plan", "[plan] 0 of 3 points composed in N s",
+                     "[plan] 1 of 3 points composed in N s", "[plan] 2 of 3 points composed in N s",
+                     "[plan] 0 of 3 points checked in N s"]
 
 
 def test_a_grid_composes_each_choice_of_files_once_into_the_configs_hydra_composes_whole():

@@ -227,6 +227,11 @@ def test_sweep_invocation_is_a_parent_run_with_the_report(digits_sweep):
     check_in_the_ui(experiment.experiment_id, parent.info.run_id)
 
 
+# MLflow's server imports for about 5 s of CPU before it answers: a minute on 2 cores shared with two other test
+# workers' ranks was not always enough.
+UI_START_S = 300
+
+
 @contextlib.contextmanager
 def ui_server(experiment: str):
     """`make ui` on the experiment, as a user starts it: (the server's address, the URL it printed) once it answers."""
@@ -236,11 +241,14 @@ def ui_server(experiment: str):
     try:
         url = ui.stdout.readline().strip().removeprefix("MLflow UI: ")
         base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
+        deadline = time.monotonic() + UI_START_S
+        while True:
             try:
                 urllib.request.urlopen(f"{base}/health", timeout=2)
                 break
             except OSError:
+                assert ui.poll() is None, f"make ui's server ended with exit code {ui.returncode}"
+                assert time.monotonic() < deadline, f"make ui's server did not answer in {UI_START_S} s"
                 time.sleep(0.5)
         yield base, url
     finally:
