@@ -194,6 +194,23 @@ def test_digits_are_a_fixed_normalised_split_of_the_1797_images():
     assert torch.equal(other_seed.val.tensors[0], data.val.tensors[0])
 
 
+def test_digits_are_scikit_learns_read_without_importing_it():
+    """Every rank of a digits point reads them: scikit-learn's import (1.6 s of CPU) is not part of that."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from suite.data.digits import load_digits; images, labels = load_digits(); "
+             "print(images.shape, labels.shape, 'sklearn' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.stdout == "(1797, 64) (1797,) False\n", result.stdout + result.stderr
+    from sklearn.datasets import load_digits as scikit_learns
+
+    from suite.data.digits import load_digits
+
+    for ours, theirs in zip(load_digits(), scikit_learns(return_X_y=True)):
+        assert np.array_equal(ours, theirs) and ours.dtype == theirs.dtype
+
+
 def test_digits_samples_cap_both_splits():
     data = build_datasets(dataset_conf("digits", samples=100, val_samples=30), seed=0)
     assert (len(data.train), len(data.val)) == (100, 30)
