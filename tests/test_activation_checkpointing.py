@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from suite.models.gpt2 import GPT2
-from suite.models.llama import LLAMA3_SIZES, Llama
 from suite.models.layers import block_layers
+from suite.models.llama import LLAMA3_SIZES, Llama
 from suite.models.vision import vgg
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing
 

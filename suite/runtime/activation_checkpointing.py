@@ -119,9 +119,9 @@ def operator_policy_contexts():
 
 def apply_activation_checkpointing(model: nn.Module, value: str, checkpoint_fn: Callable | None) -> int:
     """Wrap what `activation_checkpointing=value` recomputes of the plain model, in place: every k-th block,
-    (`selective`) every attention core, or (`selective_op`) every decoder block under the operator policy; return how many modules were wrapped. `checkpoint_fn` runs a module with
-    checkpointing (None: torch.utils.checkpoint, non-reentrant). Parameter names in state dicts stay those of the
-    plain model."""
+    (`selective`) every attention core, or (`selective_op`) every decoder block under the operator policy; return
+    how many modules were wrapped. `checkpoint_fn` runs a module with checkpointing (None: torch.utils.checkpoint,
+    non-reentrant). Parameter names in state dicts stay those of the plain model."""
     interval = checkpoint_interval(value)
     first = flatten_layers(model)[0]
     candidates = [layer.prefix.removesuffix(".") for layer in block_layers(model) if layer.prefix != first.prefix]

@@ -20,8 +20,13 @@ from suite.models import DECODERS, check_network
 from suite.models.gpt2 import flash_runs
 from suite.paths import name_problem
 from suite.placement import will_use_cuda
-from suite.runtime.activation_checkpointing import (OPERATOR_POLICY_TORCH, SELECTIVE, SELECTIVE_OP,
-                                                   checkpoint_interval, recomputes)
+from suite.runtime.activation_checkpointing import (
+    OPERATOR_POLICY_TORCH,
+    SELECTIVE,
+    SELECTIVE_OP,
+    checkpoint_interval,
+    recomputes,
+)
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import Strategy, build_strategy, older_torch, strategy_class, strategy_names
 from suite.sweep import catalog
