@@ -265,7 +265,8 @@ class PointConfig:
     warmup_steps: int = 2  # untimed training steps before the first epoch
     eval_batches: int | None = None  # None = the whole validation set
     precision: PrecisionName = PrecisionName.fp32
-    # none | every (each block) | k (every k-th block) | selective (each block's attention core)
+    # none | every (each block) | k (every k-th block) | selective (each block's attention core: Megatron-LM's) |
+    # selective_op (each decoder block under torchtitan's operator policy: matmul and attention outputs kept)
     activation_checkpointing: str = "none"
     seed: int = 0
     repeat: int = 0  # index of a repeated measurement of the same point (a sweep's `repeats`); part of its identity

@@ -2,12 +2,16 @@
 (the launched points are in test_equivalence.py: ddp, fsdp and zero with checkpointing against single)."""
 
 import copy
+from collections import Counter
 
+import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from suite.models.gpt2 import GPT2
 from suite.models.layers import block_layers
+from suite.models.llama import LLAMA3_SIZES, Llama
 from suite.models.vision import vgg
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing
 
@@ -84,3 +88,42 @@ def test_selective_recomputes_only_the_attention_cores_and_drops_their_scores():
     torch.testing.assert_close(grads, grads_plain, rtol=0, atol=0)
     scores = batch * heads * seq * seq
     assert kept_plain - kept >= layers * scores * (4 + 4)  # the fp32 softmax and scores at least
+
+
+class OpCalls(TorchDispatchMode):
+    """Counts the calls of each aten operator (by packet name) run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[func._overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("network", ["gpt2", "llama"])
+def test_selective_op_keeps_every_other_matmul_and_the_attention(network):
+    """torchtitan's operator policy: of a block's forward, the 1st, 3rd, ... matrix multiply and the attention kernel
+    are kept, the 2nd, 4th, ... multiply and the elementwise ops run again in backward; the gradients are the same
+    bits. A block multiplies 4 times (attn.qkv, attn.proj, mlp.fc, mlp.proj: GPT-2's addmm with their biases,
+    Llama's mm): of the 2nd and 4th, recomputation stops (torch's early stop) before the 4th, whose output only
+    the residual sum reads, which needs nothing of it for backward."""
+    torch.manual_seed(0)
+    layers, seq = 2, 32
+    plain = (GPT2(vocab_size=512, block_size=seq, n_layer=layers, n_head=2, n_embd=64) if network == "gpt2"
+             else Llama(512, LLAMA3_SIZES["tiny"]))
+    matmul, activation = ("addmm", "gelu") if network == "gpt2" else ("mm", "silu")
+    tokens = torch.randint(0, 512, (4, seq))
+    with OpCalls() as plain_ops:
+        _, grads_plain = train_step(plain, tokens)
+    model = copy.deepcopy(plain)
+    assert apply_activation_checkpointing(model, "selective_op", None) == layers
+    assert model.state_dict().keys() == plain.state_dict().keys()
+    with OpCalls() as ops:
+        _, grads = train_step(model, tokens)
+    torch.testing.assert_close(grads, grads_plain, rtol=0, atol=0)
+    again = ops.calls - plain_ops.calls
+    assert again[matmul] == layers
+    assert again[activation] == layers
+    assert again["_scaled_dot_product_flash_attention_for_cpu"] == 0

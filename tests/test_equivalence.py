@@ -476,6 +476,9 @@ LLAMA_STRATEGIES = {
     "fsdp_x_tp": ["strategy=fsdp", "strategy.tp=2", "workers=4", f"batch_size={GLOBAL_BATCH // 2}"],
     "megatron_tp2_sequence_parallel_selective": [*megatron_point(2), "strategy.sequence_parallel=true",
                                                  "activation_checkpointing=selective"],
+    # torchtitan's Llama 3 recipe: FSDP units, each block checkpointed under its operator policy
+    "fsdp_selective_op": ["strategy=fsdp", "workers=2", f"batch_size={GLOBAL_BATCH // 2}",
+                          "activation_checkpointing=selective_op"],
     "1f1b": pipeline_point("1f1b"),
     # 2 replicas of 2 stages of 2 tensor-parallel ranks
     "dp_x_pp_x_tp": ["strategy=1f1b", "workers=8", "strategy.pp=2", "strategy.tp=2",

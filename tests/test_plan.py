@@ -81,6 +81,14 @@ MALFORMED = {
     "selective recomputation of a CNN": (["activation_checkpointing=selective"],
                                          "activation_checkpointing=selective recomputes a decoder's attention cores; "
                                          "network resnet18 has none"),
+    "operator-level selective recomputation of a CNN": (["activation_checkpointing=selective_op"],
+                                                        "activation_checkpointing=selective_op checkpoints a decoder's "
+                                                        "blocks; network resnet18 has none"),
+    "operator-level selective recomputation under DeepSpeed": (["dataset=tokens", "network=gpt2_tiny", "strategy=zero",
+                                                                "optimizer.name=adam",
+                                                                "activation_checkpointing=selective_op"],
+                                                               "strategy zero checkpoints with its library's own "
+                                                               "function"),
     "selective recomputation under torchgpipe": (["dataset=tokens", "network=gpt2_tiny", "strategy=gpipe", "workers=2",
                                                   "activation_checkpointing=selective"],
                                                  "strategy gpipe does not apply activation_checkpointing=selective"),

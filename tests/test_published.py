@@ -51,11 +51,7 @@ HYBRID_3D = ("narayanan-a100-t2-ptd-530b-560gpu", (  # Megatron-LM's dp x pp x t
 LLAMA3_8B = ("torchtitan-h100-llama3-8b-8gpu-fsdp", (  # torchtitan's FSDP2 on Meta's Grand Teton
     "framework=torchtitan", "dataset=tokens", "dataset.seq_len=8192", "dataset.vocab_size=128256",
     "network=llama3_8b", "cluster=grand_teton", "workers=8", "strategy=fsdp", "batch_size=2", "precision=bf16",
-    "optimizer.name=adam"))
-TORCHTITAN_SELECTIVE = Reason(
-    mapping.RECOMPUTE, "torchtitan (PyTorch FSDP2)'s selective checkpointing (torchtitan's: an operator policy that "
-                       "keeps every other matmul's output and the attention kernel's, and recomputes the rest), not "
-                       "the attention-core recomputation the suite runs")
+    "activation_checkpointing=selective_op", "optimizer.name=adam"))
 STUDY_J_HOROVOD = ("studyj-horovod-resnet50-imagenet-16gpu-speedup", (
     "framework=pytorch",
     "dataset=imagenet", "network=resnet50", "cluster=lisa", "workers=16", "strategy=horovod", "batch_size=32"))
@@ -101,7 +97,7 @@ def test_a_llama3_record_maps_to_the_suites_llama_with_torchtitans_defaults_said
     """Its size by its dimensions, on the catalog's Grand Teton; what it leaves unstated (context, vocabulary,
     precision, key-value heads) from torchtitan's configs and Llama 3's tokenizer, each an assumption."""
     mapped = map_record(records[LLAMA3_8B[0]])
-    assert mapped.overrides == LLAMA3_8B[1]  # its selective recomputation left out: the record's reason
+    assert mapped.overrides == LLAMA3_8B[1]  # its selective recomputation: torchtitan's operator policy
     assert mapped.assumptions[:4] == (
         "sequence length not stated: 8192, torchtitan (PyTorch FSDP2)'s default (train_configs/llama3_8b.toml, "
         "llama3_70b.toml and llama3_405b.toml: seq_len = 8192, at commit 9dec370, which its Llama 3.1 benchmarks "
@@ -145,11 +141,9 @@ def test_an_epoch_is_priced_over_the_records_own_dataset_or_not_at_all(records):
     ("horovod-docs-vgg16-512gpu-scaling", (
         Reason(mapping.GPU, "other:pascal: no cluster of conf/cluster/ has this GPU type"),
         Reason(mapping.NOT_STATED, "training.global_batch and training.micro_batch"))),
-    ("torchtitan-h100-llama3-8b-8gpu-fsdp", (TORCHTITAN_SELECTIVE,)),
     ("torchtitan-h100-llama3-8b-8gpu-fsdp-compile-float8", (
         Reason(mapping.COMPILE, "compiled and fused kernels: the suite profiles and prices eager PyTorch"),
-        Reason(mapping.PRECISION, "fp8_linear+bf16: the suite trains in fp32, bf16 or fp16"),
-        TORCHTITAN_SELECTIVE)),
+        Reason(mapping.PRECISION, "fp8_linear+bf16: the suite trains in fp32, bf16 or fp16"))),
     ("torchtitan-h100-llama3-8b-8gpu-fsdp4-cp2-s65536", (
         Reason(mapping.CONTEXT_PARALLEL, "the sequence split over 2 GPUs"),
         Reason(mapping.COMPILE, "compiled and fused kernels: the suite profiles and prices eager PyTorch"),
@@ -168,7 +162,7 @@ def test_a_record_the_suite_cannot_express_gets_its_reasons(records, ident, reas
 
 @pytest.fixture(scope="module")
 def planned(records) -> dict[str, mapping.Mapped]:
-    """Every record mapped and planned (Hydra composes the 168 points the mapping expresses)."""
+    """Every record mapped and planned (Hydra composes the 170 points the mapping expresses)."""
     return {m.record.id: m for m in plan_records(list(records.values()))}
 
 
@@ -224,8 +218,9 @@ def test_every_record_is_planned_or_has_a_reason(records, planned):
     assert all((m.point is not None) == m.expressible for m in planned.values())
     counts = mapping.counts(list(planned.values()))
     assert sum(first for first, _ in counts.values()) == 223
-    # 58 before gradient accumulation (107 LLM Foundry records), 165 before 3D layouts
-    assert counts[mapping.EXPRESSIBLE][0] == 168
+    # 58 before gradient accumulation (107 LLM Foundry records), 165 before 3D layouts, 168 before torchtitan's
+    # selective recomputation (its two plain FSDP records)
+    assert counts[mapping.EXPRESSIBLE][0] == 170
 
 
 # --- bad input: one line naming the file, the record and the key, exit 2 ----------------------------------------
@@ -351,8 +346,9 @@ def test_every_framework_of_the_open_set_is_described_and_matched_by_its_whole_n
     assert named <= frameworks().keys(), named - frameworks().keys()
     megatron = framework_of("Megatron-LM")
     assert megatron.attention.value == "math" and "--use-flash-attn" in megatron.attention.source
-    assert megatron.recompute.value == "every" and megatron.selective_recompute
-    assert framework_of("torchtitan (PyTorch FSDP2)").precision.value == "bf16"
+    assert megatron.recompute.value == "every" and megatron.selective_recompute == "selective"
+    torchtitan = framework_of("torchtitan (PyTorch FSDP2)")
+    assert torchtitan.precision.value == "bf16" and torchtitan.selective_recompute == "selective_op"
     stranger = framework_of("my megatron fork")  # "megatron" in its name gave it Megatron-LM's kernels before
     assert stranger.attention is None and stranger.precision is None and not stranger.offload
     record = records["megatron-readme2020-mp-dgxa100-4b"]

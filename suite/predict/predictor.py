@@ -28,11 +28,12 @@ from suite.predict import correction, overhead
 from suite.predict.costs import StepTime, checkpointed
 from suite.predict.links import link_model
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
-from suite.predict.roofline import GPU_RANK_BASE_BYTES, datasheet_profile
+from suite.predict.roofline import GPU_RANK_BASE_BYTES, counted, datasheet_profile
 from suite.predict.step import VARIANTS, Workload, step_time
 from suite.profiling.cache import data_profile, network_profile, rank_base_mb, worker_thread_profile
-from suite.profiling.profiles import Profile
-from suite.runtime.activation_checkpointing import SELECTIVE, checkpoint_interval
+from suite.profiling.counted import CountedLayer, CountedNetwork
+from suite.profiling.profiles import LayerProfile, Profile
+from suite.runtime.activation_checkpointing import SELECTIVE, SELECTIVE_OP, checkpoint_interval
 from suite.sweep.plan import Point
 from suite.vocabulary import PRICED_FROM
 
@@ -170,6 +171,10 @@ def workload(point: Point, fewer_ranks: bool = False) -> tuple[Workload, torch.d
             profiled_on += f", {profile.taken['busy_share']:.0%} of the cores busy with other work"
     if cfg.activation_checkpointing == SELECTIVE:
         profile = attention_recomputed(profile)
+    if cfg.activation_checkpointing == SELECTIVE_OP:
+        if not from_datasheet(cfg, device):
+            profile = with_operator_split(profile, counted(cfg, profile.batch))
+        profile = operators_recomputed(profile)
     on_gpus = will_use_cuda(cfg.cluster)
     slowdown = 1.0
     if layout.stages_in_one_process and not on_gpus:
@@ -210,11 +215,40 @@ def attention_recomputed(profile: Profile) -> Profile:
                    train_bytes=profile.train_bytes - sum(layer.core_saved_bytes for layer in profile.layers))
 
 
+def with_operator_split(profile: Profile, network: CountedNetwork) -> Profile:
+    """A measured profile with what `selective_op` trades in each decoder block, from the same network counted
+    (`network`): what the block keeps, and of its measured forward seconds the share of its forward FLOPs that the
+    policy recomputes. An approximation: the recomputed ops are the light ones (norms, activations, elementwise),
+    which count no FLOPs but take time, so this share prices the recomputed multiplies alone."""
+    def split(layer: LayerProfile, counted_layer: CountedLayer) -> LayerProfile:
+        flops = sum(kernel.flops for kernel in counted_layer.forward)
+        recomputed = sum(kernel.flops for kernel in counted_layer.op_recomputed)
+        return replace(layer, op_recomputed_s=layer.forward_s * recomputed / flops if flops else 0.0,
+                       op_recomputed_flops=int(recomputed), op_kept_bytes=counted_layer.op_kept_bytes)
+    return replace(profile, layers=tuple(map(split, profile.layers, network.layers)))
+
+
+def operators_recomputed(profile: Profile) -> Profile:
+    """The profile as `selective_op` trains the network (torchtitan's operator policy): each decoder block's
+    backward runs again the forward ops the policy does not save, and the block keeps only its input and the
+    outputs of those it saves. Every strategy's step and memory model prices it as it is."""
+    def trained(layer: LayerProfile) -> LayerProfile:
+        if not layer.op_kept_bytes:  # not a decoder block
+            return layer
+        return replace(layer, backward_s=layer.backward_s + layer.op_recomputed_s, saved_bytes=layer.op_kept_bytes)
+    layers = tuple(map(trained, profile.layers))
+    freed = sum(plain.saved_bytes - layer.saved_bytes for plain, layer in zip(profile.layers, layers))
+    return replace(profile, layers=layers, train_bytes=profile.train_bytes - freed,
+                   backward_s=profile.backward_s + sum(layer.op_recomputed_s for layer in profile.layers))
+
+
 def recomputed_flops(profile: Profile, cfg) -> float:
-    """The forward FLOPs that activation checkpointing runs again in backward: of the blocks it wraps, or of the
-    attention cores (`selective`)."""
+    """The forward FLOPs that activation checkpointing runs again in backward: of the blocks it wraps, of the
+    attention cores (`selective`), or of the ops the operator policy does not save (`selective_op`)."""
     if cfg.activation_checkpointing == SELECTIVE:
         return sum(layer.core_forward_flops for layer in profile.layers)
+    if cfg.activation_checkpointing == SELECTIVE_OP:
+        return sum(layer.op_recomputed_flops for layer in profile.layers)
     again = checkpointed(list(profile.layers), checkpoint_interval(cfg.activation_checkpointing))
     return sum(layer.forward_flops for layer, a in zip(profile.layers, again) if a)
 

@@ -192,7 +192,8 @@ def datasheet_profile(cfg, batch: int) -> Profile:
         param_tensors=layer.param_tensors, tied_bytes=layer.tied_bytes, block=layer.block,
         core_forward_s=sum(map(gpu.seconds, layer.core_forward)),
         core_forward_flops=int(sum(k.flops for k in layer.core_forward)), core_saved_bytes=layer.core_saved_bytes,
-        output_elements=layer.output_elements)
+        output_elements=layer.output_elements, op_recomputed_s=sum(map(gpu.seconds, layer.op_recomputed)),
+        op_recomputed_flops=int(sum(k.flops for k in layer.op_recomputed)), op_kept_bytes=layer.op_kept_bytes)
         for layer in network.layers)
     param_bytes = sum(layer.param_bytes for layer in layers)
     streamed, states = optimizer_bytes(cfg)

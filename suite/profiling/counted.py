@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.profiling.cores import CoreWatch
+from suite.runtime.activation_checkpointing import DECODER_BLOCKS, MatmulKeepingPolicy
 
 MATMUL = "matmul"  # on the tensor cores (or the FP32 units): GEMMs
 CONV = "conv"  # convolutions (cuDNN), forward and backward
@@ -78,6 +79,10 @@ class CountedLayer:
     core_forward: tuple[Kernel, ...] = ()  # the forward kernels its attention cores launch (GPT-2's)
     core_saved_bytes: int = 0  # what autograd keeps inside them and nowhere else, their inputs excluded
     output_elements: int = 0
+    # A decoder block under `selective_op`'s operator policy: the forward kernels it runs again in backward, and
+    # what it keeps (its input, and the outputs of the ops the policy saves)
+    op_recomputed: tuple[Kernel, ...] = ()
+    op_kept_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ class _Kernels(TorchDispatchMode):
     """Records one Kernel per aten operator (apart as well, those of the `watch`ed attention cores); with `half`,
     tracks which tensors autocast would hold in half precision."""
 
-    def __init__(self, half: bool, state: set[int], watch: CoreWatch) -> None:
+    def __init__(self, half: bool, state: set[int], watch: CoreWatch, policy: MatmulKeepingPolicy | None) -> None:
         # imported when counting, not with the module: it imports triton (a third of a second for every driver)
         from torch.utils.flop_counter import flop_registry
 
@@ -106,6 +111,9 @@ class _Kernels(TorchDispatchMode):
         self.watch = watch
         self.kernels: list[Kernel] = []
         self.core_kernels: list[Kernel] = []  # those launched while an attention core runs
+        self.policy = policy  # `selective_op`'s, in a decoder block's forward; None elsewhere
+        self.recomputed: list[Kernel] = []  # the kernels it does not save
+        self.kept_bytes = 0  # the outputs of those it saves
         self.half_ids: set[int] = set()
         self.alive: list[torch.Tensor] = []  # ids stay unique while their tensors live
         self.largest = 0
@@ -153,13 +161,17 @@ class _Kernels(TorchDispatchMode):
                 rows, cols = shape[0] * shape[2] * shape[3], shape[1]
         depth = round(flops / (2 * rows * cols)) if kind == MATMUL and rows * cols else 0
         aligned = kind != MATMUL or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
-        self.record(Kernel(kind, flops, moved, rows, cols, aligned))
+        self.record(Kernel(kind, flops, moved, rows, cols, aligned), func, outputs)
         return out
 
-    def record(self, kernel: Kernel) -> None:
+    def record(self, kernel: Kernel, op, outputs: list[torch.Tensor]) -> None:
         self.kernels.append(kernel)
         if self.watch.inside:
             self.core_kernels.append(kernel)
+        if self.policy and self.policy.saves(op):
+            self.kept_bytes += sum(map(self.nbytes, outputs))
+        elif self.policy:
+            self.recomputed.append(kernel)
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -200,8 +212,10 @@ class _Attention(TorchFunctionMode):
         if self.kernels.half:
             self.kernels.mark_half([q, k, v, out])
         moved = sum(map(self.kernels.nbytes, tensors))
+        # recorded as the GPU's fused kernel (flash attention), which `selective_op` saves
         self.kernels.record(Kernel(ATTENTION, flops, moved, q.numel() // head_dim, head_dim,
-                                           keys=k_len, causal=causal))
+                                   keys=k_len, causal=causal), _aten._scaled_dot_product_flash_attention.default,
+                            [] if backward else [out])
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -263,7 +277,8 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         tied = [p for p in layer.module.parameters() if id(p) in seen]
         seen.update(id(p) for p in own)
         watch = CoreWatch(layer.module)
-        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch)
+        policy = MatmulKeepingPolicy() if isinstance(layer.module, DECODER_BLOCKS) else None
+        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch, policy)
         x_in = x.detach().requires_grad_(x.is_floating_point())
         if x_half:
             kernels.mark_half([x_in])
@@ -275,6 +290,7 @@ def count_network(cfg, batch: int) -> CountedNetwork:
                 y = loss_fn(y, targets)
         forward = list(kernels.kernels)
         kernels.kernels.clear()
+        kernels.policy = None
         with fused(kernels), kernels:
             y.backward(torch.ones_like(y))
         backward = list(kernels.kernels)
@@ -282,12 +298,16 @@ def count_network(cfg, batch: int) -> CountedNetwork:
             cast = Kernel(MEMORY, 0.0, CAST_BYTES * sum(p.numel() for p in layer.module.parameters() if p.dim() > 1))
             forward.append(cast)
             backward.append(cast)
+            if policy:
+                kernels.recomputed.append(cast)
         largest = max(largest, kernels.largest)
         counted.append(CountedLayer(
             name=layer.prefix.removesuffix(".") or type(layer.module).__name__, forward=tuple(forward),
             backward=tuple(backward), output_bytes=output_bytes, saved_bytes=saved.total,
             param_bytes=sum(map(_nbytes, own)), param_tensors=len(own), tied_bytes=sum(map(_nbytes, tied)),
             block=bool(layer.prefix) and any(True for _ in layer.module.parameters()),
-            core_forward=tuple(kernels.core_kernels), core_saved_bytes=saved.core, output_elements=output_elements))
+            core_forward=tuple(kernels.core_kernels), core_saved_bytes=saved.core, output_elements=output_elements,
+            op_recomputed=tuple(kernels.recomputed) if policy else (),
+            op_kept_bytes=kernels.nbytes(x_in) + kernels.kept_bytes if policy else 0))
         x = y.detach() if not last else x
     return CountedNetwork(tuple(counted), _nbytes(inputs), sum(_nbytes(b) for b in model.buffers()), largest)

@@ -31,7 +31,9 @@ class Framework:
     attention: Default | None = None  # the kernel its attention ran: math, efficient or flash
     precision: Default | None = None
     recompute: Default | None = None  # activation recomputation: every or none
-    selective_recompute: bool = False  # its "selective" recomputation is the attention core's, as the suite's
+    # the suite's activation_checkpointing its "selective" recomputation is: selective (Megatron-LM's attention core)
+    # or selective_op (torchtitan's operator policy); None: none the suite runs
+    selective_recompute: str | None = None
     offload: bool = False  # it offloads to the host (what, no record field says)
     shards_data_parallel: bool = False  # its data parallelism is FSDP's
     single_process_pipeline: bool = False  # one process drives every stage (torchgpipe)
@@ -53,7 +55,7 @@ def frameworks() -> dict[str, Framework]:
             raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(KEYS))})")
         framework = Framework(path.stem, _default(data.get("attention"), "kernel"),
                               _default(data.get("precision"), "default"), _default(data.get("recompute"), "default"),
-                              bool(data.get("selective_recompute")), bool(data.get("offload")),
+                              data.get("selective_recompute"), bool(data.get("offload")),
                               bool(data.get("shards_data_parallel")), bool(data.get("single_process_pipeline")),
                               _default(data.get("seq_len"), "default"))
         found.update({name: framework for name in data["names"]})

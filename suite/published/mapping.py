@@ -372,11 +372,10 @@ def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.activation_recompute
     framework = framework_of(record.training.framework)
     if word == "selective" and not framework.selective_recompute:
-        draft.cannot(RECOMPUTE, f"{record.training.framework}'s selective checkpointing (torchtitan's: an operator "
-                                "policy that keeps every other matmul's output and the attention kernel's, and "
-                                "recomputes the rest), not the attention-core recomputation the suite runs")
+        draft.cannot(RECOMPUTE, f"{record.training.framework}'s selective checkpointing, of a kind not described "
+                                "(conf/framework/, selective_recompute)")
     elif word == "selective":
-        draft.set("activation_checkpointing=selective")
+        draft.set(f"activation_checkpointing={framework.selective_recompute}")
     elif strategy == "gpipe":  # torchgpipe's own recomputation
         if word is None:
             draft.assume("recomputation not stated: torchgpipe's default checkpoint=except_last")

@@ -6,8 +6,12 @@ The unit is a block of `suite.models.layers` (a GPT-2 block, a ResNet block, a V
 `selective` checkpoints only each GPT-2 block's attention core (softmax(q k^T) v: Megatron-LM's selective
 recomputation, Korthikanti et al. 2022), whose scores, softmax and dropout mask are the activations that grow with
 the sequence squared and cost few FLOPs to compute again; with a fused attention kernel, which keeps no scores,
-it saves little. The
-checkpoint function is the strategy's: torch.utils.checkpoint, or DeepSpeed's under `zero`. The network's
+it saves little.
+`selective_op` is torchtitan's selective recomputation (its Llama train configs' `selective_ac_option = "op"`):
+each decoder block is checkpointed under an operator policy (`MatmulKeepingPolicy`) that keeps the outputs of every
+other matrix multiply, of the attention kernel and of a few other ops, and recomputes the rest (norms,
+activations, elementwise ops); torch.utils.checkpoint's selective API (torch 2.4) runs it, so not under DeepSpeed.
+The checkpoint function is the strategy's: torch.utils.checkpoint, or DeepSpeed's under `zero`. The network's
 first layer, which reads the data (a VGG's or MobileNetV2's first convolution), is not a candidate: it keeps
 its input for backward either way, and under DeepSpeed's reentrant checkpoint an output computed from inputs
 that need no gradient would cut the gradient of every layer before the loss.
@@ -23,27 +27,51 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from suite.errors import BadValue
+from suite.models import gpt2, llama
 from suite.models.gpt2 import AttentionCore
 from suite.models.layers import block_layers, flatten_layers
 
 SELECTIVE = "selective"
+SELECTIVE_OP = "selective_op"
+OPERATOR_POLICY_TORCH = "2.4"  # torch.utils.checkpoint.create_selective_checkpoint_contexts
+
+
+def _ops(namespace, *names: str) -> frozenset:
+    """The default overloads of the operators `names` of an op namespace that this torch has."""
+    return frozenset(getattr(namespace, name).default for name in names if hasattr(namespace, name))
+
+
+_aten = torch.ops.aten
+# A matrix multiply: torchtitan counts aten.mm, all its (bias-free) Llama's linears run; a linear with a bias (GPT-2's)
+# runs aten.addmm, the same product with the bias added, counted as one as well.
+MATMULS = _ops(_aten, "mm", "addmm")
+# torchtitan's save list (torchtitan/models/llama3/infra/parallelize.py, `_op_sac_save_list`; pytorch/torchtitan
+# at 018740b): the attention kernels, FSDP's/TP's reduce-scatter, and max (the amax of fp8 scaling), beside mm.
+# Its flex, varlen and compiled-region ops are not among what the suite's networks run. On CPU, torch's attention
+# runs aten._scaled_dot_product_flash_attention_for_cpu, kept too so that the policy trades on CPU as on a GPU.
+SAVED_OPS = MATMULS | _ops(_aten, "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                           "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+                           "_scaled_dot_product_fused_attention_overrideable",
+                           "_scaled_dot_product_flash_attention_for_cpu", "max") \
+    | _ops(torch.ops._c10d_functional, "reduce_scatter_tensor")
 
 
 def checkpoint_interval(value: str) -> int:
     """Every how many blocks one is checkpointed whole: 0 for `none` and `selective`, 1 for `every`, else the k
     given."""
-    if value in ("none", SELECTIVE):
+    if value in ("none", SELECTIVE, SELECTIVE_OP):
         return 0
     if value == "every":
         return 1
     if value.isdigit() and int(value) > 0:
         return int(value)
-    raise BadValue(f"activation_checkpointing={value} is not none, every, selective or a block interval k >= 1")
+    raise BadValue(f"activation_checkpointing={value} is not none, every, selective, selective_op or a block "
+                   "interval k >= 1")
 
 
 def recomputes(value: str) -> bool:
     """Whether `activation_checkpointing=value` recomputes anything."""
-    return value == SELECTIVE or checkpoint_interval(value) > 0
+    return value in (SELECTIVE, SELECTIVE_OP) or checkpoint_interval(value) > 0
 
 
 def attention_cores(model: nn.Module) -> list[str]:
@@ -51,20 +79,61 @@ def attention_cores(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, AttentionCore)]
 
 
+DECODER_BLOCKS = (gpt2.Block, llama.Block)
+
+
+def decoder_blocks(model: nn.Module) -> list[str]:
+    """The qualified names of the model's decoder blocks (GPT-2's and Llama 3's), which `selective_op` checkpoints."""
+    return [name for name, module in model.named_modules() if isinstance(module, DECODER_BLOCKS)]
+
+
+class MatmulKeepingPolicy:
+    """torchtitan's operator policy (torchtitan/distributed/activation_checkpoint.py, `_apply_op_sac`; pytorch/
+    torchtitan at cfb9326) for one checkpointed run of a block: the outputs of the ops in `SAVED_OPS` are kept for
+    backward, except every second matrix multiply (the 2nd, 4th, ... of the block's forward), which is recomputed
+    with everything else. Multiplies are counted apart in forward and in the recomputation, so that both agree.
+    torchtitan also keeps a GPU-to-CPU copy (its activation offloading, which the suite does not run), and can
+    force multiplies of given shapes to be recomputed (an option, empty by default)."""
+
+    def __init__(self) -> None:
+        self.matmuls = {False: 0, True: 0}  # by whether the block is being recomputed
+
+    def saves(self, op, recomputing: bool = False) -> bool:
+        if op in MATMULS:
+            self.matmuls[recomputing] += 1
+            return self.matmuls[recomputing] % 2 == 1
+        return op in SAVED_OPS
+
+    def __call__(self, ctx, op, *args, **kwargs):
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        return CheckpointPolicy.MUST_SAVE if self.saves(op, ctx.is_recompute) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def operator_policy_contexts():
+    """The forward and recomputation contexts of one checkpointed run under a fresh `MatmulKeepingPolicy`."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(MatmulKeepingPolicy())
+
+
 def apply_activation_checkpointing(model: nn.Module, value: str, checkpoint_fn: Callable | None) -> int:
-    """Wrap what `activation_checkpointing=value` recomputes of the plain model, in place: every k-th block, or
-    (`selective`) every attention core; return how many modules were wrapped. `checkpoint_fn` runs a module with
-    checkpointing (None: torch.utils.checkpoint, non-reentrant). Parameter names in state dicts stay those of the
-    plain model."""
+    """Wrap what `activation_checkpointing=value` recomputes of the plain model, in place: every k-th block,
+    (`selective`) every attention core, or (`selective_op`) every decoder block under the operator policy; return
+    how many modules were wrapped. `checkpoint_fn` runs a module with checkpointing (None: torch.utils.checkpoint,
+    non-reentrant). Parameter names in state dicts stay those of the plain model."""
     interval = checkpoint_interval(value)
     first = flatten_layers(model)[0]
     candidates = [layer.prefix.removesuffix(".") for layer in block_layers(model) if layer.prefix != first.prefix]
     chosen = [name for i, name in enumerate(candidates, 1) if interval and i % interval == 0]
     if value == SELECTIVE:
         chosen = attention_cores(model)
+    policy = {}
+    if value == SELECTIVE_OP:
+        chosen, policy = decoder_blocks(model), {"context_fn": operator_policy_contexts}
     for qualified in chosen:
         parent, _, name = qualified.rpartition(".")
-        wrapped = checkpoint_wrapper(model.get_submodule(qualified), checkpoint_fn=checkpoint_fn)
+        wrapped = checkpoint_wrapper(model.get_submodule(qualified), checkpoint_fn=checkpoint_fn, **policy)
         model.get_submodule(parent).register_module(name, wrapped)
     return len(chosen)
 

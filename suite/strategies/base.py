@@ -41,6 +41,8 @@ class Supports:
     precisions: tuple[str, ...] = tuple(PrecisionName)
     optimizers: tuple[str, ...] = tuple(OptimizerName)
     activation_checkpointing: bool = True  # applied to the plain model before `setup`
+    # checkpoints with torch.utils.checkpoint, whose selective policy `selective_op` needs (not its library's own)
+    operator_policy: bool = True
     grad_accum: bool = False  # trains `grad_accum` micro-batches per step (DataParallel's step), synced as it says
     grad_compressions: tuple[str, ...] = (GradCompression.none,)
     # True where all its communication goes through torch.distributed process groups, so that suite.runtime.metrics's

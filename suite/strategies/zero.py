@@ -213,7 +213,7 @@ class Zero(Strategy):
     base_memory_of: ClassVar[str] = "zero"  # its library's rank, not DDP's
     # Optimizers: those the generated ds_config names. ZeRO steps flat partitions that cut across parameters: no LAMB.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=tuple(DS_OPTIMIZERS),
-                                            grad_accum=True)
+                                            grad_accum=True, operator_policy=False)
     requires: ClassVar[tuple[Library, ...]] = (Library("DeepSpeed", "deepspeed", "setup"),)
     # What the pinned DeepSpeed (0.19.8) calls: torch.autograd.graph._get_grad_fn_or_grad_acc in every backward (torch
     # 2.3; on 2.1 every stage fails there), and at stage 3 torch.get_autocast_dtype (torch 2.4; on 2.3.1 stages 1

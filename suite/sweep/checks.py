@@ -9,6 +9,7 @@ import math
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from packaging.version import Version
 
 from launchers import SCHEDULERS
 from suite.config import OptimizerConfig
@@ -19,7 +20,13 @@ from suite.models import DECODERS, check_network
 from suite.models.gpt2 import flash_runs
 from suite.paths import name_problem
 from suite.placement import will_use_cuda
-from suite.runtime.activation_checkpointing import SELECTIVE, checkpoint_interval, recomputes
+from suite.runtime.activation_checkpointing import (
+    OPERATOR_POLICY_TORCH,
+    SELECTIVE,
+    SELECTIVE_OP,
+    checkpoint_interval,
+    recomputes,
+)
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import Strategy, build_strategy, older_torch, strategy_class, strategy_names
 from suite.sweep import catalog
@@ -237,16 +244,30 @@ def validate(cfg: DictConfig, torch_version: str, runs_here: bool = True,
     if too_old:
         raise OlderTorch(too_old)
     strategy.check(cfg)
-    _check_knobs(cfg, strategy)
+    _check_knobs(cfg, strategy, torch_version)
     layout = strategy.layout(cfg)
     _check_batches(cfg, layout)
     _check_placement(cfg)
     return strategy, layout
 
 
-def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
+def _check_operator_policy(cfg: DictConfig, strategy: Strategy, torch_version: str) -> None:
+    """`selective_op` checkpoints a decoder's blocks under torch.utils.checkpoint's selective policy."""
+    if cfg.network.arch not in DECODERS:
+        raise ConfigError(f"activation_checkpointing=selective_op checkpoints a decoder's blocks; network "
+                          f"{cfg.network.name} has none (use every or a block interval k)")
+    if not strategy.supports.operator_policy:
+        raise ConfigError(f"strategy {strategy.name} checkpoints with its library's own function, which runs no "
+                          f"operator policy: activation_checkpointing=selective_op needs torch.utils.checkpoint "
+                          f"(use every, a block interval k or selective)")
+    if Version(torch_version).release < Version(OPERATOR_POLICY_TORCH).release:
+        raise OlderTorch(f"activation_checkpointing=selective_op needs torch >= {OPERATOR_POLICY_TORCH} "
+                         f"(torch.utils.checkpoint's selective policy), this environment has torch {torch_version}")
+
+
+def _check_knobs(cfg: DictConfig, strategy: Strategy, torch_version: str) -> None:
     """The cross-strategy knobs (precision, optimizer, activation checkpointing, gradient accumulation, gradient
-    compression) fit the strategy."""
+    compression) fit the strategy (and the torch of `torch_version` its ranks run on)."""
     supports = strategy.supports
     if cfg.precision not in supports.precisions:
         raise ConfigError(f"strategy {strategy.name} does not train in precision={cfg.precision} "
@@ -262,6 +283,8 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy) -> None:
     if cfg.activation_checkpointing == SELECTIVE and cfg.network.arch not in DECODERS:
         raise ConfigError(f"activation_checkpointing=selective recomputes a decoder's attention cores; network "
                           f"{cfg.network.name} has none (use every or a block interval k)")
+    if cfg.activation_checkpointing == SELECTIVE_OP:
+        _check_operator_policy(cfg, strategy, torch_version)
     if cfg.grad_accum > 1 and not supports.grad_accum:
         accumulating = [name for name in strategy_names() if strategy_class(name).supports.grad_accum]
         hint = strategy.accumulation_hint or f"leave it 1 ({', '.join(accumulating)} accumulate)"
