@@ -90,7 +90,7 @@ test-fast: setup  ## the tests that start no processes (about 2 minutes)
 # processor family only fails here, not on the next CI machine.
 NUMERIC_TESTS := tests/test_megatron_tuning.py tests/test_megatron_batch.py tests/test_pipedream.py \
 	tests/test_models.py tests/test_activation_checkpointing.py tests/test_zero_precision.py tests/test_fsdp_tuning.py \
-	tests/test_tp_fp16.py
+	tests/test_tp_fp16.py tests/test_llama.py
 test-numerics: setup  ## the numeric tests under each CPU vector width and thread count
 	@for width in default avx2 $$(grep -q -w avx512f /proc/cpuinfo && echo avx512); do for threads in 1 2; do \
 		echo "ATEN_CPU_CAPABILITY=$$width OMP_NUM_THREADS=$$threads"; \
