@@ -21,6 +21,10 @@ from suite.records.store import Store
 # instead (the whole suite's CPU time 7% lower, measured on test_sweep and test_equivalence). Nothing here times
 # a point against a bound, and the arithmetic is the same.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A profile times its network over 5 s of steps (suite.profiling.profiles.WINDOW_S), in as many children as the point
+# has ranks on a node: 5 CPU-seconds or more a profile, over 300 of `make test`'s when every test profiled with it.
+# The tests check what a profile holds and how predictions use it, not how steady its times are.
+os.environ.setdefault("SUITE_PROFILE_WINDOW_S", "0.5")
 
 # A small, fast point that learns: ResNet-18 on scikit-learn's real 8x8 digits.
 DIGITS = ["dataset=digits", "network=resnet18", "dataset.samples=256", "dataset.val_samples=64", "batch_size=16",

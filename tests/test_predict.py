@@ -27,7 +27,7 @@ from suite.predict.memory import rank_memory
 from suite.predict.predictor import crowding, predict, workload
 from suite.predict.step import Workload, step_time
 from suite.profiling.cache import _median_times, network_profile
-from suite.profiling.profiles import LayerProfile, Profile
+from suite.profiling.profiles import WINDOW_S, LayerProfile, Profile, window_s
 from suite.strategies.ddp import DDP
 from suite.strategies.fsdp import FSDP
 from suite.strategies.gpipe import GPipe
@@ -437,9 +437,21 @@ def test_profile_is_cached(results, monkeypatch):
     first, hit = network_profile(point.cfg, 2, torch.device("cpu"), 1)
     assert not hit and len(first.layers) == 3 and first.flops > 0
     assert [layer.block for layer in first.layers] == [False, True, False]
+    assert first.taken["window_s"] == 0.5  # the tests' SUITE_PROFILE_WINDOW_S (conftest), said with the profile
     again, hit = network_profile(point.cfg, 2, torch.device("cpu"), 1)
     assert hit and again == first
     assert len(list((results / "profiles").glob("net-gpt2_nano-b2-fp32-t1-*.json"))) == 1
+
+
+def test_a_profile_window_that_is_not_seconds_is_one_line(monkeypatch):
+    monkeypatch.setenv("SUITE_PROFILE_WINDOW_S", "5s")
+    with pytest.raises(ConfigError, match=r"^SUITE_PROFILE_WINDOW_S='5s' is not a number of seconds \(0 or more\)$"):
+        window_s()
+    monkeypatch.setenv("SUITE_PROFILE_WINDOW_S", "-1")
+    with pytest.raises(ConfigError):
+        window_s()
+    monkeypatch.delenv("SUITE_PROFILE_WINDOW_S")
+    assert window_s() == WINDOW_S
 
 
 @pytest.mark.slow  # profiles in a child interpreter

@@ -32,7 +32,7 @@ from suite.predict.roofline import GPU_RANK_BASE_BYTES, counted, datasheet_profi
 from suite.predict.step import VARIANTS, Workload, step_time
 from suite.profiling.cache import data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.profiling.counted import CountedLayer, CountedNetwork
-from suite.profiling.profiles import LayerProfile, Profile
+from suite.profiling.profiles import WINDOW_S, LayerProfile, Profile
 from suite.runtime.activation_checkpointing import SELECTIVE, SELECTIVE_OP, checkpoint_interval
 from suite.sweep.plan import Point
 from suite.vocabulary import PRICED_FROM
@@ -53,6 +53,7 @@ class Prediction:
     corrected_by: str | None = None  # the fitted correction in the step, if any
     library_by: str | None = None  # the measured library overhead in the step, if any
     profiled_at: float | None = None  # when the network's profile was taken (unix s); None: priced, or not recorded
+    profiled_window_s: float = WINDOW_S  # the seconds of steps the profile timed the whole network over
     flops_per_sample: float = 0.0  # the model's forward and backward FLOPs per sample (recomputation excluded)
     recomputed_flops_per_sample: float = 0.0  # the forward FLOPs checkpointed blocks run again in backward
 
@@ -199,7 +200,9 @@ def predict(point: Point, variant: str = "suite", fewer_ranks: bool = False) -> 
     device_type = "cuda" if will_use_cuda(point.cfg.cluster) else "cpu"
     capacity = capacity_bytes(point.cfg, device_type, processes_per_node(point))
     prediction = Prediction(point, step_time(w, variant), w.steps, memory, capacity, profiled_on, w.links.source,
-                            profiled_at=w.profile.taken.get("at"), flops_per_sample=w.profile.flops / w.profile.batch,
+                            profiled_at=w.profile.taken.get("at"),
+                            profiled_window_s=w.profile.taken.get("window_s", WINDOW_S),
+                            flops_per_sample=w.profile.flops / w.profile.batch,
                             recomputed_flops_per_sample=recomputed_flops(w.profile, point.cfg) / w.profile.batch)
     return with_library_overhead(prediction, w.profile, fewer_ranks) if variant == "suite" else prediction
 

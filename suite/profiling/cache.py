@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
 from suite.point_dir import error_line
-from suite.profiling.profiles import VERSION, DataProfile, Profile, WorkerThreadProfile
+from suite.profiling.profiles import VERSION, DataProfile, Profile, WorkerThreadProfile, window_s
 from suite.runtime.gpu_query import first_gpu
 from suite.strategies import missing_library
 
@@ -120,8 +120,9 @@ def _store(kind: str, key: dict[str, Any], taken: dict[str, Any], result: dict[s
 
 
 def _taken(key: dict[str, Any]) -> dict[str, Any]:
-    """When a profile is taken, and how busy the cores were with other work as it started."""
-    return {"at": time.time(), "busy_share": busy_share() if key.get("device", "").startswith("cpu") else 0.0}
+    """When a profile is taken, how busy the cores were with other work as it started, and its timing window."""
+    return {"at": time.time(), "busy_share": busy_share() if key.get("device", "").startswith("cpu") else 0.0,
+            "window_s": window_s()}
 
 
 def _cached(kind: str, key: dict[str, Any], take: Callable[[], dict[str, Any]],

@@ -24,7 +24,7 @@ from suite.data import build_datasets
 from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.profiling.cores import CoreWatch
-from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, WINDOW_S, LayerProfile
+from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, LayerProfile, window_s
 from suite.runtime.metrics import synchronize
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import make_precision
@@ -39,12 +39,12 @@ def _status_bytes(field: str) -> int:
     return int(line.split()[1]) * 1024
 
 
-def _timed_steps(phases: list[Callable[[Any], Any]], device: torch.device, window_s: float = 0.0) -> list[list[float]]:
-    """Each phase's seconds in each timed step: `STEPS` of them, or with a `window_s` as many as take that long
+def _timed_steps(phases: list[Callable[[Any], Any]], device: torch.device, window: float = 0.0) -> list[list[float]]:
+    """Each phase's seconds in each timed step: `STEPS` of them, or with a `window` (s) as many as take that long
     (at most `MAX_STEPS`). A step runs the phases in order, each given the previous one's result."""
     times: list[list[float]] = [[] for _ in phases]
     step = 0
-    while step < WARMUP + STEPS or (sum(map(sum, times)) < window_s and step < WARMUP + MAX_STEPS):
+    while step < WARMUP + STEPS or (sum(map(sum, times)) < window and step < WARMUP + MAX_STEPS):
         result = None
         for phase, phase_times in zip(phases, times):
             synchronize(device)
@@ -117,7 +117,7 @@ def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
         precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
 
-    timed = _timed_steps([forward, precision.backward, step], device, WINDOW_S)
+    timed = _timed_steps([forward, precision.backward, step], device, window_s())
     forward_s, backward_s, optimizer_s = map(statistics.mean, timed)
     train_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                    else _status_bytes("VmHWM") - before)
@@ -210,9 +210,9 @@ def _time_worker_forward(cfg, batch: int, device: torch.device) -> dict[str, Any
         precision.backward(loss)
         model.zero_grad(set_to_none=True)
 
-    caller = _timed_steps([forward, backward], device, WINDOW_S)
+    caller = _timed_steps([forward, backward], device, window_s())
     with ThreadPoolExecutor(1) as worker:
-        in_worker = _timed_steps([lambda _: worker.submit(forward, None).result(), backward], device, WINDOW_S)
+        in_worker = _timed_steps([lambda _: worker.submit(forward, None).result(), backward], device, window_s())
     return {"forward_s": statistics.mean(caller[0]), "worker_forward_s": statistics.mean(in_worker[0])}
 
 

@@ -21,15 +21,35 @@ suite.profiling.measure's; keeping them, suite.profiling.cache's.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from suite.errors import ConfigError
 
 VERSION = 8  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
 STEPS = 5  # timed steps at least
-WINDOW_S = 5.0  # of the whole network's timed steps, unless MAX_STEPS come first
+WINDOW_S = 5.0  # of the whole network's timed steps, unless MAX_STEPS come first (SUITE_PROFILE_WINDOW_S sets it)
 MAX_STEPS = 200  # a step of a tiny network takes milliseconds: 50 of them caught one swing of this VM's speed
 DATA_BATCHES = 5  # batches loaded to time the data phase (after one untimed)
+
+
+def window_s() -> float:
+    """The seconds of steps a profile times the whole network over: `SUITE_PROFILE_WINDOW_S` where it is set (a
+    shorter window for a quick check, such as the tests' profiles, at the price of catching one swing of a shared
+    machine's speed), else `WINDOW_S`."""
+    text = os.environ.get("SUITE_PROFILE_WINDOW_S", "")
+    if not text:
+        return WINDOW_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ConfigError(f"SUITE_PROFILE_WINDOW_S={text!r} is not a number of seconds (0 or more)")
+    return seconds
+
 
 @dataclass(frozen=True)
 class LayerProfile:
@@ -73,7 +93,8 @@ class Profile:
     buffer_bytes: int  # BatchNorm statistics and the like
     warmup: int = WARMUP
     steps: int = STEPS  # of the whole network, timed
-    taken: dict[str, float] = field(default_factory=dict)  # when (`at`, unix s), and the cores' `busy_share`
+    taken: dict[str, float] = field(default_factory=dict)  # when (`at`, unix s), the cores' `busy_share` and the
+    # `window_s` its steps were timed over
 
     @property
     def batch(self) -> int:

@@ -107,8 +107,10 @@ def notes(predictions: list[Prediction], variant: str) -> list[str]:
     counted = [text for text in profiled if text not in measured]
     taken = [p.profiled_at for p in predictions if p.profiled_at]
     ages = (f", {duration(time.time() - max(taken))} to {duration(time.time() - min(taken))} ago" if taken else "")
+    windows = (" or ".join(f"{w:g}" for w in sorted({p.profiled_window_s for p in predictions if p.profiled_at}))
+               or f"{WINDOW_S:g}")
     compute = ([f"Profiled on {'; '.join(measured)}: {WARMUP} warm-up steps, then the whole network's mean over "
-                f"{WINDOW_S:g} s of timed steps ({STEPS} to {MAX_STEPS}), each layer's median over {STEPS} "
+                f"{windows} s of timed steps ({STEPS} to {MAX_STEPS}), each layer's median over {STEPS} "
                 f"(results/profiles/{ages})."] if measured else [])
     compute += [f"Priced from {'; '.join(counted)} (suite.predict.roofline; nothing calibrated or profiled on a "
                 "GPU)." if all(t.startswith("datasheet") for t in counted) else
