@@ -1,4 +1,5 @@
-"""Ranks forked from one interpreter that imported torch and the suite's rank code once per sweep.
+"""Ranks (and profiling children) forked from one interpreter that imported torch and the suite's rank code once
+per sweep.
 
 A rank started as `python -m suite.worker` spends seconds starting Python and importing torch,
 torchvision and the suite before it does anything: most of what a small point costs. The local
@@ -11,16 +12,19 @@ The server only imports: it starts no thread (numpy's OpenBLAS pool stops itself
 no device, so a forked rank starts as clean as a fresh interpreter. What a fresh one reads from its
 environment at start-up, the server read from the first point's; of that only the number of OpenMP
 threads differs between points, and the child sets it from its own environment. The server ends,
-stopping the ranks it still runs, when the driver closes its end of the socket or exits.
+stopping the ranks it still runs, when the driver closes its end of the socket or exits. The profiles of the
+performance model (suite.profiling.measure) are taken in children forked the same way, as a rank would train.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import json
 import os
 import pkgutil
+import runpy
 import select
 import signal
 import socket
@@ -35,7 +39,7 @@ MESSAGE_BYTES = 1 << 20  # a request carries a rank's whole environment
 # What every rank imports before it trains, besides the strategy modules (all imported too).
 PRELOAD = ("torch", "torch.distributed", "torch.utils.flop_counter", "torchvision", "omegaconf", "suite.worker.rank",
            "suite.worker.trainer", "suite.runtime.dist", "suite.runtime.manifest", "suite.strategies",
-           "suite.worker.calibrate")
+           "suite.worker.calibrate", "suite.profiling.measure")
 
 
 class ForkServer:
@@ -55,13 +59,14 @@ class ForkServer:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def start(self, point_dir: str, env: dict[str, str], process_group: int) -> ForkedRank:
-        """Fork a rank running `suite.worker point_dir` in `env` and `process_group` (0: a new one that it leads),
-        its output (stdout and stderr) readable from the returned rank's `stdout`."""
+    def start(self, argv: list[str], env: dict[str, str], process_group: int = 0) -> ForkedChild:
+        """Fork a child running `python -m argv[0] argv[1:]` (a rank: `suite.worker POINT_DIR`) in `env` and
+        `process_group` (0: a new one that it leads), its output (stdout and stderr) readable from the returned
+        child's `stdout`."""
         read, write = os.pipe()
         try:
             self._requests += 1
-            request = {"request": self._requests, "point_dir": point_dir, "env": env, "group": process_group}
+            request = {"request": self._requests, "argv": argv, "env": env, "group": process_group}
             socket.send_fds(self._socket, [json.dumps(request).encode()], [write])
             pid = self._started(self._requests)
         except BaseException:
@@ -69,7 +74,7 @@ class ForkServer:
             raise
         finally:
             os.close(write)
-        return ForkedRank(self, pid, open(read, errors="replace"))
+        return ForkedChild(self, pid, open(read, errors="replace"))
 
     def _started(self, request: int) -> int:
         """The pid of the rank asked for by `request` (the first waits for the server to finish importing)."""
@@ -81,8 +86,9 @@ class ForkServer:
                 raise RuntimeError(message["error"])
             return message["started"]
 
-    def exit_code(self, pid: int) -> int | None:
-        while pid not in self._exit_codes and self._receive(block=False):
+    def exit_code(self, pid: int, block: bool = False) -> int | None:
+        """`pid`'s exit code, or None while it runs (`block`: once it has ended)."""
+        while pid not in self._exit_codes and self._receive(block=block):
             pass
         return self._exit_codes.get(pid)
 
@@ -108,8 +114,9 @@ class ForkServer:
             self.process.kill()
 
 
-class ForkedRank:
-    """A forked rank as the launcher sees it, like a `subprocess.Popen`: pid, stdout, poll(), returncode."""
+class ForkedChild:
+    """A forked rank or profiling child as its parent sees it, like a `subprocess.Popen`: pid, stdout, poll(),
+    wait(), returncode."""
 
     def __init__(self, server: ForkServer, pid: int, stdout: IO[str]) -> None:
         self._server, self.pid, self.stdout = server, pid, stdout
@@ -118,6 +125,11 @@ class ForkedRank:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid, block=True)
         return self.returncode
 
 
@@ -152,9 +164,9 @@ def _try_import(name: str) -> None:
         pass
 
 
-def _run_rank(request: dict, output: int, inherited: dict, close: list[int]) -> NoReturn:
-    """In the forked child: become the rank that `request` describes, with the signal handlers a fresh
-    interpreter has (`inherited`), run it and exit with its code."""
+def _run_child(request: dict, output: int, inherited: dict, close: list[int]) -> NoReturn:
+    """In the forked child: become the rank (or the module's run) that `request` describes, with the signal
+    handlers a fresh interpreter has (`inherited`), run it and exit with its code."""
     try:
         signal.set_wakeup_fd(-1)
         for sig, handler in inherited.items():
@@ -170,16 +182,27 @@ def _run_rank(request: dict, output: int, inherited: dict, close: list[int]) -> 
         os.close(output)
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = [sys.executable, "-m", "suite.worker", request["point_dir"]]
+        module, *args = request["argv"]
+        sys.argv = [module, *args]  # as `python -m module args` has it (runpy sets argv[0] to the module's file)
         if "OMP_NUM_THREADS" in os.environ:  # a fresh interpreter's OpenMP reads it when torch loads
             import torch
 
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        from suite.worker.rank import run_rank
+        if module == "suite.worker":
+            from suite.worker.rank import run_rank
+
+            run_rank(*args)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
     except BaseException:
         traceback.print_exc()
-        os._exit(1)
-    run_rank(request["point_dir"])
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError):  # closed by the module (json.tool closes its output)
+            stream.flush()
+    os._exit(code)
 
 
 def serve(control: socket.socket) -> None:
@@ -215,7 +238,7 @@ def serve(control: socket.socket) -> None:
                 control.send(json.dumps({"request": request["request"], "error": f"cannot fork a rank: {e}"}).encode())
                 continue
             if pid == 0:
-                _run_rank(request, fds[0], inherited, [control.fileno(), wake_read, wake_write])
+                _run_child(request, fds[0], inherited, [control.fileno(), wake_read, wake_write])
             os.close(fds[0])
             groups[pid] = request["group"] or pid
             try:

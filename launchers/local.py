@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO
 
-from launchers.fork_server import ForkedRank, fork_server
+from launchers.fork_server import ForkedChild, fork_server
 from launchers.horovod import horovodrun_command
 from launchers.mpiexec import mpiexec_command
 from suite.signals import Stopped
@@ -62,7 +62,7 @@ def rank_env(rank: int, workers: int) -> dict[str, str]:
 @dataclass(frozen=True)
 class Process:
     prefix: str  # before each line of its output
-    start: Callable[..., subprocess.Popen | ForkedRank]  # given process_group (0: a new one that it leads)
+    start: Callable[..., subprocess.Popen | ForkedChild]  # given process_group (0: a new one that it leads)
 
 
 class Ranks:
@@ -71,7 +71,7 @@ class Ranks:
 
     def __init__(self, log: IO[str]):
         self._lock, self._log = threading.Lock(), log
-        self.procs: list[subprocess.Popen | ForkedRank] = []
+        self.procs: list[subprocess.Popen | ForkedChild] = []
         self._pumps: list[threading.Thread] = []
         self.stopped: set[int] = set()
 
@@ -139,7 +139,7 @@ def launch_local(point_dir: Path, workers: int, timeout_s: float, env: dict[str,
                                          stderr=subprocess.STDOUT, text=True, env={**env, **address}))]
     else:
         server = fork_server(env)
-        processes = [Process(f"[rank{rank}]: ", partial(server.start, str(point_dir),
+        processes = [Process(f"[rank{rank}]: ", partial(server.start, ["suite.worker", str(point_dir)],
                                                         {**env, **address, **rank_env(rank, workers)}))
                      for rank in range(workers)]
     with (point_dir / "launcher.log").open("w") as log:

@@ -2,10 +2,11 @@
 workers), ranked by predicted epoch time; those that cannot run or do not fit listed apart with the reason.
 
 Each strategy says which of its knob settings are candidates (`Strategy.candidates`). On W workers: `single`
-(W = 1), `ddp`, `horovod`, `zero` stages 1-3, `fsdp` resharding or not, `megatron` with every tp dividing W, and
-for every pipeline depth pp >= 2 dividing W: `gpipe` (pp = W, one process), `gpipe_dist`, `1f1b` and interleaved
-`1f1b` (2 chunks per rank) with pp, 2 pp and 4 pp micro-batches where they divide the batch, and `pipedream`;
-dp = W / pp replicas of each pipeline.
+(W = 1), `ddp`, `horovod`, `zero` stages 1-3, `fsdp` resharding or not and FSDP2 x TP with every tp > 1 dividing W,
+`megatron` with every tp dividing W, and for every pipeline depth pp >= 2 dividing W: `gpipe` (pp = W, one
+process), `gpipe_dist`, `1f1b` and interleaved `1f1b` (2 chunks per rank) with pp, 2 pp and 4 pp micro-batches
+where they divide the batch, and `pipedream`; dp = W / pp replicas of each pipeline; `gpipe_dist` and `1f1b` also
+with each stage split over tp ranks (3D: pp x tp dividing W, pp >= 2, dp = W / (pp x tp)).
 """
 
 from __future__ import annotations

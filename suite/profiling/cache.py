@@ -5,17 +5,19 @@ batch, precision, optimizer, device, threads) once. The performance model (suite
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +25,7 @@ import torch
 from omegaconf import OmegaConf
 
 from suite.errors import ConfigError
-from suite.paths import REPO_ROOT, results_dir
+from suite.paths import results_dir
 from suite.point_dir import error_line
 from suite.profiling.profiles import VERSION, DataProfile, Profile, WorkerThreadProfile, window_s
 from suite.runtime.gpu_query import first_gpu
@@ -139,7 +141,7 @@ def network_profile(cfg, batch: int, device: torch.device, threads: int, togethe
                     data_batch: int | None = None) -> tuple[Profile, bool]:
     """The profile of the point's network at `batch` (and whether it came from the cache), taken by `together`
     processes at once (see `_in_children`); with a `data_batch`, the same children take the data's profile at it
-    where none is stored (`data_profile` then finds it: one interpreter's start, not two)."""
+    where none is stored (`data_profile` then finds it: one child, not two)."""
     key = {**_key(cfg, batch, device, threads, ("network", "dataset", "optimizer")), "together": together}
     found = _stored("net", key, Profile.from_json)
     if found is not None:
@@ -169,27 +171,41 @@ def worker_thread_profile(cfg, batch: int, device: torch.device, threads: int,
 
 def _in_children(batches: dict[str, int], cfg, device: torch.device, threads: int,
                  together: int) -> dict[str, dict[str, Any]]:
-    """Profile (each of `batches`: network, data or thread, at its batch, in turn) in `together` fresh interpreters
-    at once, each with the threads a rank gets (OMP_NUM_THREADS, read when torch loads): as many as the point's ranks
-    that share this node's cores, so that what they take from each other (cores, caches, memory bandwidth) is in the
-    times, and neither this process's threads nor its memory are. Each time is the median over the children; the
-    rest is the first child's."""
+    """Profile (each of `batches`: network, data or thread, at its batch, in turn) in `together` children at once,
+    forked from the fork server (launchers.fork_server) as ranks are, each with the threads a rank gets
+    (OMP_NUM_THREADS): as many as the point's ranks that share this node's cores, so that what they take from each
+    other (cores, caches, memory bandwidth) is in the times, and neither this process's threads nor its memory are.
+    Each time is the median over the children; the rest is the first child's."""
+    from launchers.fork_server import fork_server
+
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
         config.write(OmegaConf.to_yaml(cfg, resolve=True))
         config.flush()
-        command = [sys.executable, "-m", "suite.profiling.measure", ",".join(batches),
-                   ",".join(map(str, batches.values())), str(device), config.name]
-        children = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT,
-                                     text=True) for _ in range(together)]
-        ended = [child.communicate() for child in children]
+        argv = ["suite.profiling.measure", ",".join(batches), ",".join(map(str, batches.values())), str(device),
+                config.name]
+        server = fork_server(env)
+        children = []
+        try:
+            children = [server.start(argv, env) for _ in range(together)]
+            with ThreadPoolExecutor(together) as readers:  # each child's output read as it comes: none blocks
+                outputs = list(readers.map(lambda child: child.stdout.read(), children))
+            codes = [child.wait() for child in children]
+        except BaseException:  # Ctrl-C: the children lead process groups of their own, which the terminal's misses
+            for child in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGTERM)
+            raise
+        finally:
+            for child in children:
+                child.stdout.close()
     results = []
-    for child, (out, err) in zip(children, ended):
-        if child.returncode:
-            lines = [line for line in err.splitlines() if line.strip()]
+    for code, output in zip(codes, outputs):
+        lines = [line for line in output.splitlines() if line.strip()]
+        if code:
             batch = max(batches.values())
             raise ConfigError(f"profiling {cfg.network.name} at batch {batch} failed: {lines[-1] if lines else '?'}")
-        results.append(json.loads(out.splitlines()[-1]))
+        results.append(json.loads(next(line for line in reversed(lines) if line.startswith("{"))))
     return {what: _median_times([r[what] for r in results]) for what in batches}
 
 

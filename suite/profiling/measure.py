@@ -1,6 +1,6 @@
 """The child process of profiles: `python -m suite.profiling.measure WHAT[,WHAT] BATCH[,BATCH] DEVICE CONFIG` takes
-them in a fresh interpreter (the threads a rank gets, none of the parent's memory), in turn, and prints them as JSON;
-suite.profiling.cache starts it and stores what it prints."""
+them in a process of its own (forked by the fork server as a rank is: the threads a rank gets, none of the parent's
+memory), in turn, and prints them as JSON; suite.profiling.cache starts it and stores what it prints."""
 
 from __future__ import annotations
 
@@ -106,7 +106,17 @@ def _training_forward(cfg, batch: int, device: torch.device):
     return model, precision, inputs, targets, forward
 
 
+def _restart_peak() -> None:
+    """VmHWM from here on: a forked child inherits its parent's (Linux's clear_refs "5", from 4.0; elsewhere the
+    peak stays the process's own since it started)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def _profile_network(cfg, batch: int, device: torch.device) -> dict[str, Any]:
+    _restart_peak()
     before = _status_bytes("VmRSS")
     model, precision, inputs, targets, forward = _training_forward(cfg, batch, device)
     layers = flatten_layers(model)

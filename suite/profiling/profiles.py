@@ -27,7 +27,7 @@ from typing import Any
 
 from suite.errors import ConfigError
 
-VERSION = 8  # of what a profile holds: a profile of another version is taken again
+VERSION = 9  # of what a profile holds: a profile of another version is taken again
 WARMUP = 2  # untimed steps first (allocator, caches, lazy initialisation)
 STEPS = 5  # timed steps at least
 WINDOW_S = 5.0  # of the whole network's timed steps, unless MAX_STEPS come first (SUITE_PROFILE_WINDOW_S sets it)

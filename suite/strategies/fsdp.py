@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.layout import Layout
+from suite.layout import Layout, divisors
 from suite.models.layers import block_layers
 from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import fsdp_param_groups
@@ -57,7 +57,10 @@ class FSDP(Strategy):
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
-        return [[f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
+        """Resharding after forward or not, and FSDP2 x TP (torchtitan's 2D layout) with every tp > 1 dividing the
+        workers."""
+        return ([[f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
+                + [[f"strategy.tp={tp}"] for tp in divisors(workers) if tp > 1])
 
     def check(self, cfg) -> None:
         check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)

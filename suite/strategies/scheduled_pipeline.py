@@ -13,7 +13,7 @@ from typing import ClassVar
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.layout import Layout
+from suite.layout import Layout, divisors
 from suite.strategies.base import LossFn, RankContext, Runtime, Supports
 from suite.strategies.megatron import check_tensor_split
 from suite.strategies.pipeline import DistributedPipeline
@@ -37,6 +37,15 @@ class ScheduledPipeline(DistributedPipeline):
     @classmethod
     def probes(cls) -> dict[str, list[str]]:
         return {cls.name: ["strategy.micro_batches=4"]}
+
+    @classmethod
+    def candidates(cls, workers: int, batch: int) -> list[list[str]]:
+        """Every pipeline of the flat ones, and each again with its stages split over tp ranks (Megatron-LM's 3D
+        layouts: every tp > 1 dividing the workers that leaves two stages or more)."""
+        return super().candidates(workers, batch) + [
+            [f"strategy.pp={pp}", f"strategy.tp={tp}", f"strategy.micro_batches={m}"]
+            for tp in divisors(workers) if tp > 1
+            for pp in divisors(workers // tp) if pp > 1 for m in cls.micro_batch_counts(pp, batch)]
 
     def stages(self, cfg) -> int:
         return self.pp or cfg.workers // max(self.tp, 1)
