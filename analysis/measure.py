@@ -19,7 +19,7 @@ from collections import defaultdict
 
 from analysis.runs import Row
 from analysis.stats import EPOCHS, REPEATS, Estimate, estimate, ratio
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 EQUAL_WORK = "each epoch scaled to one pass over the whole training set, the same samples for every framework"
 PROTOCOLS = {

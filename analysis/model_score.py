@@ -20,7 +20,7 @@ from analysis.measure import Histories, cells, finished, samples, status_of
 from analysis.runs import Row
 from analysis.tables import Table
 from analysis.views import Context, Section, view
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 TOP1_FLOOR = 0.03  # a pick this close to the measured fastest counts as right, or 2 x the spread where larger
 

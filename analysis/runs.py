@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from suite.records.run_schema import run_status
-from suite.vocabulary import AUTO, AUTO_CHOOSES, MEMORY_SPLIT, Status
+from suite.shared_names import AUTO, AUTO_CHOOSES, MEMORY_SPLIT, Status
 
 # Metrics shown beside the memory split when a strategy reports them (max over ranks, per step).
 SPLIT_METRICS = (*MEMORY_SPLIT, "comm_mb_per_step")

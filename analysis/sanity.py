@@ -22,7 +22,7 @@ from analysis.runs import Row
 from analysis.speedup import baseline_of
 from analysis.tables import Table
 from analysis.views import Context, Section, view
-from suite.vocabulary import PHASE_TIMES
+from suite.shared_names import PHASE_TIMES
 
 HIGH_CV = 0.20
 FEW_SAMPLES = 5

@@ -19,7 +19,7 @@ from analysis.sanity import flag_cell
 from analysis.stats import Estimate
 from analysis.tables import Table, interval_cell, interval_note
 from analysis.views import Context, Section, save_figure, table_section, view
-from suite.vocabulary import AUTO
+from suite.shared_names import AUTO
 
 STRATEGIES = ("horovod", "gpipe", "pipedream")  # the thesis' distribution models beside PyTorch on 1 GPU
 DATASETS = ("mnist", "cifar10", "imagenet", "highres")

@@ -25,7 +25,7 @@ from analysis.sanity import TIMER_RESOLUTION_S, flag_cell
 from analysis.stats import Estimate
 from analysis.tables import Table, interval_cell
 from analysis.views import Context, Section, save_figure, table_section, view
-from suite.vocabulary import PHASE_TIMES, Status
+from suite.shared_names import PHASE_TIMES, Status
 
 PIPELINES = ("gpipe", "pipedream", "1f1b", "gpipe_dist")
 PHASE_COLOURS = {"time_data_s": "tab:olive", "time_forward_s": "tab:orange", "time_backward_s": "tab:green",

@@ -18,7 +18,7 @@ from analysis.measure import Histories, cells, status_of  # noqa: E402
 from analysis.plots import foot_note  # noqa: E402
 from analysis.runs import GridPoint, Row  # noqa: E402
 from analysis.tables import Table  # noqa: E402
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 DEFAULT_VIEWS = ("speedup_table", "speedup", "convergence", "breakdown")
 

@@ -28,7 +28,7 @@ from launchers.batch import (
     run_command,
 )
 from suite.errors import ConfigError
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 STATES = {"PEND": (QUEUED, None), "PSUSP": (QUEUED, None), "DONE": (ENDED, Status.finished),
           "EXIT": (ENDED, Status.failed)}

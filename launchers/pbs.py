@@ -7,7 +7,7 @@ from pathlib import Path
 
 from launchers.batch import ENDED, QUEUED, RUNNING, Job, JobState, Scheduler, run_command
 from launchers.site_rules import job_queue
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 QUEUED_STATES = ("Q", "H", "W", "T", "S")
 ENDED_STATES = ("F", "X")

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from launchers.batch import ENDED, QUEUED, RUNNING, Job, JobState, Scheduler, run_command
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 # Slurm's job states (squeue %T, sacct State) as the suite reads them; unlisted ones count as running.
 STATES = {

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from suite.errors import ConfigError, OneLineParser, positive_int
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

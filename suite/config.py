@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from suite.vocabulary import AttentionKernel, Device, FaultKind, GradCompression, OptimizerName, PrecisionName
+from suite.shared_names import AttentionKernel, Device, FaultKind, GradCompression, OptimizerName, PrecisionName
 
 
 @dataclass

@@ -21,8 +21,8 @@ from typing import Any
 
 from suite.errors import ConfigError, Diverged
 from suite.owner import Owner
+from suite.shared_names import Status
 from suite.signals import Stopped
-from suite.vocabulary import Status
 
 
 def failure_status(exc: BaseException) -> Status:

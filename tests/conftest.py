@@ -157,11 +157,11 @@ def conf_copy(tmp_path, monkeypatch):
     """A copy of conf/ that the planner, the sweep files, the catalog and the reports read instead, for files a test
     breaks."""
     from suite import paths
-    from suite.sweep import catalog, compose
+    from suite.sweep import compose, hardware_catalog
 
     conf = tmp_path / "conf"
     shutil.copytree(compose.CONF_DIR, conf)
-    for module in (paths, compose, catalog):
+    for module in (paths, compose, hardware_catalog):
         monkeypatch.setattr(module, "CONF_DIR", conf)
     return conf
 

@@ -18,8 +18,8 @@ from suite.paths import CONF_DIR
 from suite.predict import overhead
 from suite.predict.overhead import Overhead, Probe, overhead_path
 from suite.records.store import Store
+from suite.shared_names import Collective
 from suite.tools.calibrate import CALIBRATED, apply_record, check, compose_config
-from suite.vocabulary import Collective
 from suite.worker.calibrate import bus_bandwidth, message_sizes
 
 pytestmark = pytest.mark.xdist_group("calibration")  # one worker runs the module: its fixtures run once

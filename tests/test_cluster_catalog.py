@@ -8,14 +8,14 @@ import pytest
 from conftest import DIGITS, edit_catalog_entry
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR
-from suite.sweep import catalog
+from suite.sweep import hardware_catalog
 from suite.sweep.plan import plan
 from suite.tools import predict as predict_tool
 
 CLUSTER_DIR = CONF_DIR / "cluster"
 CLUSTERS = sorted(path.stem for path in CLUSTER_DIR.glob("*.yaml"))
 GPU_TYPES = sorted(path.stem for path in (CLUSTER_DIR / "gpu").glob("*.yaml"))
-GPU_CLUSTERS = [name for name in CLUSTERS if catalog.entries(name).get("gpu")]
+GPU_CLUSTERS = [name for name in CLUSTERS if hardware_catalog.entries(name).get("gpu")]
 # What a GPU type's entry gives: a cluster setting one of these repeats (or contradicts) its GPU's datasheet.
 GPU_KEYS = ("gpu", "device_memory_gb", "device_memory_bandwidth_gbs", "fp64_tflops", "peak_tflops", "fp8_tflops",
             "sm_count", "boost_clock_mhz", "nvlink_generation", "nvlink_bandwidth_gbs", "pcie_generation")
@@ -37,13 +37,13 @@ def test_every_cluster_file_composes_and_passes_its_hardware_checks(name):
 def test_the_gpu_clusters_of_the_issue_are_in_the_catalog():
     assert {"lassen", "thetagpu", "polaris", "h100", "lisa", "dgx1_v100", "dgx2", "dgx_a100_40gb", "dgx_a100_80gb",
             "dgx_h100", "dgx_h200"} <= set(GPU_CLUSTERS)
-    assert {catalog.entries(name)["gpu"].stem for name in GPU_CLUSTERS} == set(GPU_TYPES)  # each type in use
+    assert {hardware_catalog.entries(name)["gpu"].stem for name in GPU_CLUSTERS} == set(GPU_TYPES)  # each type in use
 
 
 @pytest.mark.parametrize("name", GPU_CLUSTERS)
 def test_a_cluster_takes_its_gpus_numbers_from_the_catalog_never_repeating_them(name):
     """A cluster file may override a number of its GPU type (Lassen keeps Study N's FP64 figure), never copy one."""
-    layers = catalog.cluster_layers(CONF_DIR, name)
+    layers = hardware_catalog.cluster_layers(CONF_DIR, name)
     gpu_values = {}
     for layer in layers:
         if layer.group == "gpu":

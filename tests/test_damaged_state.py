@@ -27,10 +27,10 @@ from suite.predict.predictor import recorded_prediction
 from suite.profiling.cache import _cached
 from suite.profiling.profiles import DataProfile
 from suite.runtime.metrics import Device, NoPeak, calibrated_peak
+from suite.shared_names import Status
 from suite.strategies import missing_library
 from suite.strategies.base import Library, Strategy
 from suite.sweep.point import prediction_for
-from suite.vocabulary import Status
 
 TINY_RUN = [*TINY_GPT, "strategy=single", "workers=1", "epochs=1", "steps_per_epoch=2", "eval_batches=1"]
 

@@ -20,8 +20,8 @@ from suite.runtime.metrics import (
     step_flops,
     utilisation,
 )
+from suite.shared_names import PeakSource
 from suite.strategies.gpipe import GPipe
-from suite.vocabulary import PeakSource
 from suite.worker.trainer import loss_fn
 
 M, K, H, N = 4, 8, 16, 3  # batch, inputs, hidden, classes

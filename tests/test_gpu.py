@@ -17,9 +17,9 @@ from suite.paths import REPO_ROOT
 from suite.records.store import Store
 from suite.runtime.memory import peak_memory
 from suite.runtime.precision import make_precision
+from suite.shared_names import DEVICE_MEMORY
 from suite.sweep.plan import plan
 from suite.sweep.sweep_files import expand, sweep_lines
-from suite.vocabulary import DEVICE_MEMORY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import torch
 from test_gpu import assert_every_point_finished, failures, run_sweep, step_losses
 
 from conftest import run_suite
-from suite.vocabulary import DEVICE_MEMORY
+from suite.shared_names import DEVICE_MEMORY
 
 GPUS = torch.cuda.device_count()
 pytestmark = [pytest.mark.gpu_multi, pytest.mark.slow]

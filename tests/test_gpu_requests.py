@@ -12,10 +12,10 @@ from conftest import DIGITS
 from launchers import BATCH_SCHEDULERS, jobscript
 from launchers.batch import Job
 from suite.errors import ConfigError
+from suite.shared_names import MathDtype
 from suite.strategies.gpipe import GPipe
 from suite.sweep.jobs import _job
 from suite.sweep.plan import plan
-from suite.vocabulary import MathDtype
 from suite.worker.calibrate import collective_runs, default_dtypes
 
 GPIPE = [*(o for o in DIGITS if not o.startswith("batch_size=")), "batch_size=16", "strategy=gpipe"]

@@ -18,7 +18,7 @@ from suite.runtime.memory import (
     nvml_uuid,
     peak_memory,
 )
-from suite.vocabulary import DEVICE_MEMORY, MEMORY_SPLIT
+from suite.shared_names import DEVICE_MEMORY, MEMORY_SPLIT
 
 MIB = 2**20
 PID = os.getpid()

@@ -25,9 +25,9 @@ from suite.runtime.trace_breakdown import (
     union,
     unmeasured_communication,
 )
+from suite.shared_names import TRACE_BREAKDOWN
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
-from suite.vocabulary import TRACE_BREAKDOWN
 
 TINY = ["dataset=tokens", "dataset.seq_len=32", "dataset.vocab_size=512", "network=gpt2_tiny", "dataset.samples=64",
         "dataset.val_samples=16", "batch_size=4", "epochs=1", "steps_per_epoch=3", "warmup_steps=1", "eval_batches=1"]

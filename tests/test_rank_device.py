@@ -15,9 +15,9 @@ from suite.errors import ConfigError
 from suite.paths import REPO_ROOT
 from suite.records.verdict import verdict
 from suite.runtime.dist import resolve_device
+from suite.shared_names import Status
 from suite.sweep.plan import plan
 from suite.sweep.point import new_point_dir
-from suite.vocabulary import Status
 
 SLURM = ["cluster=slurm", "cluster.hardware.cores_per_node=64"]
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from suite.records.store import Store
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def record(store: Store, summary: dict) -> str:
 
 
 def test_an_undeclared_summary_metric_is_refused_and_nothing_is_written(store):
-    with pytest.raises(ValueError, match=r"\['epoch_time_typo_s'\] are not declared in suite.vocabulary"):
+    with pytest.raises(ValueError, match=r"\['epoch_time_typo_s'\] are not declared in suite.shared_names"):
         record(store, {"epoch_time_typo_s": 1.0})
     experiment = store.client.get_experiment_by_name("vocabulary")
     assert experiment is None or not store.client.search_runs([experiment.experiment_id])

@@ -17,9 +17,9 @@ from suite.predict.memory import rank_memory
 from suite.predict.recommend import candidates
 from suite.predict.step import step_time
 from suite.records.store import Store
+from suite.shared_names import Family
 from suite.strategies.ddp import DDP
 from suite.sweep import plan as planning
-from suite.vocabulary import Family
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ import torch.distributed as dist
 
 from suite.runtime.optim import build_optimizer
 from suite.strategies.base import DataParallel, GradientSync, Strategy, Supports
-from suite.vocabulary import Family
+from suite.shared_names import Family
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from suite.models.gpt2 import flash_runs
 from suite.profiling.counted import Kernel
-from suite.vocabulary import AttentionKernel
+from suite.shared_names import AttentionKernel
 
 SEQUENCES = (512, 1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)

@@ -21,7 +21,7 @@ from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers, 
 from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
-from suite.vocabulary import Family
+from suite.shared_names import Family
 
 MIB = 2**20
 

@@ -34,8 +34,8 @@ from suite.profiling.cache import data_profile, network_profile, rank_base_mb, w
 from suite.profiling.counted import CountedLayer, CountedNetwork
 from suite.profiling.profiles import WINDOW_S, LayerProfile, Profile
 from suite.runtime.activation_checkpointing import SELECTIVE, SELECTIVE_OP, checkpoint_interval
+from suite.shared_names import PRICED_FROM
 from suite.sweep.plan import Point
-from suite.vocabulary import PRICED_FROM
 
 FITTED = "fitted"  # the suite's model plus the cluster's fitted correction
 PREDICTORS = (*VARIANTS, FITTED)

@@ -35,8 +35,8 @@ from suite.predict.costs import (
 from suite.predict.links import LinkModel, sent_bytes
 from suite.profiling.profiles import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.shared_names import HALF_PRECISIONS, Family
 from suite.strategies.base import Sharding, Strategy
-from suite.vocabulary import HALF_PRECISIONS, Family
 
 MIB = 2**20
 PARAM_BYTES = 4  # every network's parameters are fp32 (autocast computes in lower precision, it keeps them)

@@ -35,7 +35,7 @@ from suite.paths import CONF_DIR
 from suite.published.frameworks import framework_of, frameworks
 from suite.published.records import Record
 from suite.strategies import strategy_class
-from suite.sweep import catalog
+from suite.sweep import hardware_catalog
 from suite.sweep.checks import OlderTorch
 from suite.sweep.compose import compose_point
 from suite.sweep.plan import Point, make_point
@@ -152,7 +152,7 @@ def gpu_clusters(conf_dir: Path = CONF_DIR) -> tuple[tuple[str, str, int], ...]:
     generic catalog nodes (dgx_*) first, then by name."""
     found = []
     for path in sorted((conf_dir / "cluster").glob("*.yaml")):
-        gpu = next((layer.path.stem for layer in reversed(catalog.cluster_layers(conf_dir, path.stem))
+        gpu = next((layer.path.stem for layer in reversed(hardware_catalog.cluster_layers(conf_dir, path.stem))
                     if layer.group == "gpu"), None)
         per_node = _cluster_key(conf_dir, path.stem, "workers_per_node")
         if gpu and isinstance(per_node, int):

@@ -24,7 +24,7 @@ import yaml
 
 from suite.calibration_files import record_path
 from suite.point_dir import PointDir
-from suite.vocabulary import Collective, Status
+from suite.shared_names import Collective, Status
 
 if TYPE_CHECKING:  # ranks read the record (MFU's peak): they need not import MLflow, which only the driver writes to
     from mlflow.entities import Metric

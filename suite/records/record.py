@@ -27,7 +27,7 @@ from suite.records.calibration import write_calibration
 from suite.records.run_schema import complete, source_tags
 from suite.records.store import Store, is_server
 from suite.records.verdict import Ending, verdict
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM: start no further point
 

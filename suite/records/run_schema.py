@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:

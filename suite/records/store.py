@@ -32,7 +32,7 @@ from suite.records.store_health import (
     start_from_empty,
 )
 from suite.records.tracking_server import export_credentials
-from suite.vocabulary import (
+from suite.shared_names import (
     DEVICE_MEMORY,
     EFFECTIVE_PREFIX,
     EPOCH_METRICS,
@@ -244,7 +244,7 @@ class Store:
         """Write one complete run of a point; a new run every time, nothing existing is touched."""
         undeclared = summary.keys() - {*SUMMARY_METRICS, *SUMMARY_DETAILS}
         if undeclared:  # a metric the contract does not name would be lost: say so instead
-            raise ValueError(f"summary metrics {sorted(undeclared)} are not declared in suite.vocabulary")
+            raise ValueError(f"summary metrics {sorted(undeclared)} are not declared in suite.shared_names")
         now = int(time.time() * 1000)
         # an epoch's metrics stamped when it ended (its `ended_at`, unix seconds; runs recorded before it: now)
         metrics = [Metric(k, float(e[k]), int(1000 * e["ended_at"]) if "ended_at" in e else now, int(e["epoch"]))

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from launchers import LaunchResult
 from launchers.batch import JobState
 from suite.point_dir import PointDir
-from suite.vocabulary import Status
+from suite.shared_names import Status
 
 # Statuses a rank reports itself that say why the point failed; `timeout` only says that it was stopped.
 OWN_FAILURES = (Status.failed, Status.oom, Status.invalid, Status.diverged)

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from suite.vocabulary import FaultKind
+from suite.shared_names import FaultKind
 
 
 def inject_fault(kind: str, step: int) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from suite.point_dir import error_line
 from suite.runtime.torch_api import is_dtensor
-from suite.vocabulary import DEVICE_MEMORY
+from suite.shared_names import DEVICE_MEMORY
 
 # Per rank; a point reports the largest. mem_master_mb: fp32 master copies of the parameters that an
 # optimizer steps beside the model's own (ZeRO keeps its partition of them even in fp32 training).

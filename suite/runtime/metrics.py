@@ -20,7 +20,7 @@ from suite.calibration_files import DamagedRecord, load_record, reading, record_
 from suite.models import build_model
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing, recomputes
 from suite.runtime.torch_api import convolution_tf32, matmul_tf32
-from suite.vocabulary import MathDtype, PeakSource
+from suite.shared_names import MathDtype, PeakSource
 
 try:
     from torch._C._distributed_c10d import PreHookArgs

@@ -34,7 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from suite.vocabulary import TRACE_BREAKDOWN
+from suite.shared_names import TRACE_BREAKDOWN
 
 Intervals = list[tuple[float, float]]
 

@@ -32,9 +32,9 @@ from suite.models.layers import flatten_layers
 from suite.pipeline.microbatch import MicroBatching
 from suite.pipeline.partition import cut
 from suite.runtime.optim import build_optimizer
+from suite.shared_names import Family
 from suite.strategies.base import DataParallel, GradientSync, Library, RankContext, Runtime, Supports
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages, profile_sample
-from suite.vocabulary import Family
 
 # AxoNN's computation dtype per precision: its own loss scaling in float16 (the final softmax in full precision).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -29,7 +29,7 @@ from suite.runtime.metrics import PhaseTimer
 from suite.runtime.optim import optimizer_implementation
 from suite.runtime.precision import Precision
 from suite.runtime.torch_api import is_dtensor
-from suite.vocabulary import Family, GradCompression, OptimizerName, PrecisionName
+from suite.shared_names import Family, GradCompression, OptimizerName, PrecisionName
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -15,8 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 from suite.errors import BadValue, ConfigError
 from suite.placement import will_use_cuda
 from suite.runtime.optim import build_optimizer
+from suite.shared_names import Family, GradCompression
 from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports
-from suite.vocabulary import Family, GradCompression
 
 MIB = 2**20
 FIRST_BUCKET_BYTES = 1 * MIB  # torch DDP closes its first gradient bucket early (dist._DEFAULT_FIRST_BUCKET_BYTES)

@@ -34,9 +34,9 @@ from suite.layout import Layout, divisors
 from suite.models.layers import block_layers
 from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import fsdp_param_groups
+from suite.shared_names import ELEMENTWISE_OPTIMIZERS, Family
 from suite.strategies.base import DataParallel, RankContext, Sharding, Strategy, Supports
 from suite.strategies.megatron import apply_tensor_parallel, check_tensor_split, whole_logits
-from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline.partition import StageModule, cut, sum_grads, untie
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import AutocastForward
+from suite.shared_names import Family
 from suite.strategies.base import RankContext, Runtime
 from suite.strategies.pipeline import Pipeline, partition_settings, pipeline_metrics
-from suite.vocabulary import Family
 
 
 class TorchGPipeRuntime(Runtime):

@@ -17,8 +17,8 @@ from torch import nn
 
 from suite.errors import BadValue
 from suite.runtime.optim import build_optimizer
+from suite.shared_names import Family
 from suite.strategies.base import DataParallel, GradientSync, Library, RankContext, Strategy
-from suite.vocabulary import Family
 
 MIB = 1024 * 1024
 

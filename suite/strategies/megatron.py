@@ -37,8 +37,8 @@ from suite.runtime.dist import all_reduce_flat, broadcast_batch
 from suite.runtime.memory import local_tensor
 from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import is_dtensor
+from suite.shared_names import ELEMENTWISE_OPTIMIZERS, Family
 from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports
-from suite.vocabulary import ELEMENTWISE_OPTIMIZERS, Family
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -27,9 +27,9 @@ from suite.errors import ConfigError
 from suite.layout import Layout, divisors
 from suite.pipeline.microbatch import MicroBatching
 from suite.pipeline.pipedream import PipeDreamStage
+from suite.shared_names import Family
 from suite.strategies.base import RankContext
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages
-from suite.vocabulary import Family
 
 
 class PipeDreamRuntime(DistributedStages):

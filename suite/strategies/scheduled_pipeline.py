@@ -1,8 +1,8 @@
 """The spec of a flushed pipeline across ranks that a torch.distributed.pipelining schedule runs (`gpipe_dist`,
-`1f1b`): each names its schedule; suite.strategies.scheduled, imported in `setup` (it needs torch 2.6, which these
-declare), runs it. With `tp > 1` each stage is `tp` ranks that split its GPT-2 blocks as `megatron` does (Megatron-
-LM's 3D layout: data x pipeline x tensor parallelism, `workers / (pp x tp)` replicas), the embedding and the head by
-vocabulary, the logits left split for the loss (`megatron`'s vocab_parallel); with `sequence_parallel` the
+`1f1b`): each names its schedule; suite.strategies.scheduled_runtime, imported in `setup` (it needs torch 2.6, which
+these declare), runs it. With `tp > 1` each stage is `tp` ranks that split its GPT-2 blocks as `megatron` does
+(Megatron-LM's 3D layout: data x pipeline x tensor parallelism, `workers / (pp x tp)` replicas), the embedding and
+the head by vocabulary, the logits left split for the loss (`megatron`'s vocab_parallel); with `sequence_parallel` the
 LayerNorms and residual stream by sequence, and the stages send each other slices of the sequence."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from torch import nn
 
 from suite.errors import ConfigError
 from suite.layout import Layout, divisors
+from suite.shared_names import Family
 from suite.strategies.base import LossFn, RankContext, Runtime, Supports
 from suite.strategies.megatron import check_tensor_split
 from suite.strategies.pipeline import DistributedPipeline
-from suite.vocabulary import Family
 
 
 @dataclass(frozen=True)
 class ScheduledPipeline(DistributedPipeline):
-    """A flushed pipeline that a torch.distributed.pipelining schedule runs (suite.strategies.scheduled, imported
-    in `setup`: it needs torch 2.6, which these declare)."""
+    """A flushed pipeline that a torch.distributed.pipelining schedule runs (suite.strategies.scheduled_runtime,
+    imported in `setup`: it needs torch 2.6, which these declare)."""
 
     name: str = "scheduled_pipeline"
     family: ClassVar[Family] = Family.flushed_pipeline
@@ -69,6 +69,6 @@ class ScheduledPipeline(DistributedPipeline):
         raise NotImplementedError
 
     def setup(self, model: nn.Module, rank: RankContext) -> Runtime:
-        from suite.strategies.scheduled import Scheduled
+        from suite.strategies.scheduled_runtime import Scheduled
 
         return Scheduled(self, model, rank, self.build_schedule)

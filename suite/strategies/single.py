@@ -9,8 +9,8 @@ from torch import nn
 
 from suite.errors import ConfigError
 from suite.runtime.optim import build_optimizer
+from suite.shared_names import Family
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
-from suite.vocabulary import Family
 
 
 @dataclass(frozen=True)

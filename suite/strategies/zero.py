@@ -27,8 +27,8 @@ from suite.models import build_model
 from suite.runtime.activation_checkpointing import recomputed_under_forward_autocast, recomputes
 from suite.runtime.memory import tensor_mb
 from suite.runtime.optim import optimizer_implementation
+from suite.shared_names import Family
 from suite.strategies.base import DataParallel, Library, RankContext, Sharding, Strategy, Supports, optimizer_state
-from suite.vocabulary import Family
 
 DS_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
 # DeepSpeed's defaults (in elements) where the generated ds_config has no value (a network without a linear layer)

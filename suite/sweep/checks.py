@@ -28,9 +28,9 @@ from suite.runtime.activation_checkpointing import (
     recomputes,
 )
 from suite.runtime.gpu_query import first_gpu
+from suite.shared_names import AttentionKernel, MathDtype
 from suite.strategies import Strategy, build_strategy, older_torch, strategy_class, strategy_names
-from suite.sweep import catalog
-from suite.vocabulary import AttentionKernel, MathDtype
+from suite.sweep import hardware_catalog
 
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
 NO_BF16_GPUS = ("V100", "P100", "T4", "TITAN RTX")  # before compute capability 8.0 (Lassen's V100, Study J's Titan RTX)
@@ -103,7 +103,7 @@ def _check_names(cfg: DictConfig) -> None:
 
 
 def _check_choices(cfg: DictConfig) -> None:
-    # precision, optimizer.name, cluster.device and the other words of suite.vocabulary are checked as the config
+    # precision, optimizer.name, cluster.device and the other words of suite.shared_names are checked as the config
     # composes (suite.config types them); the schedulers are launchers'
     if cfg.cluster.scheduler not in SCHEDULERS:
         raise BadValue(f"cluster.scheduler={cfg.cluster.scheduler} is not one of {', '.join(SCHEDULERS)}")
@@ -131,8 +131,8 @@ POSITIVE_HARDWARE = ("nodes", "cores_per_node", "cpu_memory_gb", "device_memory_
 def _hardware_problem(cluster: DictConfig, key: str, problem: str) -> BadValue:
     """`<file>: <key> <problem>` where a catalog or cluster file holds the value, else `cluster.hardware.<key> ...`
     (a command-line override)."""
-    path = catalog.source(cluster.name, key, OmegaConf.select(cluster.hardware, key))
-    return BadValue(f"{catalog.shown(path)}: {key} {problem}" if path else f"cluster.hardware.{key} {problem}")
+    path = hardware_catalog.source(cluster.name, key, OmegaConf.select(cluster.hardware, key))
+    return BadValue(f"{hardware_catalog.shown(path)}: {key} {problem}" if path else f"cluster.hardware.{key} {problem}")
 
 
 def _check_hardware(cluster: DictConfig) -> None:
@@ -147,10 +147,10 @@ def _check_hardware(cluster: DictConfig) -> None:
     for key in ("intra_node_latency_us", "inter_node_latency_us"):
         if hardware[key] is not None and hardware[key] < 0:
             raise _hardware_problem(cluster, key, f"must be >= 0, got {hardware[key]}")
-    for group, path in catalog.entries(cluster.name).items():
-        for key in catalog.REQUIRED[group]:
+    for group, path in hardware_catalog.entries(cluster.name).items():
+        for key in hardware_catalog.REQUIRED[group]:
             if not hardware[key]:
-                raise BadValue(f"{catalog.shown(path)}: {key} is required of a {group} catalog entry, "
+                raise BadValue(f"{hardware_catalog.shown(path)}: {key} is required of a {group} catalog entry, "
                                f"got {hardware[key]}")
 
 

@@ -23,12 +23,12 @@ from suite.records.run_schema import INCOMPLETE, INCONSISTENT, run_params, run_s
 from suite.records.store import Store
 from suite.records.verdict import NotStarted
 from suite.runtime.manifest import git_sha
+from suite.shared_names import Status
 from suite.strategies import missing_library
 from suite.sweep import jobs
 from suite.sweep.plan import InvalidPoint, Point
 from suite.sweep.point import Outcome, Predict, new_point_dir, no_prediction, prediction_for
 from suite.sweep.progress import Progress
-from suite.vocabulary import Status
 
 
 def worker_env(point: Point, position: str) -> dict[str, str]:

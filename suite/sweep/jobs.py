@@ -27,9 +27,9 @@ from suite.point_dir import PointDir, error_line
 from suite.records.record import finish
 from suite.records.store import Store, store_uri
 from suite.records.verdict import Ending, JobEnded, NotStarted
+from suite.shared_names import Status
 from suite.sweep.plan import Point
 from suite.sweep.point import Outcome, Predict, new_point_dir, no_prediction, point_dir_path, prediction_for
-from suite.vocabulary import Status
 
 
 def is_batch(point: Point) -> bool:

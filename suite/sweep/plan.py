@@ -24,10 +24,10 @@ from suite.errors import BadValue, ConfigError
 from suite.layout import Layout
 from suite.models import resolve_network
 from suite.placement import loader_workers
+from suite.shared_names import AUTO, AUTO_CHOOSES
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
 from suite.sweep.compose import PlanningProgress, compose_all, job_line, problem_line
-from suite.vocabulary import AUTO, AUTO_CHOOSES
 
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 # network.family and .size: what the network was chosen by; its name, architecture and dimensions say what is built.

@@ -40,8 +40,8 @@ from suite.errors import ConfigError
 from suite.paths import CONF_DIR, REPO_ROOT, config_file, searchpath_overrides
 from suite.point_dir import PointDir, error_line
 from suite.predict import overhead
+from suite.shared_names import Collective, MathDtype, Status
 from suite.tools import overhead_probes
-from suite.vocabulary import Collective, MathDtype, Status
 
 CALIBRATED = "# calibrated:"  # the provenance comment `--apply` writes (and replaces)
 # hardware field -> (p2p scope, key in the record, factor)

@@ -13,10 +13,10 @@ from suite.predict.overhead import EXPERIMENT, Probe, save
 from suite.predict.predictor import crowding, workload
 from suite.predict.step import step_time
 from suite.records.store import Store, store_uri
+from suite.shared_names import Status
 from suite.strategies import missing_library, strategy_class, strategy_names
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
-from suite.vocabulary import Status
 
 PROBE = ["dataset=tokens", "network=gpt2_tiny", "dataset.seq_len=32", "dataset.samples=256",
          "dataset.val_samples=16", "batch_size=8", "epochs=2", "warmup_steps=2", "steps_per_epoch=8",

@@ -31,7 +31,7 @@ from suite.runtime.dist import DistEnv
 from suite.runtime.manifest import rank_info
 from suite.runtime.metrics import SHARE_SENT, synchronize
 from suite.runtime.torch_api import matmuls_in_tf32
-from suite.vocabulary import Collective, MathDtype
+from suite.shared_names import Collective, MathDtype
 
 log = logging.getLogger("suite")
 

@@ -51,8 +51,8 @@ from suite.runtime.profile import StepTrace
 from suite.runtime.settings import process_settings
 from suite.runtime.torch_api import set_math
 from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
+from suite.shared_names import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN
 from suite.strategies.base import RankContext, Strategy
-from suite.vocabulary import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN
 
 log = logging.getLogger("suite")
 

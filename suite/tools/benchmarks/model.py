@@ -40,11 +40,11 @@ from suite.predict.links import calibrated_links, link_model
 from suite.predict.predictor import Prediction, predict, recorded_prediction
 from suite.records.run_schema import run_status
 from suite.records.store import Store
+from suite.shared_names import Status
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import InvalidPoint, Point, plan
 from suite.sweep.sweep_files import sweep_jobs
 from suite.tools.predict import describe
-from suite.vocabulary import Status
 
 SWEEP = "model_bench"
 STUDY_J_STRATEGIES = ("ddp", "horovod", "gpipe", "gpipe_dist", "1f1b")  # where --variant study_j has equations

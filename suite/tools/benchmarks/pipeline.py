@@ -16,9 +16,9 @@ from __future__ import annotations
 import sys
 
 from suite.records.store import Store
+from suite.shared_names import Status
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
-from suite.vocabulary import Status
 
 STRATEGIES = ("gpipe", "gpipe_dist", "1f1b")
 POINT = ["dataset=tokens", "network=gpt2_tiny", "network.n_layer=6", "network.n_embd=256", "network.n_head=4",
