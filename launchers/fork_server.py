@@ -39,7 +39,7 @@ MESSAGE_BYTES = 1 << 20  # a request carries a rank's whole environment
 # What every rank imports before it trains, besides the strategy modules (all imported too).
 PRELOAD = ("torch", "torch.distributed", "torch.utils.flop_counter", "torchvision", "omegaconf", "suite.worker.rank",
            "suite.worker.trainer", "suite.runtime.dist", "suite.runtime.manifest", "suite.strategies",
-           "suite.worker.calibrate", "suite.profiling.measure")
+           "suite.worker.calibration_rank", "suite.profiling.measure")
 
 
 class ForkServer:

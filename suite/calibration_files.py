@@ -1,7 +1,7 @@
 """The files under results/calibration/ (a cluster's calibration records, the library overhead's fits, a fitted
 correction) found and read in one place, by the ranks (MFU's peak), the performance model and the tools alike: a file
 that is not what its writer wrote is one line naming it (`DamagedRecord`). What they hold: suite.records.calibration
-(the record), suite.predict.overhead and suite.predict.correction."""
+(the record), suite.predict.library_overhead and suite.predict.correction."""
 
 from __future__ import annotations
 

@@ -15,12 +15,12 @@ from conftest import results_of_their_own, run_make, run_suite
 from suite.calibration_files import load_record, record_path
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR
-from suite.predict import overhead
-from suite.predict.overhead import Overhead, Probe, overhead_path
+from suite.predict import library_overhead
+from suite.predict.library_overhead import Overhead, Probe, overhead_path
 from suite.records.store import Store
 from suite.shared_names import Collective
 from suite.tools.calibrate import CALIBRATED, apply_record, check, compose_config
-from suite.worker.calibrate import bus_bandwidth, message_sizes
+from suite.worker.calibration_rank import bus_bandwidth, message_sizes
 
 pytestmark = pytest.mark.xdist_group("calibration")  # one worker runs the module: its fixtures run once
 
@@ -171,7 +171,7 @@ def test_make_calibrate_measures_the_library_overhead_on_probe_networks(calibrat
     assert wide["param_bytes"] > 10 * narrow["param_bytes"] > 0 and wide["param_tensors"] == narrow["param_tensors"]
     assert deep["param_tensors"] > 3 * narrow["param_tensors"] > 0
     found = Overhead(single["fixed_s"], single["per_byte_s"], single["per_tensor_s"])
-    assert found == overhead.fit([Probe("single", p["param_bytes"], p["param_tensors"], p["predicted_s"],
+    assert found == library_overhead.fit([Probe("single", p["param_bytes"], p["param_tensors"], p["predicted_s"],
                                         p["measured_s"]) for p in probes])["single"]
     if found.per_byte_s > 0 and found.per_tensor_s > 0:  # three terms from three probes: through each of them
         for probe in probes:

@@ -16,7 +16,7 @@ from suite.shared_names import MathDtype
 from suite.strategies.gpipe import GPipe
 from suite.sweep.jobs import _job
 from suite.sweep.plan import plan
-from suite.worker.calibrate import collective_runs, default_dtypes
+from suite.worker.calibration_rank import collective_runs, default_dtypes
 
 GPIPE = [*(o for o in DIGITS if not o.startswith("batch_size=")), "batch_size=16", "strategy=gpipe"]
 

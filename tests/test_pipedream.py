@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from suite.layout import Layout
 from suite.models.layers import Layer
 from suite.pipeline.partition import StageModule, cut
-from suite.pipeline.pipedream import PipeDreamStage, lag
+from suite.pipeline.pipedream_engine import PipeDreamStage, lag
 from suite.pipeline.topology import Topology
 from suite.point_dir import PointDir
 from suite.runtime.metrics import PhaseTimer

@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 
 from suite.errors import ConfigError
-from suite.predict import correction, overhead
+from suite.predict import correction, library_overhead
 from suite.predict.correction import Correction, Fit, Observed, correction_path, fit
 from suite.predict.costs import StepTime
+from suite.predict.library_overhead import Overhead, Probe
 from suite.predict.memory import Memory
-from suite.predict.overhead import Overhead, Probe
 from suite.predict.predictor import Prediction, crowding, with_correction, with_library_overhead
 from suite.profiling.profiles import LayerProfile, Profile
 from suite.strategies.ddp import DDP
@@ -70,25 +70,25 @@ def test_the_predictor_applies_its_clusters_correction_file(results):
 def test_the_library_overhead_is_solved_from_the_narrow_wide_and_deep_probes():
     # 5 ms + 5 ms per MB + 0.1 ms per tensor: 12 ms above the model at 1 MB in 20 tensors, 32 ms at 5 MB in 20,
     # 25 ms at 2 MB in 100
-    (ddp,) = overhead.fit([Probe("ddp", 1e6, 20, 0.100, 0.112), Probe("ddp", 5e6, 20, 0.200, 0.232),
+    (ddp,) = library_overhead.fit([Probe("ddp", 1e6, 20, 0.100, 0.112), Probe("ddp", 5e6, 20, 0.200, 0.232),
                            Probe("ddp", 2e6, 100, 0.150, 0.175)]).values()
     assert ddp == Overhead(pytest.approx(0.005), pytest.approx(5e-9), pytest.approx(1e-4))
     assert ddp.step_s(3e6, 50) == pytest.approx(0.025)
     # A rank's CPU work: twice as long where two ranks share each core the probes' ranks had to themselves.
     assert ddp.step_s(3e6, 50, crowding=2.0) == pytest.approx(0.050)
-    (crowded,) = overhead.fit([replace(p, crowding=2.0) for p in (Probe("ddp", 1e6, 20, 0.100, 0.112),
+    (crowded,) = library_overhead.fit([replace(p, crowding=2.0) for p in (Probe("ddp", 1e6, 20, 0.100, 0.112),
                                                                   Probe("ddp", 5e6, 20, 0.200, 0.232))]).values()
     assert crowded.step_s(3e6, 20, crowding=1.0) == pytest.approx(0.022 / 2)
 
 
 def test_a_term_the_probes_cannot_tell_apart_is_left_out():
     # two probes of one tensor count: the line through them
-    (ddp,) = overhead.fit([Probe("ddp", 1e6, 20, 0.10, 0.11), Probe("ddp", 5e6, 20, 0.20, 0.23)]).values()
+    (ddp,) = library_overhead.fit([Probe("ddp", 1e6, 20, 0.10, 0.11), Probe("ddp", 5e6, 20, 0.20, 0.23)]).values()
     assert ddp == Overhead(pytest.approx(0.005), pytest.approx(5e-9), 0.0)
 
 
 def test_a_wider_or_deeper_probe_that_costs_less_gets_no_term_for_it():
-    fits = overhead.fit([Probe("zero3", 1e6, 20, 0.1, 0.15), Probe("zero3", 5e6, 20, 0.2, 0.23),
+    fits = library_overhead.fit([Probe("zero3", 1e6, 20, 0.1, 0.15), Probe("zero3", 5e6, 20, 0.2, 0.23),
                          Probe("1f1b", 1e6, 20, 0.1, 0.08), Probe("1f1b", 5e6, 20, 0.2, 0.15),
                          Probe("megatron", 1e6, 20, 0.1, 0.112), Probe("megatron", 5e6, 20, 0.2, 0.232),
                          Probe("megatron", 2e6, 100, 0.1, 0.110)])
@@ -112,10 +112,10 @@ def test_the_predictor_adds_its_clusters_library_overhead(results):
     profile = profile_of(4_000_000, 1)
     assert with_library_overhead(plain, profile) == plain  # nothing measured for cluster local
     probes = [Probe("zero3", 1e6, 1, 0.1, 0.15), Probe("zero3", 5e6, 1, 0.2, 0.27), Probe("zero3", 1e6, 11, 0.1, 0.16)]
-    path = overhead.save("local", probes, ["a", "b", "c"], workers=2)
-    assert path == overhead.overhead_path("local") and path.name == "local.overhead.yaml"
-    assert overhead.overhead_path("local", 2).read_text() == path.read_text()
-    measured = overhead.load("local")
+    path = library_overhead.save("local", probes, ["a", "b", "c"], workers=2)
+    assert path == library_overhead.overhead_path("local") and path.name == "local.overhead.yaml"
+    assert library_overhead.overhead_path("local", 2).read_text() == path.read_text()
+    measured = library_overhead.load("local")
     # 50 and 70 ms above at 1 and 5 MB, 10 ms more at ten more tensors
     assert measured.fits.keys() == {"zero3"}
     found, source = measured.measured(Zero(zero_stage=3), workers=2)
@@ -135,8 +135,8 @@ def test_the_library_overhead_comes_from_the_probes_of_workers_nearest_the_point
     beyond the probes' (2 on a machine of 2 cores); a point of 2 workers the 2-worker fit."""
     four = prediction("strategy=ddp", workers=4)
     crowded = crowding(four.point)
-    overhead.save("local", [Probe("ddp", 1e6, 1, 0.1, 0.11), Probe("ddp", 5e6, 1, 0.2, 0.21)], ["a"], workers=2)
-    overhead.save("local", [Probe("ddp", 1e6, 1, 0.1, 0.13, crowding=crowded, workers=4),
+    library_overhead.save("local", [Probe("ddp", 1e6, 1, 0.1, 0.11), Probe("ddp", 5e6, 1, 0.2, 0.21)], ["a"], workers=2)
+    library_overhead.save("local", [Probe("ddp", 1e6, 1, 0.1, 0.13, crowding=crowded, workers=4),
                             Probe("ddp", 5e6, 1, 0.2, 0.23, crowding=crowded, workers=4)], ["b"], workers=4)
     profile = profile_of(4_000_000, 1)
     own = with_library_overhead(four, profile)

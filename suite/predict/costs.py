@@ -24,7 +24,8 @@ class StepTime:
     optimizer: float = 0.0
     data: float = 0.0  # loading the batch
     sent: float = 0.0  # bytes the rank sends in collectives and sends, counted as suite.runtime.metrics counts them
-    library: float = 0.0  # the strategy's library beyond all of the above, measured on probes (suite.predict.overhead)
+    # the strategy's library beyond all of the above, measured on probes (suite.predict.library_overhead)
+    library: float = 0.0
     fitted: float = 0.0  # what a correction fitted on measurements adds (suite.predict.correction); may be negative
     core_wait: float = 0.0  # ranks waiting for a core, where a CPU node's ranks outnumber what its cores run at once
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from suite.pipeline.pipedream import lag
+from suite.pipeline.pipedream_engine import lag
 from suite.predict.costs import checkpointed
 from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers, tensor_split, tp_kept
 from suite.profiling.profiles import LayerProfile

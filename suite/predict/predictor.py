@@ -8,7 +8,7 @@ for a GPU cluster priced from a machine without a GPU is priced from its cluster
 model (suite.predict.roofline; with the cluster's calibrated matmul rate where `make calibrate` ran there), and
 its links by NCCL's model of the catalog's fabric (suite.predict.fabric) unless calibrated. The suite's model
 adds what the strategy's library costs per step where `make calibrate` measured it on probe networks
-(suite.predict.overhead). Where `make bench-model` fitted a correction for the cluster
+(suite.predict.library_overhead). Where `make bench-model` fitted a correction for the cluster
 (suite.predict.correction), the variant `fitted` adds it.
 """
 
@@ -24,7 +24,7 @@ from suite.calibration_files import DamagedRecord, record_path
 from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
 from suite.placement import threads_per_worker, will_use_cuda
-from suite.predict import correction, overhead
+from suite.predict import correction, library_overhead
 from suite.predict.costs import StepTime, checkpointed
 from suite.predict.links import link_model
 from suite.predict.memory import MIB, Memory, capacity_bytes, rank_memory
@@ -258,10 +258,10 @@ def recomputed_flops(profile: Profile, cfg) -> float:
 
 def with_library_overhead(prediction: Prediction, profile: Profile, fewer_ranks: bool = False) -> Prediction:
     """The prediction with what its strategy's library costs per step on its cluster added to its step, where
-    `make calibrate` measured it (suite.predict.overhead), on the number of workers nearest the point's
+    `make calibrate` measured it (suite.predict.library_overhead), on the number of workers nearest the point's
     (`fewer_ranks`: fewer than its own); Study J's equations are kept as published."""
     point = prediction.point
-    library = overhead.load(point.cfg.cluster.name)
+    library = library_overhead.load(point.cfg.cluster.name)
     measured = library and library.measured(point.strategy, point.cfg.workers, fewer_ranks)
     if not measured:
         return prediction

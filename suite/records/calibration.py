@@ -1,4 +1,4 @@
-"""A cluster's calibration record: what `make calibrate` measured (suite.worker.calibrate), kept twice.
+"""A cluster's calibration record: what `make calibrate` measured (suite.worker.calibration_rank), kept twice.
 
 - One MLflow run in the experiment `calibration`: params cluster, backend, world size, nodes and the
   settings; metrics `matmul_tflops_<dtype>`, and per scope (`intra_node`, `inter_node`) the curves

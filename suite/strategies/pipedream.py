@@ -1,4 +1,4 @@
-"""Asynchronous PipeDream with weight stashing (the engine is suite.pipeline.pipedream).
+"""Asynchronous PipeDream with weight stashing (the engine is suite.pipeline.pipedream_engine).
 
 One training step feeds one mini-batch (the point's `batch_size`, no micro-batches) into a pipeline
 that never flushes between steps: on a stage with k stages after it, the step's backward belongs to
@@ -26,7 +26,7 @@ from torch import nn
 from suite.errors import ConfigError
 from suite.layout import Layout, divisors
 from suite.pipeline.microbatch import MicroBatching
-from suite.pipeline.pipedream import PipeDreamStage
+from suite.pipeline.pipedream_engine import PipeDreamStage
 from suite.shared_names import Family
 from suite.strategies.base import RankContext
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages

@@ -13,7 +13,7 @@ leaves an MLflow run in the experiment `calibration` and the record results/cali
 Here, after the job, each strategy of `calibration.probe_strategies` (all by default) runs three probe networks
 on the job's workers through the sweep driver (`calibration.probe_passes` times, in passes over all of them),
 and what its step takes beyond the performance model is fitted and kept in
-results/calibration/<cluster>.overhead.yaml and <cluster>.w<workers>.overhead.yaml (suite.predict.overhead).
+results/calibration/<cluster>.overhead.yaml and <cluster>.w<workers>.overhead.yaml (suite.predict.library_overhead).
 A batch cluster's job does not run them.
 
 `--apply` measures nothing: it copies the record's send/recv bandwidths and latencies into the cluster
@@ -39,7 +39,7 @@ from suite.calibration_files import jobs_dir, load_record, read_record, reading,
 from suite.errors import ConfigError
 from suite.paths import CONF_DIR, REPO_ROOT, config_file, searchpath_overrides
 from suite.point_dir import PointDir, error_line
-from suite.predict import overhead
+from suite.predict import library_overhead
 from suite.shared_names import Collective, MathDtype, Status
 from suite.tools import overhead_probes
 
@@ -87,7 +87,7 @@ def default_workers(cfg: DictConfig) -> int:
 def check(cfg: DictConfig, dry_run: bool) -> None:
     """One line per problem, before anything runs."""
     from launchers import BATCH_SCHEDULERS
-    from suite.worker.calibrate import message_sizes
+    from suite.worker.calibration_rank import message_sizes
 
     s, cluster = cfg.calibration, cfg.cluster
     if cfg.workers < 1 or cfg.nodes < 1 or cfg.workers % cfg.nodes:
@@ -312,7 +312,7 @@ def main(argv: list[str]) -> int:
             submit(cfg, args.dry_run)
             if probe_keys(cfg):
                 print(f"[{label(cfg)}] the library overhead's probes are not part of a batch job: "
-                      f"{overhead.overhead_path(name)} is left as it is", flush=True)
+                      f"{library_overhead.overhead_path(name)} is left as it is", flush=True)
             return 0
         out = job_dir(cfg, create=True)
         print(f"[{label(cfg)}] calibrating {cfg.workers} ranks here; job directory {out.path}", flush=True)

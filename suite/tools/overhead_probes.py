@@ -1,5 +1,5 @@
 """The library-overhead probes of `make calibrate`: each strategy's probe networks run through the sweep driver
-like any point, then priced by the model, whose difference from the measured step `suite.predict.overhead` fits.
+like any point, then priced by the model, whose difference from the measured step `suite.predict.library_overhead` fits.
 Measuring lives here, beside calibration, because it needs both the sweep and the predictor, neither of which
 imports the other."""
 
@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from suite.errors import ConfigError
-from suite.predict.overhead import EXPERIMENT, Probe, save
+from suite.predict.library_overhead import EXPERIMENT, Probe, save
 from suite.predict.predictor import crowding, workload
 from suite.predict.step import step_time
 from suite.records.store import Store, store_uri

@@ -3,7 +3,7 @@ mpiexec).
 
 It reads the resolved config from the point directory, finds its place in the job from the launcher's
 environment (`suite.runtime.rendezvous`), trains (or, in a calibration job's directory, measures the machine:
-`suite.worker.calibrate`), and leaves its results there (see `suite.point_dir`).
+`suite.worker.calibration_rank`), and leaves its results there (see `suite.point_dir`).
 Rank 0 prints progress; every rank logs to logs/rank<r>.log. SIGTERM stops it as `timeout`.
 """
 
@@ -87,7 +87,7 @@ def train_point(out: PointDir, cfg) -> None:
 
 
 def calibrate(out: PointDir, cfg) -> None:
-    from suite.worker.calibrate import Calibration
+    from suite.worker.calibration_rank import Calibration
 
     with process_group(out, cfg, cfg.workers, f"workers={cfg.workers} for the calibration") as env:
         summary = Calibration(cfg.calibration, env).run()

@@ -154,7 +154,7 @@ def save(cluster: str, probes: list[Probe], run_ids: list[str], workers: int) ->
     record = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "experiment": EXPERIMENT, "runs": run_ids,
               "strategies": strategies}
     text = ("# Per-step overhead of each strategy's library beyond the performance model, measured on probe networks\n"
-            "# by `make calibrate` (suite/predict/overhead.py). Seconds, bytes and tensors.\n"
+            "# by `make calibrate` (suite/predict/library_overhead.py). Seconds, bytes and tensors.\n"
             + yaml.safe_dump(record, sort_keys=False))
     for path in (overhead_path(cluster, workers), overhead_path(cluster)):
         path.parent.mkdir(parents=True, exist_ok=True)
