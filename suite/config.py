@@ -14,7 +14,15 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from suite.shared_names import AttentionKernel, Device, FaultKind, GradCompression, OptimizerName, PrecisionName
+from suite.shared_names import (
+    AttentionKernel,
+    Device,
+    FaultKind,
+    Float8Recipe,
+    GradCompression,
+    OptimizerName,
+    PrecisionName,
+)
 
 
 @dataclass
@@ -265,6 +273,9 @@ class PointConfig:
     warmup_steps: int = 2  # untimed training steps before the first epoch
     eval_batches: int | None = None  # None = the whole validation set
     precision: PrecisionName = PrecisionName.fp32
+    # fp8 linear layers (torchao's float8 training) under precision=bf16: none | tensorwise | rowwise; a GPU of
+    # compute capability 8.9 or more (Ada, Hopper and later) runs them
+    fp8: Float8Recipe = Float8Recipe.none
     # none | every (each block) | k (every k-th block) | selective (each block's attention core: Megatron-LM's) |
     # selective_op (each decoder block under torchtitan's operator policy: matmul and attention outputs kept)
     activation_checkpointing: str = "none"

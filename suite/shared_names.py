@@ -27,6 +27,15 @@ class PrecisionName(StrEnum):
 HALF_PRECISIONS = (PrecisionName.bf16, PrecisionName.fp16)  # 2 bytes a value where the point computes in them
 
 
+class Float8Recipe(StrEnum):
+    """fp8 linear layers (`fp8=`): torchao's float8 training recipes, as torchtitan's float8 converter applies them
+    under bf16 mixed precision (torchao.float8.Float8LinearRecipeName)."""
+
+    none = "none"  # every linear layer in the point's precision
+    tensorwise = "tensorwise"  # one dynamic scale per tensor (cuBLAS's fp8 GEMM): torchao's default, the fastest
+    rowwise = "rowwise"  # one scale per row (CUTLASS's rowwise kernel), powers of two: more accurate
+
+
 class AttentionKernel(StrEnum):
     """Which of torch's `scaled_dot_product_attention` kernels GPT-2 runs (torch.nn.attention.SDPBackend)."""
 

@@ -40,8 +40,9 @@ from omegaconf import OmegaConf
 from suite.errors import ConfigError
 from suite.predict.attention import AttentionKernelCost, attention_kernel
 from suite.predict.links import matmul_tflops
-from suite.profiling.counted import ATTENTION, CONV, MEMORY, CountedNetwork, Kernel, count_network
+from suite.profiling.counted import ATTENTION, CONV, FP8_MATMUL, MEMORY, CountedNetwork, Kernel, count_network
 from suite.profiling.profiles import LayerProfile, Profile
+from suite.shared_names import Float8Recipe
 
 # The constants are round figures, fitted to no published record: `make validate-published` scores them.
 # Of the dense datasheet peak, what cuBLAS and cuDNN reach on large GEMMs and convolutions (NCCL, for comparison,
@@ -88,6 +89,7 @@ class Gpu:
     tensor_core_matmuls: bool = True  # bf16, fp16 or TF32; FP32 units load one element at a time anyway
     attention: AttentionKernelCost | None = None  # the fused attention kernel's published share of the peak
     attention_peak_tflops: float = 0.0  # the datasheet peak that share is of (the dtype attention runs in)
+    fp8_tflops: float = 0.0  # what a large GEMM of fp8 operands reaches (`fp8=`); 0: none is priced
 
     def seconds(self, kernel: Kernel) -> float:
         seconds = kernel.bytes / (self.bandwidth_gbs * 1e9)
@@ -95,7 +97,7 @@ class Gpu:
             return max(seconds + kernel.flops / (self.attention_peak_tflops * 1e12 * self.attention.share(kernel)),
                        KERNEL_FLOOR_S)
         if kernel.kind != MEMORY and kernel.flops:
-            rate = self.conv_tflops if kernel.kind == CONV else self.matmul_tflops
+            rate = {CONV: self.conv_tflops, FP8_MATMUL: self.fp8_tflops}.get(kernel.kind, self.matmul_tflops)
             if not kernel.aligned and self.tensor_core_matmuls:
                 rate *= UNALIGNED_GEMM_SHARE
             seconds += kernel.flops / (rate * 1e12 * self.waves(kernel))
@@ -142,29 +144,45 @@ def gpu_of(cfg) -> Gpu:
     # FlashAttention-2 runs in half precision only; the memory-efficient kernel in fp32 runs on the FP32 units
     attention_peak = peaks[MATH_DTYPE[cfg.precision]] if cfg.precision in MATH_DTYPE else peaks["fp32"]
     attention_text = f", {attention.source}" if attention else ""
+    fp8 = _fp8_peak(cfg)
+    fp8_text = f", fp8 GEMMs at {fp8:g} x the same share" if fp8 else ""
     calibrated = matmul_tflops(cfg.cluster.name, cfg.precision)
     if calibrated:  # `make calibrate` on the cluster measured a large matmul: what its GEMMs reach
         return Gpu(name, calibrated, calibrated * conv / matmul, bandwidth, hw.sm_count,
-                   f"calibrated: {name} GEMMs at the measured {calibrated:.1f} TFLOP/s, HBM {bandwidth:.0f} GB/s "
-                   f"(datasheet x MEMORY_EFFICIENCY), roofline per kernel{attention_text}", tensor_cores,
-                   attention, attention_peak)
+                   f"calibrated: {name} GEMMs at the measured {calibrated:.1f} TFLOP/s{fp8_text}, HBM "
+                   f"{bandwidth:.0f} GB/s (datasheet x MEMORY_EFFICIENCY), roofline per kernel{attention_text}",
+                   tensor_cores, attention, attention_peak, fp8 * calibrated / matmul)
     return Gpu(name, matmul * GEMM_EFFICIENCY, conv * GEMM_EFFICIENCY, bandwidth, hw.sm_count,
-               f"datasheet: {name} GEMMs at {matmul:g} x {GEMM_EFFICIENCY} TFLOP/s, HBM "
+               f"datasheet: {name} GEMMs at {matmul:g} x {GEMM_EFFICIENCY} TFLOP/s{fp8_text}, HBM "
                f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s, roofline per kernel{attention_text}",
-               tensor_cores, attention, attention_peak)
+               tensor_cores, attention, attention_peak, fp8 * GEMM_EFFICIENCY)
+
+
+def _fp8_peak(cfg) -> float:
+    """The GPU's dense fp8 peak where the point trains fp8 linear layers (0.0 where it does not); a ConfigError
+    naming the key where its catalog entry lacks it. No fp8 GEMM is measured here: it reaches the share of its
+    peak that the point's bf16 GEMMs reach of theirs."""
+    if cfg.get("fp8", Float8Recipe.none) == Float8Recipe.none:
+        return 0.0
+    hw = cfg.cluster.hardware
+    if not hw.fp8_tflops:
+        raise ConfigError(f"cluster {cfg.cluster.name} cannot price fp8={cfg.fp8}: fill cluster.hardware.fp8_tflops "
+                          f"(the dense FP8 tensor-core peak of its GPU, {hw.gpu or 'unnamed'}; docs/clusters.md, "
+                          "\"Hardware catalog\")")
+    return float(hw.fp8_tflops)
 
 
 @lru_cache(maxsize=64)
-def _counted(network: str, dataset: str, batch: int, precision: str) -> CountedNetwork:
+def _counted(network: str, dataset: str, batch: int, precision: str, fp8: str) -> CountedNetwork:
     cfg = OmegaConf.create({"network": OmegaConf.create(network), "dataset": OmegaConf.create(dataset),
-                            "precision": precision})
+                            "precision": precision, "fp8": fp8})
     return count_network(cfg, batch)
 
 
 def counted(cfg, batch: int) -> CountedNetwork:
-    """`count_network`, once per network, data shape, batch and precision in a process."""
+    """`count_network`, once per network, data shape, batch, precision and fp8 recipe in a process."""
     return _counted(OmegaConf.to_yaml(cfg.network, resolve=True), OmegaConf.to_yaml(cfg.dataset, resolve=True),
-                    batch, cfg.precision)
+                    batch, cfg.precision, cfg.fp8)
 
 
 def optimizer_bytes(cfg) -> tuple[int, int]:

@@ -13,6 +13,9 @@ two, recomputing the scores). Under bf16 or fp16 autocast the tensors follow aut
 multiplies and convolutions produce half-precision outputs from half-precision copies of their inputs (the
 parameter copies are counted, 6 bytes per element each way), the ops autocast keeps in fp32 (normalisation,
 softmax, losses, reductions) produce fp32, and every other op produces half only where all its inputs are half.
+With `fp8=`, the network's linear layers are converted as the ranks convert them (suite.runtime.float8, torchao's
+Float8Linear) and counted as torchao runs them uncompiled: each cast to fp8 its own amax, scale and cast kernels,
+each GEMM of fp8 operands (1 byte an element) an fp8 GEMM.
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.profiling.cores import CoreWatch
 from suite.runtime.activation_checkpointing import DECODER_BLOCKS, MatmulKeepingPolicy
+from suite.runtime.float8 import convert_to_fp8
+from suite.shared_names import Float8Recipe
 
 MATMUL = "matmul"  # on the tensor cores (or the FP32 units): GEMMs
+FP8_MATMUL = "fp8_matmul"  # GEMMs of fp8 operands (torch._scaled_mm) on the fp8 tensor cores
 CONV = "conv"  # convolutions (cuDNN), forward and backward
 ATTENTION = "attention"  # fused attention
 MEMORY = "memory"  # everything else: elementwise, normalisation, reductions, copies
@@ -119,7 +125,7 @@ class _Kernels(TorchDispatchMode):
         self.largest = 0
 
     def nbytes(self, t: torch.Tensor) -> int:
-        size = HALF_BYTES if id(t) in self.half_ids else t.element_size()
+        size = HALF_BYTES if id(t) in self.half_ids else _element_size(t)
         return t.numel() * size
 
     def mark_half(self, tensors) -> None:
@@ -140,11 +146,11 @@ class _Kernels(TorchDispatchMode):
         counter = self.flop_registry.get(packet)
         flops = float(counter(*args, **kwargs, out_val=out)) if counter else 0.0
         conv = packet in (_aten.convolution, _aten.convolution_backward)
-        kind = (CONV if conv else MATMUL) if flops else MEMORY
+        kind = (CONV if conv else FP8_MATMUL if any(map(_is_fp8, inputs)) else MATMUL) if flops else MEMORY
         if self.half:
             floating = [t for t in inputs if t.is_floating_point()]
             if kind != MEMORY:
-                self.mark_half(floating)
+                self.mark_half([t for t in floating if not _is_fp8(t)])
                 self.mark_half(outputs)
             elif packet not in FP32:  # in the activations' dtype: batch norm's fp32 state leaves its output half
                 activations = [t for t in floating if id(t) not in self.state]
@@ -159,8 +165,8 @@ class _Kernels(TorchDispatchMode):
             rows = outputs[0].numel() // max(cols, 1)
             if conv and len(shape) == 4:  # NCHW, an implicit GEMM of N*H*W rows and C columns
                 rows, cols = shape[0] * shape[2] * shape[3], shape[1]
-        depth = round(flops / (2 * rows * cols)) if kind == MATMUL and rows * cols else 0
-        aligned = kind != MATMUL or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
+        depth = round(flops / (2 * rows * cols)) if kind in (MATMUL, FP8_MATMUL) and rows * cols else 0
+        aligned = kind not in (MATMUL, FP8_MATMUL) or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
         self.record(Kernel(kind, flops, moved, rows, cols, aligned), func, outputs)
         return out
 
@@ -218,8 +224,18 @@ class _Attention(TorchFunctionMode):
                             [] if backward else [out])
 
 
+def _is_fp8(t: torch.Tensor) -> bool:
+    """A torchao float8 tensor: an fp8 `_data` under the dtype it stands in for."""
+    data = getattr(t, "_data", None)
+    return isinstance(data, torch.Tensor) and data.element_size() == 1 and data.is_floating_point()
+
+
+def _element_size(t: torch.Tensor) -> int:
+    return 1 if _is_fp8(t) else t.element_size()
+
+
 def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    return t.numel() * _element_size(t)
 
 
 def _base(t: torch.Tensor) -> torch.Tensor:
@@ -251,6 +267,12 @@ class _Saved:
         return sum(n for key, (_, n) in self.in_core.items() if key not in self.seen and key not in inputs)
 
 
+def _autocast_weights(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The weights autocast copies to half precision: every matrix but those of fp8 layers."""
+    fp8 = {id(p) for m in module.modules() if type(m).__name__ == "Float8Linear" for p in m.parameters()}
+    return [p for p in module.parameters() if p.dim() > 1 and id(p) not in fp8]
+
+
 def count_network(cfg, batch: int) -> CountedNetwork:
     """Every kernel of one training step of the point's network at `batch`, layer by layer, in its precision."""
     from suite.strategies.pipeline import profile_sample
@@ -259,6 +281,8 @@ def count_network(cfg, batch: int) -> CountedNetwork:
     half = cfg.precision in ("bf16", "fp16")
     with torch.device("meta"):
         model = build_model(cfg.network, cfg.dataset).train()
+    if cfg.get("fp8", Float8Recipe.none) != Float8Recipe.none:
+        convert_to_fp8(model, cfg.fp8)
     layers = flatten_layers(model)
     params = {id(p) for p in model.parameters()}
     inputs = profile_sample(cfg, batch).to("meta")
@@ -295,7 +319,8 @@ def count_network(cfg, batch: int) -> CountedNetwork:
             y.backward(torch.ones_like(y))
         backward = list(kernels.kernels)
         if half:
-            cast = Kernel(MEMORY, 0.0, CAST_BYTES * sum(p.numel() for p in layer.module.parameters() if p.dim() > 1))
+            # torchao casts the weights of its fp8 layers itself (counted above)
+            cast = Kernel(MEMORY, 0.0, CAST_BYTES * sum(p.numel() for p in _autocast_weights(layer.module)))
             forward.append(cast)
             backward.append(cast)
             if policy:

@@ -48,6 +48,9 @@ class Supports:
     # True where all its communication goes through torch.distributed process groups, so that suite.runtime.metrics's
     # count (`comm_mb_per_step`) is the whole of it; a strategy that communicates otherwise reports none.
     counts_communication: bool = False
+    # Trains the plain model's linear layers as torchao's Float8Linear (`fp8=`): its ranks run what the converter
+    # made of the model as they run the model (torchtitan composes it with DDP and FSDP2)
+    fp8: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ class FSDP(Strategy):
     # Gradient accumulation reduce-scatters every micro-batch's gradients into the fp32 shards, as Composer (LLM
     # Foundry) runs FSDP: no unsharded gradients are held between micro-batches.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS,
-                                            grad_accum=True)
+                                            grad_accum=True, fp8=True)
     # FSDP2's torch.distributed.fsdp.fully_shard is public from torch 2.6 (2.4 had it private, in _composable).
     needs_torch: ClassVar[str] = "2.6"
     reshard_after_forward: bool = True
@@ -64,6 +64,9 @@ class FSDP(Strategy):
 
     def check(self, cfg) -> None:
         check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)
+        if self.tp > 1 and cfg.fp8 != "none":
+            raise ConfigError(f"strategy fsdp: tp={self.tp} with fp8={cfg.fp8} is not run here (torchtitan splits fp8 "
+                              "linear layers with float8 tensor-parallel plans); use tp=1")
         if self.tp > 1 and cfg.precision == "fp16":
             raise ConfigError(f"strategy fsdp: tp={self.tp} has no fp16 loss scaling over its 2D-sharded gradients; "
                               "use precision=bf16 (or fp32)")

@@ -28,12 +28,15 @@ from suite.runtime.activation_checkpointing import (
     recomputes,
 )
 from suite.runtime.gpu_query import first_gpu
-from suite.shared_names import AttentionKernel, MathDtype
+from suite.shared_names import AttentionKernel, Float8Recipe, MathDtype, PrecisionName
 from suite.strategies import Strategy, build_strategy, older_torch, strategy_class, strategy_names
 from suite.sweep import hardware_catalog
 
 TASK_METRICS = {"image": "val_accuracy", "tokens": "val_perplexity"}
 NO_BF16_GPUS = ("V100", "P100", "T4", "TITAN RTX")  # before compute capability 8.0 (Lassen's V100, Study J's Titan RTX)
+# fp8 tensor cores: torch._scaled_mm runs on CUDA compute capability 8.9 (Ada) or 9.0 and later (Hopper), its check in
+# aten/src/ATen/native/cuda/Blas.cpp; torchao's float8 training calls it
+FP8_CAPABILITY = 8.9
 
 
 class OlderTorch(ConfigError):
@@ -251,6 +254,26 @@ def validate(cfg: DictConfig, torch_version: str, runs_here: bool = True,
     return strategy, layout
 
 
+def _check_fp8(cfg: DictConfig, strategy: Strategy) -> None:
+    """fp8 linear layers: under bf16 mixed precision, by a strategy that trains the converted model, on a GPU with
+    fp8 tensor cores (compute capability 8.9: Ada, Hopper and later), priced from its fp8 peak."""
+    if cfg.precision != PrecisionName.bf16:
+        raise ConfigError(f"fp8={cfg.fp8} trains the linear layers in fp8 and the rest in bf16, as torchtitan's float8 "
+                          f"converter does: set precision=bf16 (not {cfg.precision})")
+    if not strategy.supports.fp8:
+        converting = [name for name in strategy_names() if strategy_class(name).supports.fp8]
+        raise ConfigError(f"strategy {strategy.name} does not train fp8 linear layers (fp8={cfg.fp8}); "
+                          f"{', '.join(converting)} do")
+    if not will_use_cuda(cfg.cluster):
+        raise ConfigError(f"fp8={cfg.fp8} needs a GPU with fp8 tensor cores (compute capability 8.9 or more: Ada, "
+                          f"Hopper and later); cluster {cfg.cluster.name} computes on CPU")
+    here = first_gpu() if cfg.cluster.scheduler == "local" else None
+    capability = here.capability[0] + here.capability[1] / 10 if here else cfg.cluster.hardware.compute_capability
+    if capability is not None and capability < FP8_CAPABILITY:
+        raise ConfigError(f"fp8={cfg.fp8} needs a GPU with fp8 tensor cores (compute capability 8.9 or more), not "
+                          f"{here.name if here else cfg.cluster.hardware.gpu} ({capability})")
+
+
 def _check_operator_policy(cfg: DictConfig, strategy: Strategy, torch_version: str) -> None:
     """`selective_op` checkpoints a decoder's blocks under torch.utils.checkpoint's selective policy."""
     if cfg.network.arch not in DECODERS:
@@ -290,6 +313,8 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy, torch_version: str) -> Non
         hint = strategy.accumulation_hint or f"leave it 1 ({', '.join(accumulating)} accumulate)"
         raise ConfigError(f"strategy {strategy.name} does not accumulate gradients (grad_accum={cfg.grad_accum}); "
                           f"{hint}")
+    if cfg.fp8 != Float8Recipe.none:
+        _check_fp8(cfg, strategy)
     compression = cfg.grad_compression.name
     if compression not in supports.grad_compressions:
         raise ConfigError(f"strategy {strategy.name} does not compress gradients (grad_compression.name="

@@ -32,6 +32,7 @@ from suite.point_dir import PointDir, error_line
 from suite.runtime.activation_checkpointing import apply_activation_checkpointing
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
+from suite.runtime.float8 import convert_to_fp8
 from suite.runtime.manifest import rank_info
 from suite.runtime.memory import largest_over_ranks, peak_memory, reset_peak
 from suite.runtime.metrics import (
@@ -51,7 +52,7 @@ from suite.runtime.profile import StepTrace
 from suite.runtime.settings import process_settings
 from suite.runtime.torch_api import set_math
 from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
-from suite.shared_names import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN
+from suite.shared_names import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN, Float8Recipe
 from suite.strategies.base import RankContext, Strategy
 
 log = logging.getLogger("suite")
@@ -102,6 +103,8 @@ class Trainer:
         self.layout = strategy.layout(cfg)
         # Built on the host: the strategy moves to the device what this rank holds (a pipeline, one stage).
         model = build_model(cfg.network, cfg.dataset)
+        if cfg.fp8 != Float8Recipe.none:  # before any parallelism, as torchtitan converts
+            convert_to_fp8(model, cfg.fp8)
         apply_activation_checkpointing(model, cfg.activation_checkpointing, strategy.checkpoint_fn())
         self.timer = PhaseTimer(env.device)
         rank = RankContext(cfg, env, self.layout, make_precision(cfg.precision, env.device), self.timer, loss_fn)
