@@ -276,6 +276,8 @@ class PointConfig:
     # fp8 linear layers (torchao's float8 training) under precision=bf16: none | tensorwise | rowwise; a GPU of
     # compute capability 8.9 or more (Ada, Hopper and later) runs them
     fp8: Float8Recipe = Float8Recipe.none
+    # torch.compile of each decoder block (inductor), as torchtitan compiles a model; priced with its fused kernels
+    compile: bool = False
     # none | every (each block) | k (every k-th block) | selective (each block's attention core: Megatron-LM's) |
     # selective_op (each decoder block under torchtitan's operator policy: matmul and attention outputs kept)
     activation_checkpointing: str = "none"

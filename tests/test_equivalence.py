@@ -494,3 +494,12 @@ def test_llama_equivalence(store, strategy):
     workload = LLAMA + STEPS + LLAMA_ADAM
     reference = ["strategy=single", "workers=1", f"batch_size={GLOBAL_BATCH}"]
     assert_same_training(*run_against_single(store, workload + reference, workload + LLAMA_STRATEGIES[strategy]))
+
+
+def test_compiled_blocks_train_as_eager_single(store):
+    """`compile=true`: GPT-2's blocks compiled by inductor (C++ kernels on these CPU ranks), under DDP, against eager
+    `single`. Inductor fuses elementwise chains and reorders their float32 arithmetic; the tolerances are those of
+    every other strategy, which reorder reductions too."""
+    reference, compiled = train_pair(store, WORKLOADS["gpt2"], ["strategy=ddp", "compile=true"], workers=2,
+                                     global_batch=8)
+    assert_same_training(reference, compiled)

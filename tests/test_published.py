@@ -141,18 +141,11 @@ def test_an_epoch_is_priced_over_the_records_own_dataset_or_not_at_all(records):
     ("horovod-docs-vgg16-512gpu-scaling", (
         Reason(mapping.GPU, "other:pascal: no cluster of conf/cluster/ has this GPU type"),
         Reason(mapping.NOT_STATED, "training.global_batch and training.micro_batch"))),
-    ("torchtitan-h100-llama3-8b-8gpu-fsdp-compile-float8", (
-        Reason(mapping.COMPILE, "compiled and fused kernels: the suite profiles and prices eager PyTorch"),
-        Reason(mapping.PRECISION, "fp8_linear+bf16: the suite trains in fp32, bf16 or fp16"))),
     ("torchtitan-h100-llama3-8b-8gpu-fsdp4-cp2-s65536", (
-        Reason(mapping.CONTEXT_PARALLEL, "the sequence split over 2 GPUs"),
-        Reason(mapping.COMPILE, "compiled and fused kernels: the suite profiles and prices eager PyTorch"),
-        Reason(mapping.PRECISION, "fp8_linear+bf16: the suite trains in fp32, bf16 or fp16"))),
+        Reason(mapping.CONTEXT_PARALLEL, "the sequence split over 2 GPUs"),)),
     ("torchtitan-h100-llama3-70b-256gpu-fsdp32-tp8-asynctp", (
-        Reason(mapping.COMPILE, "compiled and fused kernels: the suite profiles and prices eager PyTorch"),
         Reason(mapping.ASYNC_TP, "tensor-parallel matmuls decomposed to overlap their collectives (torchtitan's "
-                                 "enable_async_tensor_parallel): not a knob of the suite"),
-        Reason(mapping.PRECISION, "fp8_linear+bf16: the suite trains in fp32, bf16 or fp16"))),
+                                 "enable_async_tensor_parallel): not a knob of the suite"),)),
 ])
 def test_a_record_the_suite_cannot_express_gets_its_reasons(records, ident, reasons):
     mapped = map_record(records[ident])
@@ -160,9 +153,19 @@ def test_a_record_the_suite_cannot_express_gets_its_reasons(records, ident, reas
     assert mapped.overrides and not mapped.expressible  # what could be mapped still is, for the reader
 
 
+def test_fp8_linear_layers_and_compiled_blocks_map_to_the_suites_knobs(records):
+    """torchtitan's FSDP2 + torch.compile + Float8 row: its blocks compiled and its linear layers in fp8 under bf16
+    (tensorwise scaling, the one recipe its converter had then), said in the assumptions."""
+    mapped = map_record(records["torchtitan-h100-llama3-8b-8gpu-fsdp-compile-float8"])
+    assert mapped.expressible, mapped.reasons
+    assert {"compile=true", "precision=bf16", "fp8=tensorwise"} <= set(mapped.overrides)
+    assert any(text.startswith("precision 'fp8_linear+bf16' run as precision=bf16 fp8=tensorwise")
+               for text in mapped.assumptions), mapped.assumptions
+
+
 @pytest.fixture(scope="module")
 def planned(records) -> dict[str, mapping.Mapped]:
-    """Every record mapped and planned (Hydra composes the 170 points the mapping expresses)."""
+    """Every record mapped and planned (Hydra composes the 175 points the mapping expresses)."""
     return {m.record.id: m for m in plan_records(list(records.values()))}
 
 
@@ -219,8 +222,9 @@ def test_every_record_is_planned_or_has_a_reason(records, planned):
     counts = mapping.counts(list(planned.values()))
     assert sum(first for first, _ in counts.values()) == 223
     # 58 before gradient accumulation (107 LLM Foundry records), 165 before 3D layouts, 168 before torchtitan's
-    # selective recomputation (its two plain FSDP records)
-    assert counts[mapping.EXPRESSIBLE][0] == 170
+    # selective recomputation (its two plain FSDP records), 170 before fp8 linear layers and compiled blocks (its five
+    # FSDP2 records with torch.compile, with or without Float8)
+    assert counts[mapping.EXPRESSIBLE][0] == 175
 
 
 # --- bad input: one line naming the file, the record and the key, exit 2 ----------------------------------------

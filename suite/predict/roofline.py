@@ -173,16 +173,16 @@ def _fp8_peak(cfg) -> float:
 
 
 @lru_cache(maxsize=64)
-def _counted(network: str, dataset: str, batch: int, precision: str, fp8: str) -> CountedNetwork:
+def _counted(network: str, dataset: str, batch: int, precision: str, fp8: str, compile: bool) -> CountedNetwork:
     cfg = OmegaConf.create({"network": OmegaConf.create(network), "dataset": OmegaConf.create(dataset),
-                            "precision": precision, "fp8": fp8})
+                            "precision": precision, "fp8": fp8, "compile": compile})
     return count_network(cfg, batch)
 
 
 def counted(cfg, batch: int) -> CountedNetwork:
-    """`count_network`, once per network, data shape, batch, precision and fp8 recipe in a process."""
+    """`count_network`, once per network, data shape, batch, precision, fp8 recipe and compilation in a process."""
     return _counted(OmegaConf.to_yaml(cfg.network, resolve=True), OmegaConf.to_yaml(cfg.dataset, resolve=True),
-                    batch, cfg.precision, cfg.fp8)
+                    batch, cfg.precision, cfg.fp8, cfg.compile)
 
 
 def optimizer_bytes(cfg) -> tuple[int, int]:

@@ -116,6 +116,7 @@ class _Kernels(TorchDispatchMode):
         self.half, self.state = half, state  # the ids of the model's parameters and buffers
         self.watch = watch
         self.kernels: list[Kernel] = []
+        self.flows: list[tuple[dict[int, int], dict[int, int]]] = []  # each kernel's tensors read and written: bytes
         self.core_kernels: list[Kernel] = []  # those launched while an attention core runs
         self.policy = policy  # `selective_op`'s, in a decoder block's forward; None elsewhere
         self.recomputed: list[Kernel] = []  # the kernels it does not save
@@ -167,11 +168,14 @@ class _Kernels(TorchDispatchMode):
                 rows, cols = shape[0] * shape[2] * shape[3], shape[1]
         depth = round(flops / (2 * rows * cols)) if kind in (MATMUL, FP8_MATMUL) and rows * cols else 0
         aligned = kind not in (MATMUL, FP8_MATMUL) or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
-        self.record(Kernel(kind, flops, moved, rows, cols, aligned), func, outputs)
+        self.record(Kernel(kind, flops, moved, rows, cols, aligned), func, inputs, outputs)
         return out
 
-    def record(self, kernel: Kernel, op, outputs: list[torch.Tensor]) -> None:
+    def record(self, kernel: Kernel, op, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         self.kernels.append(kernel)
+        self.flows.append(({id(_base(t)): self.nbytes(t) for t in inputs},
+                           {id(_base(t)): self.nbytes(t) for t in outputs}))
+        self.alive.extend(outputs)  # ids stay theirs while the flows name them
         if self.watch.inside:
             self.core_kernels.append(kernel)
         if self.policy and self.policy.saves(op):
@@ -221,7 +225,7 @@ class _Attention(TorchFunctionMode):
         # recorded as the GPU's fused kernel (flash attention), which `selective_op` saves
         self.kernels.record(Kernel(ATTENTION, flops, moved, q.numel() // head_dim, head_dim,
                                    keys=k_len, causal=causal), _aten._scaled_dot_product_flash_attention.default,
-                            [] if backward else [out])
+                            [q, k, v, out] if backward else [q, k, v], [] if backward else [out])
 
 
 def _is_fp8(t: torch.Tensor) -> bool:
@@ -265,6 +269,44 @@ class _Saved:
         """What the cores keep that nothing outside them does, their inputs excluded: what recomputing them frees."""
         inputs = {id(_base(t)) for args in self.kernels.watch.inputs for t in args}
         return sum(n for key, (_, n) in self.in_core.items() if key not in self.seen and key not in inputs)
+
+
+def _compiled(forward: list[Kernel], backward: list[Kernel],
+              flows: list[tuple[dict[int, int], dict[int, int]]]) -> tuple[list[Kernel], list[Kernel]]:
+    """A block's kernels as inductor runs its compiled forward and backward graphs (`compile=true`): each run of
+    memory-bound kernels between two GEMMs or attention kernels of one graph is one fused kernel, which reads what
+    the run did not write itself and writes only what is read after it (by a later kernel of the step, or by
+    nothing here: the block's output, its gradients); the GEMMs and attention are the libraries' kernels, as before.
+    `flows`: each kernel's tensors read and written (bytes), forward's then backward's."""
+    last_read: dict[int, int] = {}
+    for position, (reads, _) in enumerate(flows):
+        for tensor in reads:
+            last_read[tensor] = position
+
+    def graph(kernels: list[Kernel], offset: int) -> list[Kernel]:
+        fused: list[Kernel] = []
+        run: list[int] = []  # positions in `flows` of the memory-bound kernels since the last library kernel
+
+        def close() -> None:
+            if not run:
+                return
+            written = {t: n for k in run for t, n in flows[k][1].items()}
+            read = {t: n for k in run for t, n in flows[k][0].items() if t not in written}
+            kept = {t: n for t, n in written.items() if last_read.get(t, len(flows)) > run[-1]}
+            flops = sum(kernels[k - offset].flops for k in run)
+            fused.append(Kernel(MEMORY, flops, sum(read.values()) + sum(kept.values())))
+            run.clear()
+
+        for position, kernel in enumerate(kernels, offset):
+            if kernel.kind == MEMORY:
+                run.append(position)
+            else:
+                close()
+                fused.append(kernel)
+        close()
+        return fused
+
+    return graph(forward, 0), graph(backward, len(forward))
 
 
 def _autocast_weights(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -318,6 +360,8 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         with fused(kernels), kernels:
             y.backward(torch.ones_like(y))
         backward = list(kernels.kernels)
+        if cfg.get("compile", False) and isinstance(layer.module, DECODER_BLOCKS):
+            forward, backward = _compiled(forward, backward, kernels.flows)
         if half:
             # torchao casts the weights of its fp8 layers itself (counted above)
             cast = Kernel(MEMORY, 0.0, CAST_BYTES * sum(p.numel() for p in _autocast_weights(layer.module)))

@@ -25,6 +25,8 @@ from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.profiling.cores import CoreWatch
 from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, LayerProfile, window_s
+from suite.runtime.activation_checkpointing import decoder_blocks
+from suite.runtime.compile import compile_blocks
 from suite.runtime.metrics import synchronize
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import make_precision
@@ -97,6 +99,8 @@ def _training_forward(cfg, batch: int, device: torch.device):
     torch.manual_seed(cfg.seed)
     set_math(cfg.math.tf32, cfg.math.cudnn_benchmark)
     model = build_model(cfg.network, cfg.dataset).to(device).train()
+    if cfg.get("compile", False):  # as the ranks run it: the warm-up steps compile
+        compile_blocks(model, decoder_blocks(model))
     precision = make_precision(cfg.precision, device)
     inputs, targets = profile_sample(cfg, batch).to(device), _targets(cfg, batch).to(device)
 

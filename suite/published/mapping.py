@@ -7,10 +7,10 @@ cannot be. Every record ends as one or the other; none is dropped.
 
 Where a record leaves something the point needs unstated (null), the mapping takes the framework's documented
 default, or the suite's, and says so in `assumptions`; where the suite has no way to express what the record ran
-(a network it does not build, fp8, torch.compile, selective recomputation of another kind, dp x tp x pp, a GPU the
-catalog lacks), the record gets a `Reason`. A point the planner rejects (fp16 in a pipeline, gradient accumulation
-under a strategy that does not accumulate, ...) keeps the planner's line as its reason. Pricing and scoring (`make
-validate-published`) start from `plan_records`' points.
+(a network it does not build, fp8 or torch.compile outside single, ddp and fsdp, selective recomputation of another
+kind, dp x tp x pp, a GPU the catalog lacks), the record gets a `Reason`. A point the planner rejects (fp16 in a
+pipeline, gradient accumulation under a strategy that does not accumulate, ...) keeps the planner's line as its
+reason. Pricing and scoring (`make validate-published`) start from `plan_records`' points.
 """
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ def _precision(record: Record, strategy: str, draft: _Draft) -> None:
         draft.assume(f"precision {word!r} run as bf16: strategy {strategy} has no fp16 loss scaling, and this GPU's "
                      "tensor cores run bf16 at fp16's rate")
     if "fp8" in text:
-        draft.cannot(PRECISION, f"{word}: the suite trains in fp32, bf16 or fp16")
+        _fp8(record, word, spec, draft)
     elif text in ("bf16", "amp_bf16"):
         draft.set("precision=bf16")
     elif text in ("fp16", "amp_fp16"):
@@ -358,11 +358,32 @@ def _precision(record: Record, strategy: str, draft: _Draft) -> None:
         draft.cannot(PRECISION, f"{word}: not a precision the suite knows (fp32, bf16, fp16)")
 
 
-def _eager(record: Record, draft: _Draft) -> None:
+def _fp8(record: Record, word: str, spec, draft: _Draft) -> None:
+    """fp8 linear layers under bf16 (`fp8_linear+bf16`): torchao's float8 training with dynamic tensorwise scaling,
+    the one recipe torchtitan's float8 converter had when such records were taken (its docs/float8.md: "we
+    currently support tensor-wise scaling with dynamic scales")."""
+    if spec is None:  # the layout's reason says why there is no point
+        return
+    if not spec.supports.fp8:
+        draft.cannot(PRECISION, f"{word}: the suite trains fp8 linear layers under single, ddp and fsdp only")
+        return
+    draft.set("precision=bf16", "fp8=tensorwise")
+    draft.assume(f"precision {word!r} run as precision=bf16 fp8=tensorwise (torchao's dynamic tensorwise scaling, "
+                 "torchtitan's float8 default)")
+
+
+def _eager(record: Record, strategy: str, draft: _Draft) -> None:
     """What the record ran beyond eager PyTorch's kernels and collectives, as `measured.also` flags it."""
     also = record.measured.also
-    if also.get("torch_compile"):
-        draft.cannot(COMPILE, "compiled and fused kernels: the suite profiles and prices eager PyTorch")
+    spec = strategy_class(strategy)
+    if also.get("torch_compile") and spec is None:  # the layout's reason says why there is no point
+        pass
+    elif also.get("torch_compile") and record.model.family in (*LLAMA_FAMILIES, *LANGUAGE_FAMILIES) and \
+            spec.supports.compile:
+        draft.set("compile=true")
+    elif also.get("torch_compile"):
+        draft.cannot(COMPILE, "compiled and fused kernels: the suite compiles a decoder's blocks under single, ddp "
+                              "and fsdp only")
     if also.get("async_tp"):
         draft.cannot(ASYNC_TP, "tensor-parallel matmuls decomposed to overlap their collectives (torchtitan's "
                                "enable_async_tensor_parallel): not a knob of the suite")
@@ -600,7 +621,7 @@ def map_record(record: Record) -> Mapped:
     language = _network(record, draft)
     _cluster(record, draft)
     strategy = _layout(record, language, draft)
-    _eager(record, draft)
+    _eager(record, strategy or "", draft)
     _precision(record, strategy or "", draft)
     _recompute(record, strategy or "", draft)
     _optimizer(record, language, draft)

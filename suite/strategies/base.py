@@ -51,6 +51,9 @@ class Supports:
     # Trains the plain model's linear layers as torchao's Float8Linear (`fp8=`): its ranks run what the converter
     # made of the model as they run the model (torchtitan composes it with DDP and FSDP2)
     fp8: bool = False
+    # Runs the plain model's blocks compiled (`compile=true`) as the model's own code (torchtitan composes torch.compile
+    # with DDP and FSDP2)
+    compile: bool = False
 
 
 @dataclass(frozen=True)

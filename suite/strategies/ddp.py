@@ -45,7 +45,7 @@ class DDP(Strategy):
     label: ClassVar[str] = "DDP"
     # Gradient accumulation all-reduces once per step, in the last micro-batch's backward (`no_sync` before it).
     supports: ClassVar[Supports] = Supports(counts_communication=True, grad_compressions=tuple(GradCompression),
-                                            grad_accum=True, fp8=True)
+                                            grad_accum=True, fp8=True, compile=True)
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False

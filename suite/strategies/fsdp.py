@@ -48,7 +48,7 @@ class FSDP(Strategy):
     # Gradient accumulation reduce-scatters every micro-batch's gradients into the fp32 shards, as Composer (LLM
     # Foundry) runs FSDP: no unsharded gradients are held between micro-batches.
     supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS,
-                                            grad_accum=True, fp8=True)
+                                            grad_accum=True, fp8=True, compile=True)
     # FSDP2's torch.distributed.fsdp.fully_shard is public from torch 2.6 (2.4 had it private, in _composable).
     needs_torch: ClassVar[str] = "2.6"
     reshard_after_forward: bool = True

@@ -17,7 +17,7 @@ from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 class Single(Strategy):
     name: str = "single"
     family: ClassVar[Family] = Family.replicated
-    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_accum=True, fp8=True)
+    supports: ClassVar[Supports] = Supports(counts_communication=True, grad_accum=True, fp8=True, compile=True)
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:

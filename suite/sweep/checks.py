@@ -274,6 +274,17 @@ def _check_fp8(cfg: DictConfig, strategy: Strategy) -> None:
                           f"{here.name if here else cfg.cluster.hardware.gpu} ({capability})")
 
 
+def _check_compile(cfg: DictConfig, strategy: Strategy) -> None:
+    """torch.compile of a decoder's blocks, by a strategy that runs the model's own blocks."""
+    if cfg.network.arch not in DECODERS:
+        raise ConfigError(f"compile=true compiles a decoder's blocks, as torchtitan does; network {cfg.network.name} "
+                          f"({cfg.network.arch}) has none")
+    if not strategy.supports.compile:
+        compiling = [name for name in strategy_names() if strategy_class(name).supports.compile]
+        raise ConfigError(f"strategy {strategy.name} does not run compiled blocks (compile=true); "
+                          f"{', '.join(compiling)} do")
+
+
 def _check_operator_policy(cfg: DictConfig, strategy: Strategy, torch_version: str) -> None:
     """`selective_op` checkpoints a decoder's blocks under torch.utils.checkpoint's selective policy."""
     if cfg.network.arch not in DECODERS:
@@ -315,6 +326,8 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy, torch_version: str) -> Non
                           f"{hint}")
     if cfg.fp8 != Float8Recipe.none:
         _check_fp8(cfg, strategy)
+    if cfg.compile:
+        _check_compile(cfg, strategy)
     compression = cfg.grad_compression.name
     if compression not in supports.grad_compressions:
         raise ConfigError(f"strategy {strategy.name} does not compress gradients (grad_compression.name="

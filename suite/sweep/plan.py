@@ -41,7 +41,7 @@ IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": Fals
                      "math.tf32": None, "math.cudnn_benchmark": False, "grad_accum": 1, "network.attention": "auto",
                      # Llama 3's dimensions, 0 in the other families' points (recorded before there was a Llama)
                      "network.n_kv_head": 0, "network.ffn_dim_multiplier": 0, "network.multiple_of": 0,
-                     "fp8": "none"}
+                     "fp8": "none", "compile": False}
 PlanAuto = Callable[[DictConfig], None]  # writes the planner's choice into a pp=auto point's config
 
 

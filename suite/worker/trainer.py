@@ -29,7 +29,8 @@ from suite.layout import Layout
 from suite.models import build_model
 from suite.placement import node_threads
 from suite.point_dir import PointDir, error_line
-from suite.runtime.activation_checkpointing import apply_activation_checkpointing
+from suite.runtime.activation_checkpointing import apply_activation_checkpointing, decoder_blocks
+from suite.runtime.compile import compile_blocks
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
 from suite.runtime.float8 import convert_to_fp8
@@ -105,7 +106,9 @@ class Trainer:
         model = build_model(cfg.network, cfg.dataset)
         if cfg.fp8 != Float8Recipe.none:  # before any parallelism, as torchtitan converts
             convert_to_fp8(model, cfg.fp8)
+        blocks = decoder_blocks(model) if cfg.compile else []
         apply_activation_checkpointing(model, cfg.activation_checkpointing, strategy.checkpoint_fn())
+        compile_blocks(model, blocks)
         self.timer = PhaseTimer(env.device)
         rank = RankContext(cfg, env, self.layout, make_precision(cfg.precision, env.device), self.timer, loss_fn)
         self.parallel = strategy.setup(model, rank)
