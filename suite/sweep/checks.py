@@ -215,12 +215,20 @@ def _check_attention(cfg: DictConfig, uses_cuda: bool) -> None:
                           "kernel); use auto, flash or math")
     if attention != AttentionKernel.flash or not uses_cuda:
         return
-    here = first_gpu() if cfg.cluster.scheduler == "local" else None
-    capability = here.capability[0] + here.capability[1] / 10 if here else cfg.cluster.hardware.compute_capability
+    _, capability = _gpu_capability(cfg)
     if not flash_runs(cfg.precision != "fp32", capability):
         lacking = "precision=fp32" if cfg.precision == "fp32" else f"compute capability {capability}"
         raise ConfigError("network.attention=flash needs bf16 or fp16 on a GPU of compute capability 8.0+ (torch's "
                           f"FlashAttention-2), not {lacking}; use auto, efficient or math")
+
+
+def _gpu_capability(cfg: DictConfig) -> tuple[str, float | None]:
+    """The GPU a GPU point runs on and its compute capability: this machine's first, where the local launcher runs
+    the point; else its cluster's catalog entry's."""
+    here = first_gpu() if cfg.cluster.scheduler == "local" else None
+    if here:
+        return here.name, here.capability[0] + here.capability[1] / 10
+    return cfg.cluster.hardware.gpu, cfg.cluster.hardware.compute_capability
 
 
 @functools.lru_cache(maxsize=1024)
@@ -261,17 +269,15 @@ def _check_fp8(cfg: DictConfig, strategy: Strategy) -> None:
         raise ConfigError(f"fp8={cfg.fp8} trains the linear layers in fp8 and the rest in bf16, as torchtitan's float8 "
                           f"converter does: set precision=bf16 (not {cfg.precision})")
     if not strategy.supports.fp8:
-        converting = [name for name in strategy_names() if strategy_class(name).supports.fp8]
         raise ConfigError(f"strategy {strategy.name} does not train fp8 linear layers (fp8={cfg.fp8}); "
-                          f"{', '.join(converting)} do")
+                          f"{_supporting('fp8')} do")
     if not will_use_cuda(cfg.cluster):
         raise ConfigError(f"fp8={cfg.fp8} needs a GPU with fp8 tensor cores (compute capability 8.9 or more: Ada, "
                           f"Hopper and later); cluster {cfg.cluster.name} computes on CPU")
-    here = first_gpu() if cfg.cluster.scheduler == "local" else None
-    capability = here.capability[0] + here.capability[1] / 10 if here else cfg.cluster.hardware.compute_capability
+    gpu, capability = _gpu_capability(cfg)
     if capability is not None and capability < FP8_CAPABILITY:
         raise ConfigError(f"fp8={cfg.fp8} needs a GPU with fp8 tensor cores (compute capability 8.9 or more), not "
-                          f"{here.name if here else cfg.cluster.hardware.gpu} ({capability})")
+                          f"{gpu} ({capability})")
 
 
 def _check_compile(cfg: DictConfig, strategy: Strategy) -> None:
@@ -280,9 +286,13 @@ def _check_compile(cfg: DictConfig, strategy: Strategy) -> None:
         raise ConfigError(f"compile=true compiles a decoder's blocks, as torchtitan does; network {cfg.network.name} "
                           f"({cfg.network.arch}) has none")
     if not strategy.supports.compile:
-        compiling = [name for name in strategy_names() if strategy_class(name).supports.compile]
         raise ConfigError(f"strategy {strategy.name} does not run compiled blocks (compile=true); "
-                          f"{', '.join(compiling)} do")
+                          f"{_supporting('compile')} do")
+
+
+def _supporting(knob: str) -> str:
+    """The strategies whose `supports` has `knob`, as a sentence's list."""
+    return ", ".join(name for name in strategy_names() if getattr(strategy_class(name).supports, knob))
 
 
 def _check_operator_policy(cfg: DictConfig, strategy: Strategy, torch_version: str) -> None:
@@ -320,8 +330,7 @@ def _check_knobs(cfg: DictConfig, strategy: Strategy, torch_version: str) -> Non
     if cfg.activation_checkpointing == SELECTIVE_OP:
         _check_operator_policy(cfg, strategy, torch_version)
     if cfg.grad_accum > 1 and not supports.grad_accum:
-        accumulating = [name for name in strategy_names() if strategy_class(name).supports.grad_accum]
-        hint = strategy.accumulation_hint or f"leave it 1 ({', '.join(accumulating)} accumulate)"
+        hint = strategy.accumulation_hint or f"leave it 1 ({_supporting('grad_accum')} accumulate)"
         raise ConfigError(f"strategy {strategy.name} does not accumulate gradients (grad_accum={cfg.grad_accum}); "
                           f"{hint}")
     if cfg.fp8 != Float8Recipe.none:
