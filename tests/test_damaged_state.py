@@ -21,7 +21,7 @@ from test_predict import TINY_GPT, calibration_record, tiny_point
 from conftest import run_suite
 from suite.calibration_files import DamagedRecord, record_path
 from suite.paths import REPO_ROOT
-from suite.predict import correction, overhead
+from suite.predict import correction, library_overhead
 from suite.predict.links import calibrated_links, matmul_tflops
 from suite.predict.predictor import recorded_prediction
 from suite.profiling.cache import _cached
@@ -117,7 +117,7 @@ def links_of(cluster: str) -> object:
 
 
 # Each calibration file, and a reader of it that the model prices a point with.
-READERS = {"local.yaml": links_of, "local.w2.yaml": links_of, "local.overhead.yaml": overhead.load,
+READERS = {"local.yaml": links_of, "local.w2.yaml": links_of, "local.overhead.yaml": library_overhead.load,
            "local.correction.yaml": lambda cluster: correction.load(correction.correction_path(cluster))}
 
 
