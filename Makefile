@@ -69,7 +69,7 @@ axonn: setup  ## install AxoNN, mpi4py and MPICH (patched for CPU ranks where th
 
 # On TEST_WORKERS pytest-xdist workers (3 on 2 cores: much of a test is waiting on the processes it starts); the
 # tests of a module that share a fixture run on one worker (their `xdist_group`), so it is built once.
-test: setup horovod axonn browser  ## every test (about 25 minutes on 2 cores)
+test: setup horovod axonn browser  ## every test (about 20 minutes on 2 cores)
 	$(PY) -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup --durations=20
 
 # A headless Chromium for the MLflow UI's browser test, where the machine's packages give one (Debian's chromium and
