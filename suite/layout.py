@@ -1,10 +1,11 @@
 """How a point's ranks divide the work: one value, computed before launch and again in every rank.
 
-A point's ranks form a grid of `dp` data-parallel replicas x `pp` pipeline stages x `tp`
-tensor-parallel ranks. Rank r sits at (replica, stage, tp rank) in row-major order, so the `tp`
-ranks of a stage are consecutive and a replica's ranks are a consecutive block (Megatron-LM's
-order). Each replica reads its own shard of every global batch, `mini_batch` samples, cut into
-`micro_batches` where it is pipelined; every rank of a replica reads the replica's batch.
+A point's ranks form a grid of `dp` data-parallel replicas x `pp` pipeline stages x `cp` context-parallel
+ranks x `tp` tensor-parallel ranks. Rank r sits at (replica, stage, cp rank, tp rank) in row-major order, so the
+`tp` ranks of a stage are consecutive and a replica's ranks are a consecutive block (Megatron-LM's order; torchtitan's
+mesh puts cp between the data-parallel and tensor-parallel dimensions too). Each replica reads its own shard of every
+global batch, `mini_batch` samples, cut into `micro_batches` where it is pipelined; every rank of a replica reads the
+replica's batch, and each of its `cp` ranks trains on its part of every sequence.
 `shard` is how many ranks split the parameters and optimizer states (ZeRO, FSDP), a degree
 beside the grid, not one of its axes. PipeDream's replicated stages (`stage_replicas`, e.g. 2-1-1)
 are not a grid: stage s runs on its own consecutive ranks, one pipeline (`dp` 1) whose mini-batch
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-MESH_DIMS = ("dp", "pp", "tp")
+MESH_DIMS = ("dp", "pp", "cp", "tp")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class RankPlace:
     replica: int
     stage: int
     tp_rank: int
+    cp_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Layout:
     mini_batch: int  # samples one replica trains on per step
     pp: int = 1  # pipeline stages per replica
     tp: int = 1  # tensor-parallel ranks per stage
+    cp: int = 1  # context-parallel ranks per stage, each training on its part of every sequence
     shard: int = 1  # ranks over which parameters and optimizer states are split (ZeRO, FSDP)
     micro_batches: int = 1  # a replica's mini-batch is cut into these (pipelines; gradient accumulation elsewhere)
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
@@ -45,7 +48,7 @@ class Layout:
     stage_replicas: tuple[int, ...] = ()  # ranks per stage where they differ (PipeDream's 2-1-1); () on the grid
 
     def __post_init__(self) -> None:
-        if min(self.dp, self.pp, self.tp, self.shard, self.micro_batches, self.virtual_stages, self.mini_batch,
+        if min(self.dp, self.pp, self.tp, self.cp, self.shard, self.micro_batches, self.virtual_stages, self.mini_batch,
                *self.stage_replicas) < 1:
             raise ValueError(f"every degree of a layout is positive: {self}")
         if self.mini_batch % self.micro_batches:
@@ -54,6 +57,8 @@ class Layout:
                                     or any(self.micro_batches % r for r in self.stage_replicas)):
             raise ValueError(f"replicated stages are one pipeline of pp stages whose round of micro-batches each "
                              f"stage's replicas divide: {self}")
+        if self.cp > 1 and self.pp > 1:
+            raise ValueError(f"context parallelism is laid out without pipeline stages here: {self}")
 
     def stage_width(self, stage: int) -> int:
         """Ranks that run one pipeline stage's micro-batches: its replicas (the grid's are in pipelines of their own,
@@ -84,11 +89,11 @@ class Layout:
     @property
     def processes(self) -> int:
         """Ranks the launcher starts."""
-        return sum(self.stage_replicas) if self.stage_replicas else self.dp * self.rank_stages * self.tp
+        return sum(self.stage_replicas) if self.stage_replicas else self.dp * self.rank_stages * self.cp * self.tp
 
     @property
     def devices(self) -> int:
-        return sum(self.stage_replicas) if self.stage_replicas else self.dp * self.pp * self.tp
+        return sum(self.stage_replicas) if self.stage_replicas else self.dp * self.pp * self.cp * self.tp
 
     @property
     def global_batch(self) -> int:
@@ -102,9 +107,10 @@ class Layout:
         if self.stage_replicas:
             stage = next(s for s in range(self.pp) if rank < self.rank_of(RankPlace(0, s + 1, 0)))
             return RankPlace(rank - self.rank_of(RankPlace(0, stage, 0)), stage, 0)
-        replica, rest = divmod(rank, self.rank_stages * self.tp)
-        stage, tp_rank = divmod(rest, self.tp)
-        return RankPlace(replica, stage, tp_rank)
+        replica, rest = divmod(rank, self.rank_stages * self.cp * self.tp)
+        stage, rest = divmod(rest, self.cp * self.tp)
+        cp_rank, tp_rank = divmod(rest, self.tp)
+        return RankPlace(replica, stage, tp_rank, cp_rank)
 
     def data_shard(self, rank: int) -> tuple[int, int]:
         """(index, count) of the shard of the training data this rank reads: its replica's (replicated stages are
@@ -120,12 +126,14 @@ class Layout:
                           pipeline_stages=self.pp, pipeline_replicas=self.dp, virtual_stages=self.virtual_stages)
         if self.stage_replicas:
             params["stage_replicas"] = self.replication
+        if self.cp > 1:
+            params["cp"] = self.cp
         return params
 
     def rank_of(self, place: RankPlace) -> int:
         if self.stage_replicas:
             return sum(self.stage_replicas[:place.stage]) + place.replica
-        return (place.replica * self.rank_stages + place.stage) * self.tp + place.tp_rank
+        return ((place.replica * self.rank_stages + place.stage) * self.cp + place.cp_rank) * self.tp + place.tp_rank
 
     def runs(self, place: RankPlace) -> range:
         """The micro-batches of a mini-batch the rank at `place` runs: all of its replica's on the grid; with
@@ -195,10 +203,10 @@ class Layout:
         return mine
 
     def mesh(self, device_type: str):
-        """The point's device mesh, dimensions `dp`, `pp`, `tp` (sizes 1 included); every rank calls it."""
+        """The point's device mesh, dimensions `dp`, `pp`, `cp`, `tp` (sizes 1 included); every rank calls it."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device_type, (self.dp, self.rank_stages, self.tp), mesh_dim_names=MESH_DIMS)
+        return init_device_mesh(device_type, (self.dp, self.rank_stages, self.cp, self.tp), mesh_dim_names=MESH_DIMS)
 
 
 def divisors(n: int) -> list[int]:

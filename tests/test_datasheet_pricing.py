@@ -458,17 +458,17 @@ def test_a_sweep_on_a_gpu_cluster_records_the_datasheet_prediction_without_calib
     assert recorded_prediction(point("workers=8", "strategy=ddp", "record_prediction=false")) == {}
 
 
-def test_the_recommender_ranks_fsdp2_fsdp2_x_tp_and_3d_layouts_for_a_llama_cell(results):
-    """Llama 3 8B at 2048 tokens on two DGX H100s: FSDP2 alone and over tp ranks, and 1F1B with its stages split over
-    tp ranks are candidates beside the rest, priced from the datasheet; a tp that splits key-value groups is refused
-    with the reason."""
+def test_the_recommender_ranks_fsdp2_fsdp2_x_tp_fsdp2_x_cp_and_3d_layouts_for_a_llama_cell(results):
+    """Llama 3 8B at 2048 tokens on two DGX H100s: FSDP2 alone, over tp ranks and over cp ranks, and 1F1B with its
+    stages split over tp ranks are candidates beside the rest, priced from the datasheet; a tp that splits key-value
+    groups is refused with the reason."""
     ranking = rank_cell(["dataset=tokens", "network=llama3_8b", "dataset.seq_len=2048", "dataset.vocab_size=128256",
                          "dataset.samples=4096", "precision=bf16", "optimizer.name=adamw", "batch_size=8",
                          "activation_checkpointing=every", "cluster=dgx_h100"], 16)
     ranked = {strategy_overrides(p.point.overrides) for p in ranking.ranked}
-    assert {"fsdp reshard_after_forward=true", "fsdp tp=2", "fsdp tp=8"} <= ranked
+    assert {"fsdp reshard_after_forward=true", "fsdp tp=2", "fsdp tp=8", "fsdp cp=2", "fsdp cp=16"} <= ranked
     layouts_3d = {label for label in ranked if label.startswith("1f1b") and "tp=" in label}
     assert "1f1b pp=2 tp=8 micro_batches=4" in layouts_3d, sorted(ranked)
-    assert all(p.point.layout.dp * p.point.layout.pp * p.point.layout.tp == 16 for p in ranking.ranked)
+    assert all(p.point.layout.devices == 16 for p in ranking.ranked)
     refused = {i.label: i.reason for i in ranking.infeasible}
     assert refused["fsdp tp=16"].startswith("strategy fsdp: tp=16 does not divide n_kv_head=8 of llama3_8b")

@@ -476,6 +476,11 @@ LLAMA_STRATEGIES = {
     "fsdp_x_tp": ["strategy=fsdp", "strategy.tp=2", "workers=4", f"batch_size={GLOBAL_BATCH // 2}"],
     "megatron_tp2_sequence_parallel_selective": [*megatron_point(2), "strategy.sequence_parallel=true",
                                                  "activation_checkpointing=selective"],
+    # 2 replicas of 2 context-parallel ranks, each training on half of every sequence; units sharded over all 4
+    "fsdp_x_cp": ["strategy=fsdp", "strategy.cp=2", "workers=4", f"batch_size={GLOBAL_BATCH // 2}"],
+    # one replica: 2 context-parallel ranks of 2 tensor-parallel ranks, the sequence parallel inside each
+    "fsdp_x_cp_x_tp": ["strategy=fsdp", "strategy.cp=2", "strategy.tp=2", "strategy.sequence_parallel=true",
+                       "workers=4", f"batch_size={GLOBAL_BATCH}"],
     # torchtitan's Llama 3 recipe: FSDP units, each block checkpointed under its operator policy
     "fsdp_selective_op": ["strategy=fsdp", "workers=2", f"batch_size={GLOBAL_BATCH // 2}",
                           "activation_checkpointing=selective_op"],

@@ -73,9 +73,11 @@ class AttentionCore(nn.Module):
         super().__init__()
         self.dropout, self.attention = dropout, attention
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """Causal over q's and k's common positions, or where `mask` (queries x keys) is true."""
         with attention_kernel(self.attention):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                   dropout_p=self.dropout if self.training else 0.0)
 
 

@@ -68,12 +68,14 @@ def rope_frequencies(head_dim: int) -> torch.Tensor:
     return torch.where(wavelength < ORIGINAL_CONTEXT / HIGH_FREQ_FACTOR, freqs, scaled)
 
 
-def apply_rope(x: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """x (batch, heads, time, head_dim) with each adjacent pair of its dimensions (Meta's complex view) rotated by
-    its frequency times the position. Computed in each call, not kept as a buffer: a layer a pipeline stage or a
-    meta-device build holds on its own needs nothing from the model, and the angles cost little beside attention."""
-    positions = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)
-    angles = torch.outer(positions, rope_frequencies(x.shape[-1]).to(x.device))
+    its frequency times its token's position (0, 1, ... unless given). Computed in each call, not kept as a buffer:
+    a layer a pipeline stage or a meta-device build holds on its own needs nothing from the model, and the angles
+    cost little beside attention."""
+    if positions is None:
+        positions = torch.arange(x.shape[-2], device=x.device)
+    angles = torch.outer(positions.float(), rope_frequencies(x.shape[-1]).to(x.device))
     cos, sin = angles.cos(), angles.sin()
     even, odd = x.float().unflatten(-1, (-1, 2)).unbind(-1)
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).type_as(x)
@@ -90,7 +92,11 @@ class RMSNorm(nn.Module):
 
 
 class GroupedQueryAttention(nn.Module):
-    """n_head query heads sharing n_kv_head key-value heads, a group of n_head / n_kv_head queries each."""
+    """n_head query heads sharing n_kv_head key-value heads, a group of n_head / n_kv_head queries each. Under context
+    parallelism (`sequence`, suite.strategies.context_parallel) x is this rank's part of each sequence: its tokens
+    are rotated at their own positions and attend to the whole sequence's keys and values, gathered."""
+
+    sequence = None  # a SequenceShard under context parallelism
 
     def __init__(self, n_embd: int, n_head: int, n_kv_head: int, attention: str = "auto") -> None:
         super().__init__()
@@ -106,9 +112,15 @@ class GroupedQueryAttention(nn.Module):
         groups = self.qkv(x).view(batch, time, -1, self.group + 2, self.head_dim)
         q = groups[:, :, :, :self.group].flatten(2, 3).transpose(1, 2)  # (batch, heads, time, head_dim)
         k, v = groups[:, :, :, self.group].transpose(1, 2), groups[:, :, :, self.group + 1].transpose(1, 2)
+        positions = mask = None
+        if self.sequence is not None:
+            positions, mask = self.sequence.positions(time, x.device), self.sequence.causal_mask(time, x.device)
+        q, k = apply_rope(q, positions), apply_rope(k, positions)
+        if self.sequence is not None:
+            k, v = self.sequence.gather_keys_values(k, v)
         # each key-value head repeated for the queries of its group (torchtitan's repeat_kv)
-        k, v = (t.repeat_interleave(self.group, dim=1) for t in (apply_rope(k), v))
-        y = self.core(apply_rope(q), k, v)
+        k, v = (t.repeat_interleave(self.group, dim=1) for t in (k, v))
+        y = self.core(q, k, v, mask)
         return self.proj(y.transpose(1, 2).reshape(batch, time, -1))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from suite.pipeline.pipedream_engine import lag
 from suite.predict.costs import checkpointed
-from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, regathers, tensor_split, tp_kept
+from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, context_split, regathers, tensor_split, tp_kept
 from suite.profiling.profiles import LayerProfile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
@@ -60,9 +60,7 @@ def _workspace(w: Workload, share: float = 1.0) -> float:
     """What training the network on one device held at its peak beyond its parameters, gradients, optimizer
     states and saved activations (temporaries of backward and the optimizer, the allocator's slack: measured,
     see `Profile.train_bytes`), for a rank that computes `share` of it."""
-    p = w.profile
-    accounted = 2 * p.param_bytes + p.optimizer_state_bytes + sum(layer.saved_bytes for layer in p.layers)
-    return max(p.train_bytes - accounted, 0) * share
+    return w.profile.workspace_bytes * share
 
 
 def _input_bytes(w: Workload) -> float:
@@ -84,6 +82,8 @@ def replicated(w: Workload, base: float) -> Memory:
 def sharded(w: Workload, base: float) -> Memory:
     """ZeRO and FSDP: what each stage shards; gathered units (FSDP's in half precision in a bf16 or fp16 point, its
     `param_dtype`); ZeRO-1/2's gradient buckets of `reduce_bucket_size` elements (two with `overlap_comm`)."""
+    if w.layout.cp > 1:  # FSDP x CP: one context-parallel rank's share of every sequence
+        w = context_split(w)
     if w.layout.tp > 1:  # FSDP x TP: one tensor-parallel rank's share of the network, sharded over the replicas
         w = tensor_split(w)
     p, shard = w.profile, w.layout.shard

@@ -33,6 +33,7 @@ from suite.predict.costs import (
     trailing_comm,
 )
 from suite.predict.links import LinkModel, sent_bytes
+from suite.profiling.counted import ATTENTION_BACKWARD, CAUSAL_WORK
 from suite.profiling.profiles import LayerProfile, Profile
 from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.shared_names import HALF_PRECISIONS, Family
@@ -203,20 +204,72 @@ def tensor_split(w: Workload) -> Workload:
     return replace(w, profile=profile)
 
 
+def gathered_keys_values(w: Workload) -> float:
+    """Bytes of one block's keys and values over the whole sequence for a rank's batch, in the compute dtype: what
+    a context-parallel rank gathers in each block (suite.strategies.context_parallel)."""
+    net = w.cfg.network
+    width = net.n_embd // net.n_head * net.n_kv_head
+    return 2 * w.profile.batch * w.cfg.dataset.seq_len * width * (2 if w.cfg.precision in HALF_PRECISIONS else 4)
+
+
+def context_split(w: Workload) -> Workload:
+    """The workload of one of the `cp` ranks that split every sequence (FSDP x CP): 1/cp of each layer's tokens,
+    hence of its time, FLOPs and activations, except attention, whose 1/cp of the queries read every key: its
+    cores (`core_forward_s`; backward `ATTENTION_BACKWARD` times it) compute their whole (queries x keys) block under
+    a mask, not the causal share a causal kernel computes (`CAUSAL_WORK`), and keep the whole sequence's keys and
+    values (each query head's, repeated: two tensors the size of the block's output in the compute dtype) beside
+    the rest's 1/cp. A framework whose context parallelism is torch's ring attention (`context_parallel.attention:
+    causal`, torchtitan's) computes the causal share. The exchanges are not in it (`context_collectives`)."""
+    cp = w.layout.cp
+    half = w.cfg.precision in HALF_PRECISIONS
+    masked = w.cfg.framework.context_parallel.attention == "masked"  # else causal: torch's ring attention's
+    layers = []
+    for layer in w.layers:
+        core = layer.core_forward_s * (1 / CAUSAL_WORK - 1) if masked else 0.0  # what a masked core adds
+        keys_values = 2 * layer.output_bytes * (0.5 if half else 1.0) * (cp - 1) if layer.core_forward_s else 0
+        layers.append(replace(layer, forward_s=(layer.forward_s + core) / cp,
+                              backward_s=(layer.backward_s + ATTENTION_BACKWARD * core) / cp,
+                              forward_flops=layer.forward_flops // cp, backward_flops=layer.backward_flops // cp,
+                              saved_bytes=int((layer.saved_bytes + keys_values) / cp),
+                              output_bytes=layer.output_bytes // cp, op_kept_bytes=layer.op_kept_bytes // cp,
+                              op_recomputed_s=layer.op_recomputed_s / cp))
+    p = w.profile
+    train_bytes = (2 * p.param_bytes + p.optimizer_state_bytes + sum(layer.saved_bytes for layer in layers)
+                   + p.workspace_bytes // cp)
+    profile = replace(p, layers=tuple(layers), input_bytes=p.input_bytes // cp, train_bytes=train_bytes)
+    return replace(w, profile=profile)
+
+
+def context_collectives(w: Workload) -> list[tuple[str, float, int, int]]:
+    """The collectives of a step's blocks over the layout's `cp` ranks (`tp` apart): each block's keys and values
+    all-gathered in forward (again in a recomputed forward) and their gradients reduce-scattered in backward."""
+    blocks = sum(layer.block for layer in w.layers)
+    recomputed = sum(checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing)))
+    kv, cp, tp = gathered_keys_values(w), w.layout.cp, w.layout.tp
+    return [("all_gather", kv, cp, tp)] * (blocks + recomputed) + [("reduce_scatter", kv, cp, tp)] * blocks
+
+
 def sharded(w: Workload, variant: str) -> StepTime:
     """FSDP over tensor-parallel groups (`tp > 1`) is one tp rank's share of the network (`tensor_split`) sharded
-    over the replicas, with the split layers' collectives in every micro-batch on the critical path; the rest is
-    `_sharded`."""
+    over the replicas, with the split layers' collectives in every micro-batch on the critical path; over context-
+    parallel groups (`cp > 1`), one cp rank's share of every sequence (`context_split`) sharded over the replicas'
+    cp ranks, with the keys' and values' gathers on the critical path; the rest is `_sharded`."""
+    if w.layout.cp > 1:
+        collectives = context_collectives(w)
+        w = context_split(w)
+    else:
+        collectives = []
     if w.layout.tp == 1:
-        return _sharded(w, variant)
-    split = _sharded(tensor_split(w), variant)
-    blocks = [layer for layer in w.layers if layer.block]
-    recomputed = sum(checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing)))
-    collectives = (split_block_collectives(w, len(blocks), recomputed, blocks[0].output_bytes)
-                   + vocab_collectives(w, blocks[0].output_bytes, embedding=True, head=True))
+        split = _sharded(w, variant)
+    else:
+        split = _sharded(tensor_split(w), variant)
+        blocks = [layer for layer in w.layers if layer.block]
+        recomputed = sum(checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing)))
+        collectives += [(*c, 1) for c in split_block_collectives(w, len(blocks), recomputed, blocks[0].output_bytes)
+                        + vocab_collectives(w, blocks[0].output_bytes, embedding=True, head=True)]
     micro = w.layout.micro_batches
     return replace(split, compute=split.compute + micro * sum(w.links.collective(*c) for c in collectives),
-                   sent=split.sent + micro * sum(sent_bytes(*c) for c in collectives))
+                   sent=split.sent + micro * sum(sent_bytes(*c[:3]) for c in collectives))
 
 
 def _sharded(w: Workload, variant: str) -> StepTime:

@@ -30,7 +30,7 @@ class CoreWatch:
 
     def _enter(self, _module, inputs) -> None:
         self.inside = True
-        self.inputs.append(inputs)
+        self.inputs.append(tuple(t for t in inputs if t is not None))  # a core's mask is None unless given
 
     def _leave(self, *_) -> None:
         self.inside = False

@@ -109,6 +109,13 @@ class Profile:
         return sum(layer.param_tensors for layer in self.layers)
 
     @property
+    def workspace_bytes(self) -> int:
+        """What training held at its peak beyond the parameters, their gradients, the optimizer's states and the
+        saved activations: temporaries of backward and the optimizer, the allocator's slack."""
+        accounted = 2 * self.param_bytes + self.optimizer_state_bytes + sum(layer.saved_bytes for layer in self.layers)
+        return max(self.train_bytes - accounted, 0)
+
+    @property
     def step_s(self) -> float:
         """One training step without data: forward, loss, backward, optimizer (Study J's sequential measurement)."""
         return self.forward_s + self.backward_s + self.optimizer_s

@@ -14,7 +14,7 @@ import yaml
 from suite.paths import CONF_DIR
 
 KEYS = {"names", "attention", "precision", "recompute", "selective_recompute", "offload", "shards_data_parallel",
-        "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len"}
+        "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len", "context_parallel"}
 
 
 @dataclass(frozen=True)

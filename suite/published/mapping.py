@@ -501,11 +501,12 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
     if total is None:
         draft.cannot(NOT_STATED, "hardware.total_gpus")
         return None
-    cp = record.measured.also.get("context_parallel_degree")
-    if isinstance(cp, int) and cp > 1:
-        draft.cannot(CONTEXT_PARALLEL, f"the sequence split over {cp} GPUs")
-        return None
     framework = framework_of(record.training.framework)
+    cp = record.measured.also.get("context_parallel_degree") or 1
+    if cp > 1 and not (framework.shards_data_parallel and word == "hybrid"):
+        draft.cannot(CONTEXT_PARALLEL, f"the sequence split over {cp} GPUs beside {word} (the suite splits it "
+                                       "under FSDP)")
+        return None
     if framework.offload:
         draft.cannot(OFFLOAD, f"{record.training.framework}: what is offloaded (activations, optimizer states, "
                               "parameters) is not a field of the record, nor activation offload a knob of the suite")
@@ -526,10 +527,11 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
             word = (schedule or "1f1b") if pp > 1 else "megatron_tp" if tp > 1 else "ddp"
         if pp > 1 and schedule is None:
             draft.assume("pipeline schedule not stated: Megatron-LM's default 1F1B")
-    dp = dp if dp is not None else total // ((tp or 1) * (pp or 1))
+    dp = dp if dp is not None else total // ((tp or 1) * (pp or 1) * cp)
     tp, pp = tp or 1, pp or 1
-    if dp * tp * pp != total:
-        draft.cannot(INCONSISTENT, f"dp={dp} x tp={tp} x pp={pp} is not total_gpus={total}")
+    if dp * tp * pp * cp != total:
+        draft.cannot(INCONSISTENT, f"dp={dp} x tp={tp} x pp={pp}" + (f" x cp={cp}" if cp > 1 else "")
+                     + f" is not total_gpus={total}")
         return None
     parallel = ({"pp": pp} if word in ("fsdp", "megatron_tp") else {"tp": tp, "pp": pp} if word in DATA_PARALLEL
                 else {})
@@ -548,6 +550,8 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
             draft.set(f"strategy.zero_stage={stage}")
         if strategy == "fsdp" and tp > 1:
             draft.set(f"strategy.tp={tp}")
+        if cp > 1:
+            draft.set(f"strategy.cp={cp}")
         if strategy == "fsdp":
             sharding = record.measured.also.get("fsdp_sharding_strategy")
             if sharding == "SHARD_GRAD_OP":

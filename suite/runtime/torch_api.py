@@ -99,3 +99,13 @@ def matmuls_in_tf32(enabled: bool) -> Iterator[None]:
         yield
     finally:
         setattr(flags, name, previous)
+
+
+def all_gather_autograd(tensor: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """`tensor` of every rank of `group` concatenated along `dim`, whose backward reduce-scatters the gradient back
+    (torch's functional collectives: `all_gather_single_autograd`, `all_gather_tensor_autograd` in older torch;
+    `torch.distributed.nn.functional.all_gather`, which does it too, is deprecated)."""
+    from torch.distributed import _functional_collectives as funcol
+
+    gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+    return funcol.wait_tensor(gather(tensor, dim, group))

@@ -264,10 +264,10 @@ class Runtime:
 
     def reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum over the data-parallel replicas of per-replica values (losses, counts). Every rank of a replica
-        that holds the output holds the same values: the `tp` ranks of a stage, or a pipeline's last stage."""
+        that holds the output holds the same values: the `cp` x `tp` ranks of a stage, or a pipeline's last stage."""
         values = values.clone() if self.holds_output else values.new_zeros(values.shape)
         dist.all_reduce(values)
-        return values / self.rank.layout.tp
+        return values / (self.rank.layout.cp * self.rank.layout.tp)
 
     def reduce_mean(self, values: torch.Tensor) -> torch.Tensor:
         """Mean over the replicas (of equal-sized shards)."""

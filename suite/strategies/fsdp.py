@@ -1,7 +1,9 @@
 """Fully sharded data parallelism with torch FSDP2 (`fully_shard`), one unit per layer plus the root; with
 `tp > 1` over tensor-parallel groups (FSDP2 x TP, torchtitan's 2D layout: GPT-2 split as megatron splits it, the
 embedding and head by vocabulary, with `sequence_parallel` the LayerNorms and residual stream by sequence, then each
-unit sharded over the `workers / tp` replicas).
+unit sharded over the `workers / tp` replicas); with `cp > 1` each sequence split over context-parallel ranks
+(FSDP2 x CP, `suite.strategies.context_parallel`), each unit sharded over the data x context ranks, as torchtitan
+shards over its `dp_shard_cp` mesh.
 
 Each layer of the network (a GPT-2 block, a ResNet block, a VGG convolution; `suite.models.layers`)
 is its own unit, gathered just before it runs; the root unit holds what is left (GPT-2's embeddings,
@@ -27,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
@@ -36,6 +39,7 @@ from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import fsdp_param_groups
 from suite.shared_names import ELEMENTWISE_OPTIMIZERS, Family
 from suite.strategies.base import DataParallel, RankContext, Sharding, Strategy, Supports
+from suite.strategies.context_parallel import SequenceShard, apply_context_parallel, check_context_split
 from suite.strategies.megatron import apply_tensor_parallel, check_tensor_split, whole_logits
 
 
@@ -54,16 +58,19 @@ class FSDP(Strategy):
     reshard_after_forward: bool = True
     tp: int = 1  # tensor-parallel ranks splitting GPT-2 as megatron does, sharded over the workers / tp replicas
     sequence_parallel: bool = False  # with tp > 1: megatron's sequence parallelism inside each tensor-parallel group
+    cp: int = 1  # context-parallel ranks splitting each sequence (Llama), sharded over with the replicas
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
-        """Resharding after forward or not, and FSDP2 x TP (torchtitan's 2D layout) with every tp > 1 dividing the
-        workers."""
+        """Resharding after forward or not, FSDP2 x TP (torchtitan's 2D layout) with every tp > 1 dividing the
+        workers, and FSDP2 x CP with every cp > 1 dividing them (the network's check keeps those it can split)."""
         return ([[f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
-                + [[f"strategy.tp={tp}"] for tp in divisors(workers) if tp > 1])
+                + [[f"strategy.tp={tp}"] for tp in divisors(workers) if tp > 1]
+                + [[f"strategy.cp={cp}"] for cp in divisors(workers) if cp > 1])
 
     def check(self, cfg) -> None:
         check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)
+        check_context_split(self.name, cfg, self.cp, cfg.workers // self.tp)
         if self.tp > 1 and cfg.fp8 != "none":
             raise ConfigError(f"strategy fsdp: tp={self.tp} with fp8={cfg.fp8} is not run here (torchtitan splits fp8 "
                               "linear layers with float8 tensor-parallel plans); use tp=1")
@@ -77,10 +84,10 @@ class FSDP(Strategy):
         return Sharding(3, gathered_share=0.5 if cfg.precision in HALF else 1.0, regathers=self.reshard_after_forward)
 
     def layout(self, cfg) -> Layout:
-        """`workers / tp` replicas, each a tensor-parallel group training on its `batch_size` samples, over which
-        the parameters are sharded."""
-        replicas = cfg.workers // self.tp
-        return replace(super().layout(cfg), dp=replicas, tp=self.tp, shard=replicas)
+        """`workers / (cp tp)` replicas, each a group of cp x tp ranks training on its `batch_size` samples; the
+        parameters are sharded over the replicas' context-parallel ranks (every rank of a tensor-parallel index)."""
+        replicas = cfg.workers // (self.tp * self.cp)
+        return replace(super().layout(cfg), dp=replicas, tp=self.tp, cp=self.cp, shard=replicas * self.cp)
 
     def setup(self, model: nn.Module, rank: RankContext) -> DataParallel:
         from torch.distributed.fsdp import fully_shard  # here: the module imports on torch before 2.6
@@ -89,12 +96,18 @@ class FSDP(Strategy):
         mesh = rank.layout.mesh(rank.env.device.type)
         if self.tp > 1:  # torchtitan's order: tensor parallelism first, then FSDP over the data-parallel mesh
             apply_tensor_parallel(model, mesh["tp"], vocab_parallel=True, sequence_parallel=self.sequence_parallel)
+        sequence = None
+        if self.cp > 1:
+            sequence = SequenceShard(mesh["cp"].get_group(), rank.layout.place(rank.env.rank).cp_rank, self.cp)
+            apply_context_parallel(model, sequence)
+        shard_mesh = mesh["dp", "cp"]._flatten("dp_cp") if self.cp > 1 else mesh["dp"]  # torchtitan's dp_shard_cp
         policy = mixed_precision_policy(rank.cfg.precision)
         for layer in block_layers(model):
-            fully_shard(layer.module, mesh=mesh["dp"], reshard_after_forward=self.reshard_after_forward,
+            fully_shard(layer.module, mesh=shard_mesh, reshard_after_forward=self.reshard_after_forward,
                         mp_policy=policy)
-        model = fully_shard(model, mesh=mesh["dp"], mp_policy=policy)  # the root: not resharded (torch's default)
-        return FSDPRuntime(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), mesh["tp"].get_group())
+        model = fully_shard(model, mesh=shard_mesh, mp_policy=policy)  # the root: not resharded (torch's default)
+        return FSDPRuntime(rank, model, build_optimizer(model.parameters(), rank.cfg.optimizer), mesh["tp"].get_group(),
+                           sequence)
 
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -115,10 +128,19 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 class FSDPRuntime(DataParallel):
-    def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer, tp_group) -> None:
+    def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer, tp_group,
+                 sequence: SequenceShard | None = None) -> None:
         super().__init__(rank, model, optimizer, sync_buffers=True)
-        self.tp_group = tp_group
+        self.tp_group, self.sequence = tp_group, sequence
         self.split_logits = rank.layout.tp > 1  # the head split by vocabulary
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Under context parallelism, on this rank's part of each sequence; the loss returned is the group's."""
+        if self.sequence is None:
+            return super().train_step(inputs, targets)
+        loss = super().train_step(self.sequence.take(inputs), self.sequence.take(targets))
+        dist.all_reduce(loss, group=self.sequence.group)
+        return loss / self.sequence.size
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Evaluation's forward, after which every unit is resharded: FSDP2 reshards the units it keeps gathered
@@ -126,7 +148,11 @@ class FSDPRuntime(DataParallel):
         runs none, which would leave them gathered, held whole beside their shards, until the next step's backward."""
         from torch.distributed.fsdp import FSDPModule
 
-        output = whole_logits(self.model(inputs), self.tp_group, self.rank.layout.tp)
+        if self.sequence is None:
+            output = whole_logits(self.model(inputs), self.tp_group, self.rank.layout.tp)
+        else:
+            output = self.sequence.unshard(whole_logits(self.model(self.sequence.take(inputs)), self.tp_group,
+                                                        self.rank.layout.tp))
         for module in self.model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()

@@ -58,7 +58,8 @@ def layout_text(point: Point) -> str:
     layout = point.layout
     if layout.stage_replicas:
         return f"stages {layout.replication} m{layout.micro_batches}x{layout.micro_batch_size}"
-    text = f"dp{layout.dp} pp{layout.pp} tp{layout.tp}" + (f" shard{layout.shard}" if layout.shard > 1 else "")
+    text = (f"dp{layout.dp} pp{layout.pp}" + (f" cp{layout.cp}" if layout.cp > 1 else "") + f" tp{layout.tp}"
+            + (f" shard{layout.shard}" if layout.shard > 1 else ""))
     return text + (f" m{layout.micro_batches}x{layout.micro_batch_size}" if layout.micro_batches > 1 else "")
 
 
