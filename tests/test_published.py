@@ -141,8 +141,6 @@ def test_an_epoch_is_priced_over_the_records_own_dataset_or_not_at_all(records):
     ("horovod-docs-vgg16-512gpu-scaling", (
         Reason(mapping.GPU, "other:pascal: no cluster of conf/cluster/ has this GPU type"),
         Reason(mapping.NOT_STATED, "training.global_batch and training.micro_batch"))),
-    ("torchtitan-h100-llama3-8b-8gpu-fsdp4-cp2-s65536", (
-        Reason(mapping.CONTEXT_PARALLEL, "the sequence split over 2 GPUs"),)),
     ("torchtitan-h100-llama3-70b-256gpu-fsdp32-tp8-asynctp", (
         Reason(mapping.ASYNC_TP, "tensor-parallel matmuls decomposed to overlap their collectives (torchtitan's "
                                  "enable_async_tensor_parallel): not a knob of the suite"),)),
@@ -163,9 +161,18 @@ def test_fp8_linear_layers_and_compiled_blocks_map_to_the_suites_knobs(records):
                for text in mapped.assumptions), mapped.assumptions
 
 
+def test_context_parallel_records_map_to_fsdp_over_context_ranks(records):
+    """torchtitan's FSDP 4 x CP 2 row (its layout's dp is the FSDP degree, the CP degree in `measured.also`): 8
+    workers in 4 replicas of 2 context-parallel ranks, each replica one 65536-token sequence."""
+    mapped = map_record(records["torchtitan-h100-llama3-8b-8gpu-fsdp4-cp2-s65536"])
+    assert mapped.expressible, mapped.reasons
+    assert {"workers=8", "strategy=fsdp", "strategy.cp=2", "batch_size=1", "dataset.seq_len=65536"} <= set(
+        mapped.overrides), mapped.overrides
+
+
 @pytest.fixture(scope="module")
 def planned(records) -> dict[str, mapping.Mapped]:
-    """Every record mapped and planned (Hydra composes the 175 points the mapping expresses)."""
+    """Every record mapped and planned (Hydra composes the 178 points the mapping expresses)."""
     return {m.record.id: m for m in plan_records(list(records.values()))}
 
 
@@ -223,8 +230,8 @@ def test_every_record_is_planned_or_has_a_reason(records, planned):
     assert sum(first for first, _ in counts.values()) == 223
     # 58 before gradient accumulation (107 LLM Foundry records), 165 before 3D layouts, 168 before torchtitan's
     # selective recomputation (its two plain FSDP records), 170 before fp8 linear layers and compiled blocks (its five
-    # FSDP2 records with torch.compile, with or without Float8)
-    assert counts[mapping.EXPRESSIBLE][0] == 175
+    # FSDP2 records with torch.compile, with or without Float8), 175 before context parallelism (its FSDP x CP records)
+    assert counts[mapping.EXPRESSIBLE][0] == 178
 
 
 # --- bad input: one line naming the file, the record and the key, exit 2 ----------------------------------------
