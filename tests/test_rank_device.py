@@ -13,7 +13,7 @@ from conftest import DIGITS, free_port
 from launchers import LaunchResult
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT
-from suite.records.verdict import verdict
+from suite.records.verdict import ended_status
 from suite.runtime.dist import resolve_device
 from suite.shared_names import Status
 from suite.sweep.plan import plan
@@ -52,7 +52,7 @@ def test_a_batch_rank_without_its_gpu_is_recorded_invalid(results):
     rank = subprocess.run([sys.executable, "-m", "suite.worker", str(out.path)], cwd=REPO_ROOT, capture_output=True,
                           text=True, env={**os.environ, "MASTER_PORT": str(free_port())})
     assert rank.returncode == 1
-    status, error = verdict(out, LaunchResult(rank.returncode, False, 1.0))
+    status, error = ended_status(out, LaunchResult(rank.returncode, False, 1.0))
     assert status == Status.invalid
     assert error.startswith("rank 0: ConfigError: the point runs on GPUs ") and "this rank sees none" in error
     assert "Traceback" not in error

@@ -26,7 +26,7 @@ from suite.owner import Owner
 from suite.paths import REPO_ROOT
 from suite.point_dir import PointDir
 from suite.records import store as store_module
-from suite.records.record import finish
+from suite.records.record import record_ended
 from suite.records.run_schema import INCOMPLETE, VERDICT, run_status
 from suite.records.store import Store
 from suite.runtime.manifest import git_sha
@@ -190,7 +190,7 @@ def test_a_run_write_the_store_lock_stops_is_made_again_whole(results, store, wo
     store.experiment_id("adhoc")
     # Held past sqlite's busy timeout (MLflow's 20 s): the params and metrics of the first write fail.
     lock_after_create_run(monkeypatch, store, WriteLock(store.path), hold_s=25)
-    done = finish(out, store, RANKS_ENDED, time.time() - 1, time.time())
+    done = record_ended(out, store, RANKS_ENDED, time.time() - 1, time.time())
     runs = {r.info.status: r for r in store.runs("adhoc")}
     assert runs.keys() == {"KILLED", "FINISHED"}
     half = runs["KILLED"]  # ended before the write was made again
@@ -214,7 +214,7 @@ def test_a_run_the_store_lock_leaves_half_written_is_never_adopted_and_collect_r
     lock = WriteLock(store.path)
     lock_after_create_run(monkeypatch, store, lock, hold_s=None)
     with pytest.raises(MlflowException, match="database is locked"):
-        finish(out, store, RANKS_ENDED, started, ended)
+        record_ended(out, store, RANKS_ENDED, started, ended)
     lock.release()
     assert out.recorded() is None and list(out.path.glob("recording.claim*")) == []
     (half,) = store.runs("adhoc")

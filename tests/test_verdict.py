@@ -6,7 +6,13 @@ from launchers import LaunchResult
 from launchers.slurm import job_state as slurm_state
 from suite.errors import ConfigError
 from suite.point_dir import PointDir
-from suite.records.verdict import _failed_ranks, _first_exception_line, _horovodrun_failed_ranks, judge, judge_ended_job
+from suite.records.verdict import (
+    _failed_ranks,
+    _first_exception_line,
+    _horovodrun_failed_ranks,
+    job_status,
+    launch_status,
+)
 from suite.signals import Stopped
 
 TIMEOUT_S, EPOCHS = 30, 3
@@ -77,30 +83,30 @@ def report(out: PointDir, rank: int, exc: BaseException) -> None:
         out.write_error(rank, raised)
 
 
-# --- judge: a point launched here, or a batch step's last line -----------------------------------------------
+# --- launch_status: a point launched here, or a batch step's last line -----------------------------------------------
 
 def test_timed_out_point_says_how_far_it_got(out):
     with_epochs(out, 1)
-    assert judge(out, LaunchResult(None, True, 31.0), TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, LaunchResult(None, True, 31.0), TIMEOUT_S, EPOCHS) == (
         "timeout", "no result after timeout_s=30 s; the point was stopped after 1 of 3 epochs")
 
 
 def test_sweep_stopped_by_sigterm_is_a_timeout_and_by_ctrl_c_a_failure(out):
     with_epochs(out, 2)
     report(out, 0, Stopped("stopped by SIGTERM (a time limit, a preemption or a cancel)"))
-    assert judge(out, LaunchResult(None, False, 9.0, "SIGTERM"), TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, LaunchResult(None, False, 9.0, "SIGTERM"), TIMEOUT_S, EPOCHS) == (
         "timeout", "the sweep got SIGTERM (a time limit or a preemption) after 2 of 3 epochs")
-    assert judge(out, LaunchResult(None, False, 9.0, "SIGINT"), TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, LaunchResult(None, False, 9.0, "SIGINT"), TIMEOUT_S, EPOCHS) == (
         "failed", "interrupted (SIGINT) after 2 of 3 epochs: the sweep was stopped")
 
 
 def test_exit_0_with_a_summary_is_finished(out):
     with_epochs(out, EPOCHS).write_summary({"epoch_time_s_mean": 1.5})
-    assert judge(out, LaunchResult(0, False, 5.0), TIMEOUT_S, EPOCHS) == ("finished", None)
+    assert launch_status(out, LaunchResult(0, False, 5.0), TIMEOUT_S, EPOCHS) == ("finished", None)
 
 
 def test_exit_0_without_a_summary_is_not_finished(out):
-    status, error = judge(out, LaunchResult(0, False, 5.0), TIMEOUT_S, EPOCHS)
+    status, error = launch_status(out, LaunchResult(0, False, 5.0), TIMEOUT_S, EPOCHS)
     assert status == "failed" and "without an error report" in error
 
 
@@ -108,7 +114,7 @@ def test_the_earliest_error_report_is_the_cause(out):
     report(out, 1, RuntimeError("injected fault at step 1\nsecond line"))
     report(out, 0, RuntimeError("Connection closed by peer"))  # rank 0's consequence, written later
     result = LaunchResult(1, False, 5.0, failed_ranks={0: 1, 1: 1})
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == ("failed", "rank 1: RuntimeError: injected fault at step 1")
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == ("failed", "rank 1: RuntimeError: injected fault at step 1")
 
 
 @pytest.mark.parametrize("exc, status", [
@@ -118,49 +124,49 @@ def test_the_earliest_error_report_is_the_cause(out):
 ])
 def test_the_report_gives_the_status(out, exc, status):
     report(out, 0, exc)
-    assert judge(out, LaunchResult(1, False, 5.0, failed_ranks={0: 1}), TIMEOUT_S, EPOCHS)[0] == status
+    assert launch_status(out, LaunchResult(1, False, 5.0, failed_ranks={0: 1}), TIMEOUT_S, EPOCHS)[0] == status
 
 
 def test_a_rank_stopped_by_sigterm_reports_timeout_with_the_epochs_done(out):
     with_epochs(out, 1)
     report(out, 0, Stopped("stopped by SIGTERM (a time limit, a preemption or a cancel)"))
-    assert judge(out, EXITED, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, EXITED, TIMEOUT_S, EPOCHS) == (
         "timeout", "rank 0: Stopped: stopped by SIGTERM (a time limit, a preemption or a cancel) after 1 of 3 epochs")
 
 
 def test_a_rank_killed_by_sigkill_is_the_cause_over_the_others_reports(out):
     report(out, 0, RuntimeError("Connection closed by peer"))  # the consequence of rank 1's death
     result = LaunchResult(1, False, 5.0, failed_ranks={0: 1, 1: -9})
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == (
         "oom", "rank 1 was killed by SIGKILL (most likely the kernel's out-of-memory killer)")
 
 
 def test_sigkill_comes_before_other_signals_and_sigterm_is_never_the_cause(out):
     result = LaunchResult(-15, False, 5.0, failed_ranks={0: -15, 1: -11, 2: -9})
-    assert judge(out, result, TIMEOUT_S, EPOCHS)[0] == "oom"
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS)[0] == "oom"
     result = LaunchResult(-15, False, 5.0, failed_ranks={0: -15, 1: -11})
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == (
         "failed", "rank 1 killed by signal 11 without an error report (see its log)")
 
 
 def test_a_rank_stopped_by_sigterm_after_another_reported_leaves_the_report_as_cause(out):
     report(out, 1, ValueError("bad shape"))
     result = LaunchResult(1, False, 5.0, failed_ranks={0: -15, 1: 1})
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == ("failed", "rank 1: ValueError: bad shape")
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == ("failed", "rank 1: ValueError: bad shape")
 
 
 def test_a_rank_the_launcher_killed_after_another_reported_is_not_taken_for_an_oom(out):
     """Seen on a GPU: rank 1 failed, rank 0 waited in a collective through SIGTERM and the launcher SIGKILLed it."""
     report(out, 1, RuntimeError("CUDA error: invalid device ordinal"))
     result = LaunchResult(-9, False, 5.0, failed_ranks={0: -9, 1: 1}, stopped_ranks=frozenset({0}))
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == (
         "failed", "rank 1: RuntimeError: CUDA error: invalid device ordinal")
 
 
 def test_a_killed_rank_that_reported_first_is_judged_by_its_report(out):
     report(out, 0, RuntimeError("injected fault at step 1"))
     result = LaunchResult(-9, False, 5.0, failed_ranks={0: -9})
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == ("failed", "rank 0: RuntimeError: injected fault at step 1")
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == ("failed", "rank 0: RuntimeError: injected fault at step 1")
 
 
 # horovodrun's log of a point held to less memory than Horovod's init needed: its background thread got no stack.
@@ -178,54 +184,55 @@ Process 0 exit with status code 134.
 
 def test_a_rank_aborted_on_a_failed_allocation_in_native_code_ran_out_of_memory(out):
     out.launcher_log.write_text(HOROVOD_ABORTED_LOG)
-    assert judge(out, EXITED, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, EXITED, TIMEOUT_S, EPOCHS) == (
         "oom", "rank 1 aborted on std::system_error: Resource temporarily unavailable (out of memory)")
     out.launcher_log.write_text("[rank0]: terminate called after throwing an instance of 'std::bad_alloc'\n"
                                 "[rank0]:   what():  std::bad_alloc\n")
-    assert judge(out, LaunchResult(-6, False, 5.0, failed_ranks={0: -6}), TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, LaunchResult(-6, False, 5.0, failed_ranks={0: -6}), TIMEOUT_S, EPOCHS) == (
         "oom", "rank 0 aborted on std::bad_alloc: std::bad_alloc (out of memory)")
     out.launcher_log.write_text("[rank0]: terminate called after throwing an instance of 'c10::Error'\n"
                                 "[rank0]:   what():  bad things\n")
-    assert judge(out, LaunchResult(-6, False, 5.0, failed_ranks={0: -6}), TIMEOUT_S, EPOCHS)[0] == "failed"
+    assert launch_status(out, LaunchResult(-6, False, 5.0, failed_ranks={0: -6}), TIMEOUT_S, EPOCHS)[0] == "failed"
 
 
 def test_exit_code_without_a_report(out):
     result = LaunchResult(3, False, 5.0, failed_ranks={0: 3})
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == (
         "failed", "rank 0 exited with code 3 without an error report (see its log)")
-    assert judge(out, EXITED, TIMEOUT_S, EPOCHS) == (  # a batch step without launcher output
+    assert launch_status(out, EXITED, TIMEOUT_S, EPOCHS) == (  # a batch step without launcher output
         "failed", "a worker exited with code 1 without an error report (see its log)")
 
 
 def test_the_first_exception_in_the_launcher_log_explains_a_silent_exit(out):
     out.launcher_log.write_text(LOCAL_LOG)
     result = LaunchResult(1, False, 5.0, failed_ranks={1: 1})
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == (
         "failed", "rank 1 exited with code 1: ModuleNotFoundError: No module named 'apex'")
 
 
 def test_a_rank_the_launcher_stopped_is_not_blamed_for_a_silent_exit(out):
     out.launcher_log.write_text(LOCAL_LOG)
     result = LaunchResult(-15, False, 5.0, failed_ranks={0: -15, 1: 1})  # as the local launcher orders them
-    assert judge(out, result, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, result, TIMEOUT_S, EPOCHS) == (
         "failed", "rank 1 exited with code 1: ModuleNotFoundError: No module named 'apex'")
 
 
 def test_a_batch_step_reads_the_failed_ranks_from_srun(out):
     out.launcher_log.write_text(SRUN_LOG)
-    assert judge(out, EXITED, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, EXITED, TIMEOUT_S, EPOCHS) == (
         "failed", "rank 1 exited with code 3: RuntimeError: CUDA error: an illegal memory access was encountered")
     out.launcher_log.write_text(SRUN_KILLED_LOG)
-    assert judge(out, EXITED, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, EXITED, TIMEOUT_S, EPOCHS) == (
         "oom", "rank 3 was killed by SIGKILL (most likely the kernel's out-of-memory killer)")
 
 
 def test_a_horovodrun_point_blames_the_rank_that_died_first(out):
     out.launcher_log.write_text(HOROVODRUN_KILLED_LOG)
-    assert judge(out, EXITED, TIMEOUT_S, EPOCHS) == (
+    assert launch_status(out, EXITED, TIMEOUT_S, EPOCHS) == (
         "oom", "rank 1 was killed by SIGKILL (most likely the kernel's out-of-memory killer)")
     out.launcher_log.write_text(HOROVODRUN_ERROR_LOG)
-    assert judge(out, EXITED, TIMEOUT_S, EPOCHS) == ("failed", "rank 1 exited with code 1: ValueError: bad shape")
+    assert launch_status(out, EXITED, TIMEOUT_S, EPOCHS) == ("failed",
+                                                             "rank 1 exited with code 1: ValueError: bad shape")
 
 
 # --- the launchers' output ---------------------------------------------------------------------------------------
@@ -257,7 +264,7 @@ def test_first_exception_line(log, line):
     assert _first_exception_line(log) == line
 
 
-# --- judge_ended_job: `make collect` on a batch job that ended unrecorded ----------------------------------------
+# --- job_status: `make collect` on a batch job that ended unrecorded ----------------------------------------
 
 @pytest.fixture
 def job_out(out) -> PointDir:
@@ -267,29 +274,29 @@ def job_out(out) -> PointDir:
 
 def test_ended_job_with_a_summary_is_finished(job_out):
     job_out.write_summary({"epoch_time_s_mean": 1.5})
-    assert judge_ended_job(job_out, slurm_state("4711", "CANCELLED by 1000"), EPOCHS) == ("finished", None)
+    assert job_status(job_out, slurm_state("4711", "CANCELLED by 1000"), EPOCHS) == ("finished", None)
 
 
 def test_ended_job_a_rank_reported_a_failure_of_its_own(job_out):
     report(job_out, 1, MemoryError())
-    assert judge_ended_job(job_out, slurm_state("4711", "FAILED"), EPOCHS) == ("oom", "rank 1: MemoryError")
+    assert job_status(job_out, slurm_state("4711", "FAILED"), EPOCHS) == ("oom", "rank 1: MemoryError")
 
 
 def test_ended_job_the_schedulers_verdict_when_the_ranks_were_only_stopped(job_out):
     report(job_out, 0, Stopped("stopped by SIGTERM (a time limit, a preemption or a cancel)"))
-    assert judge_ended_job(job_out, slurm_state("4711", "TIMEOUT"), EPOCHS) == (
+    assert job_status(job_out, slurm_state("4711", "TIMEOUT"), EPOCHS) == (
         "timeout", "slurm job 4711 ended TIMEOUT after 1 of 3 epochs")
-    assert judge_ended_job(job_out, slurm_state("4711", "CANCELLED by 1000", "None", "0:15"), EPOCHS) == (
+    assert job_status(job_out, slurm_state("4711", "CANCELLED by 1000", "None", "0:15"), EPOCHS) == (
         "failed", "slurm job 4711 ended CANCELLED by 1000 (exit code 0:15) after 1 of 3 epochs")
 
 
 def test_ended_job_that_completed_without_recording_is_failed(job_out):
-    assert judge_ended_job(job_out, slurm_state("4711", "COMPLETED"), EPOCHS) == (
+    assert job_status(job_out, slurm_state("4711", "COMPLETED"), EPOCHS) == (
         "failed", "slurm job 4711 ended COMPLETED after 1 of 3 epochs")
 
 
 def test_ended_job_the_scheduler_forgot(job_out, tmp_path):
-    assert judge_ended_job(job_out, None, EPOCHS) == (
+    assert job_status(job_out, None, EPOCHS) == (
         "failed", "slurm job 4711 ended without recording the point and its scheduler no longer knows it "
                   "(after 1 of 3 epochs)")
-    assert judge_ended_job(PointDir(tmp_path / "no-job"), None, EPOCHS)[1].startswith("batch job ? ended")
+    assert job_status(PointDir(tmp_path / "no-job"), None, EPOCHS)[1].startswith("batch job ? ended")

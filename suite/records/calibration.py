@@ -53,10 +53,10 @@ def curve_metrics(measured: dict[str, Any]) -> list[Metric]:
     return metrics
 
 
-def build_record(out: PointDir, run_id: str, tracking_uri: str) -> dict[str, Any]:
-    measured, manifest, point = out.summary(), out.manifest(), out.point()
+def build_record(point_dir: PointDir, run_id: str, tracking_uri: str) -> dict[str, Any]:
+    measured, manifest, point = point_dir.summary(), point_dir.manifest(), point_dir.point()
     provenance = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(out.summary_file.stat().st_mtime)),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(point_dir.summary_file.stat().st_mtime)),
         "hosts": manifest["hosts"],
         "git_sha": point["git_sha"],
         "torch": manifest["packages"]["torch"],
@@ -67,22 +67,22 @@ def build_record(out: PointDir, run_id: str, tracking_uri: str) -> dict[str, Any
         "ranks_per_node": measured["ranks_per_node"],
         "mlflow_run_id": run_id,
         "tracking_uri": tracking_uri,
-        "job_dir": str(out.path),
+        "job_dir": str(point_dir.path),
     }
     return {"cluster": point["params"]["cluster"], "provenance": provenance,
             **{key: measured[key] for key in ("matmul", "collectives", "p2p")}}
 
 
-def write_calibration(out: PointDir, store: Store, tags: dict[str, str], start: float, end: float) -> str:
+def write_calibration(point_dir: PointDir, store: Store, tags: dict[str, str], start: float, end: float) -> str:
     """A calibration job's run and, when it finished, its record (in its directory and as the cluster's latest)."""
-    point, measured = out.point(), out.summary()
+    point, measured = point_dir.point(), point_dir.summary()
     finished = tags["suite.status"] == Status.finished
     params = {**point["params"], **({"backend": measured["backend"], "device": measured["device"]} if finished else {})}
     run_id = store.write_run(point["experiment"], point["label"], params, tags,
-                             curve_metrics(measured) if finished else [], out.artifacts(), start, end)
+                             curve_metrics(measured) if finished else [], point_dir.artifacts(), start, end)
     if finished:
-        record = out.path / RECORD_FILE
-        record.write_text(HEADER + yaml.safe_dump(build_record(out, run_id, store.uri), sort_keys=False))
+        record = point_dir.path / RECORD_FILE
+        record.write_text(HEADER + yaml.safe_dump(build_record(point_dir, run_id, store.uri), sort_keys=False))
         store.client.log_artifact(run_id, str(record))
         for latest in (record_path(point["params"]["cluster"]),
                        record_path(point["params"]["cluster"], measured["world_size"])):

@@ -26,42 +26,42 @@ from suite.point_dir import PointDir, error_line
 from suite.records.calibration import write_calibration
 from suite.records.run_schema import complete, source_tags
 from suite.records.store import Store, is_server
-from suite.records.verdict import Ending, verdict
+from suite.records.verdict import Ending, ended_status
 from suite.shared_names import Status
 
 TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM: start no further point
 
 
-def write_point(out: PointDir, store: Store, tags: dict[str, str], start: float, end: float) -> str:
+def write_point(point_dir: PointDir, store: Store, tags: dict[str, str], start: float, end: float) -> str:
     """A point's run: its params, epochs, summary and artifacts."""
-    point = out.point()
-    summary = {**(out.summary() or {}), **point.get("predictions", {})}  # predicted even if it did not run
+    point = point_dir.point()
+    summary = {**(point_dir.summary() or {}), **point.get("predictions", {})}  # predicted even if it did not run
     return store.record(point["experiment"], point.get("run_name", point["label"]), point["params"], tags,
-                        out.epochs(), summary, out.artifacts(), start, end)
+                        point_dir.epochs(), summary, point_dir.artifacts(), start, end)
 
 
-def record_point(out: PointDir, store: Store, status: str, error: str | None, start: float, end: float,
+def record_point(point_dir: PointDir, store: Store, status: str, error: str | None, start: float, end: float,
                  extra_tags: dict[str, str] | None = None) -> str | None:
     """Record the point (or calibration job) unless that is done already; its run id, or None while another
     recorder holds it."""
-    done = out.recorded()
+    done = point_dir.recorded()
     if done:
         return done["run_id"]
-    if not out.claim():
+    if not point_dir.claim():
         return None
     try:
-        point = out.point()
-        runs = store.runs_for_point_dir(point["experiment"], str(out.path))
+        point = point_dir.point()
+        runs = store.runs_for_point_dir(point["experiment"], str(point_dir.path))
         existing = next((run for run in runs if complete(run)), None)
         if existing:  # recorded by someone who was stopped before leaving recorded.json
-            out.mark_recorded(existing.info.run_id, store.uri, existing.data.tags.get("suite.status", status))
+            point_dir.mark_recorded(existing.info.run_id, store.uri, existing.data.tags.get("suite.status", status))
             return existing.info.run_id
         for run in runs:  # left part-way by a recorder that stopped (a full disk): kept, ended, and written anew
             if run.info.status == "RUNNING":
                 store.client.set_terminated(run.info.run_id, "KILLED")
-        job = out.job() or {}
+        job = point_dir.job() or {}
         tags = {"suite.status": status, "suite.config_hash": point["config_hash"], "suite.git_sha": point["git_sha"],
-                "suite.point_dir": str(out.path), "suite.label": point["label"], **source_tags(point["git_sha"]),
+                "suite.point_dir": str(point_dir.path), "suite.label": point["label"], **source_tags(point["git_sha"]),
                 **(extra_tags or {})}
         job_id = job.get("job_id") or scheduler_job_id(os.environ)
         if job_id:
@@ -72,12 +72,12 @@ def record_point(out: PointDir, store: Store, status: str, error: str | None, st
             tags["suite.error"] = error
         if point.get("parent_run_id"):
             tags["mlflow.parentRunId"] = point["parent_run_id"]
-        write = write_calibration if is_calibration(OmegaConf.load(out.config)) else write_point
-        run_id = write(out, store, tags, start, end)
-        out.mark_recorded(run_id, store.uri, status)
+        write = write_calibration if is_calibration(OmegaConf.load(point_dir.config)) else write_point
+        run_id = write(point_dir, store, tags, start, end)
+        point_dir.mark_recorded(run_id, store.uri, status)
         return run_id
     finally:
-        out.release()
+        point_dir.release()
 
 
 @dataclass(frozen=True)
@@ -87,12 +87,12 @@ class Recorded:
     run_id: str | None  # None while another recorder holds the point
 
 
-def finish(out: PointDir, store: Store, ended: Ending, start: float, end: float,
+def record_ended(point_dir: PointDir, store: Store, ended: Ending, start: float, end: float,
            tags: dict[str, str] | None = None) -> Recorded:
     """Judge how a point ended and record it: the path of the local driver and `make collect` (a batch job's last
     step judges the same way, `main`, and records only where its points do)."""
-    status, error = verdict(out, ended)
-    return Recorded(status, error, record_point(out, store, status, error, start, end, tags))
+    status, error = ended_status(point_dir, ended)
+    return Recorded(status, error, record_point(point_dir, store, status, error, start, end, tags))
 
 
 def records_in_job(cfg: DictConfig, uri: str) -> bool:
@@ -113,26 +113,26 @@ def main(argv: list[str]) -> int:
     from launchers import LaunchResult
     from suite.records.store import store_uri
 
-    out = PointDir(args.point_dir)
-    label = out.point()["label"]
-    cfg = OmegaConf.load(out.config)
+    point_dir = PointDir(args.point_dir)
+    label = point_dir.point()["label"]
+    cfg = OmegaConf.load(point_dir.config)
     now = time.time()
-    status, error = verdict(out, LaunchResult(args.exit_code, False, now - args.started))
+    status, error = ended_status(point_dir, LaunchResult(args.exit_code, False, now - args.started))
     said = f"suite: {label} {status}" + (f": {error}" if error else "")
     stop = TIMEOUT_EXIT if status == Status.timeout else 0
     uri = store_uri(cfg)
     try:
         if not records_in_job(cfg, uri):
-            out.write_ended(args.exit_code, args.started, now)
+            point_dir.write_ended(args.exit_code, args.started, now)
             print(f"{said} (`make collect` on the login node records it into {uri})", flush=True)
             return stop
         try:
-            run_id = record_point(out, Store(uri), status, error, args.started, now)
+            run_id = record_point(point_dir, Store(uri), status, error, args.started, now)
         except Exception:
-            out.write_ended(args.exit_code, args.started, now)  # what `make collect` will judge it by
+            point_dir.write_ended(args.exit_code, args.started, now)  # what `make collect` will judge it by
             raise
     except Exception as e:  # e.g. the tracking server is unreachable: the results stay for `make collect`
-        print(f"{said}; not recorded ({error_line(e)}); its results stay in {out.path} "
+        print(f"{said}; not recorded ({error_line(e)}); its results stay in {point_dir.path} "
               "and `make collect` records them", flush=True)
         return stop or 1
     print(f"{said} ({f'run {run_id}' if run_id else 'another process is recording it'})", flush=True)

@@ -92,35 +92,37 @@ class NotStarted:
 Ending = LaunchResult | JobEnded | NotStarted
 
 
-def verdict(out: PointDir, ended: Ending) -> tuple[Status, str | None]:
+def ended_status(point_dir: PointDir, ended: Ending) -> tuple[Status, str | None]:
     """Status and error line of a point, however it ended."""
     if isinstance(ended, NotStarted):
         return Status.failed, ended.error
-    cfg = OmegaConf.load(out.config)
+    cfg = OmegaConf.load(point_dir.config)
     epochs = cfg.get("epochs")  # None: a job without epochs (a calibration)
     if isinstance(ended, JobEnded):
-        return judge_ended_job(out, ended.state, epochs)
-    return judge(out, ended, cfg.timeout_s, epochs)
+        return job_status(point_dir, ended.state, epochs)
+    return launch_status(point_dir, ended, cfg.timeout_s, epochs)
 
 
-def epochs_done(out: PointDir, epochs: int | None) -> str:
+def epochs_done(point_dir: PointDir, epochs: int | None) -> str:
     """` after k of n epochs` (with its leading space), or nothing for a job without epochs."""
-    return "" if epochs is None else f" after {len(out.epochs())} of {epochs} epochs"
+    return "" if epochs is None else f" after {len(point_dir.epochs())} of {epochs} epochs"
 
 
-def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int | None) -> tuple[str, str | None]:
+def launch_status(point_dir: PointDir, result: LaunchResult, timeout_s: float,
+                  epochs: int | None) -> tuple[str, str | None]:
     """Status and error line of a point from what its workers left behind and how the launcher ended."""
     if result.timed_out:
         return Status.timeout, (f"no result after timeout_s={timeout_s:g} s; "
-                                f"the point was stopped{epochs_done(out, epochs)}")
+                                f"the point was stopped{epochs_done(point_dir, epochs)}")
     if result.stopped_by == "SIGTERM":
-        return Status.timeout, f"the sweep got SIGTERM (a time limit or a preemption){epochs_done(out, epochs)}"
+        return Status.timeout, f"the sweep got SIGTERM (a time limit or a preemption){epochs_done(point_dir, epochs)}"
     if result.stopped_by:
-        return Status.failed, f"interrupted ({result.stopped_by}){epochs_done(out, epochs)}: the sweep was stopped"
-    if result.returncode == 0 and out.summary() is not None:
+        return (Status.failed,
+                f"interrupted ({result.stopped_by}){epochs_done(point_dir, epochs)}: the sweep was stopped")
+    if result.returncode == 0 and point_dir.summary() is not None:
         return Status.finished, None
-    text = out.launcher_log.read_text(errors="replace") if out.launcher_log.exists() else ""
-    errors = out.errors()  # earliest first: the first is the root cause, the others its consequences
+    text = point_dir.launcher_log.read_text(errors="replace") if point_dir.launcher_log.exists() else ""
+    errors = point_dir.errors()  # earliest first: the first is the root cause, the others its consequences
     failed = result.failed_ranks or _failed_ranks(text)
     reported = {e["rank"] for e in errors}
     # A rank killed by a signal cannot report; the errors of the others are then consequences of its death.
@@ -130,7 +132,7 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int | N
     killed.sort(key=lambda rank: (failed[rank] != -9, rank))
     if errors and not killed:
         first = errors[0]
-        detail = epochs_done(out, epochs) if first["status"] == Status.timeout else ""
+        detail = epochs_done(point_dir, epochs) if first["status"] == Status.timeout else ""
         return first["status"], f"rank {first['rank']}: {first['error']}{detail}"
     rank = killed[0] if killed else next(iter(causes), next(iter(failed), None))
     code = failed.get(rank, result.returncode)
@@ -146,19 +148,19 @@ def judge(out: PointDir, result: LaunchResult, timeout_s: float, epochs: int | N
     return Status.failed, f"{who} {died}{detail}"
 
 
-def judge_ended_job(out: PointDir, state: JobState | None, epochs: int | None) -> tuple[str, str | None]:
+def job_status(point_dir: PointDir, state: JobState | None, epochs: int | None) -> tuple[str, str | None]:
     """A batch job that ended without recording its point: the ranks' own evidence where it is decisive,
     else the scheduler's verdict on the job (`state`; None when the scheduler no longer knows it)."""
-    if out.summary() is not None:
+    if point_dir.summary() is not None:
         return Status.finished, None
-    own = [e for e in out.errors() if e["status"] in OWN_FAILURES]
+    own = [e for e in point_dir.errors() if e["status"] in OWN_FAILURES]
     if own:
         return own[0]["status"], f"rank {own[0]['rank']}: {own[0]['error']}"
-    job = out.job() or {}
+    job = point_dir.job() or {}
     where = f"{job.get('scheduler', 'batch')} job {job.get('job_id', '?')}"
     if state is None:
-        done = epochs_done(out, epochs)
+        done = epochs_done(point_dir, epochs)
         return Status.failed, f"{where} ended without recording the point and its scheduler no longer knows it" + \
             (f" ({done.strip()})" if done else "")
     status = Status.failed if state.status in (None, Status.finished) else state.status
-    return status, f"{where} ended {state.detail}{epochs_done(out, epochs)}"
+    return status, f"{where} ended {state.detail}{epochs_done(point_dir, epochs)}"

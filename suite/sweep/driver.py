@@ -18,7 +18,7 @@ from suite.launch_timing import mark
 from suite.paths import REPO_ROOT
 from suite.placement import threads_per_worker
 from suite.point_dir import error_line
-from suite.records.record import finish
+from suite.records.record import record_ended
 from suite.records.run_schema import INCOMPLETE, INCONSISTENT, run_params, run_status, source_tags
 from suite.records.store import Store
 from suite.records.verdict import NotStarted
@@ -41,11 +41,11 @@ def worker_env(point: Point, position: str) -> dict[str, str]:
 
 def run_point(point: Point, store: Store, position: str, prediction: dict[str, float],
               parent_run_id: str | None = None) -> Outcome:
-    out = new_point_dir(point, parent_run_id, prediction)
+    point_dir = new_point_dir(point, parent_run_id, prediction)
     mark("point_dir")
     start = time.time()
     try:
-        ended = launch(point.cfg.cluster.scheduler, out.path, point.processes, point.cfg.timeout_s,
+        ended = launch(point.cfg.cluster.scheduler, point_dir.path, point.processes, point.cfg.timeout_s,
                        worker_env(point, position), point.rank_launcher)
         mark("ranks_ended")
     except Exception as exc:  # the launcher itself broke: still one recorded run, and the sweep goes on
@@ -53,16 +53,17 @@ def run_point(point: Point, store: Store, position: str, prediction: dict[str, f
     stopped_by = ended.stopped_by if isinstance(ended, LaunchResult) else None
     try:
         # A point cut short by stopping the sweep is run again when the sweep is resumed.
-        done = finish(out, store, ended, start, time.time(), {"suite.interrupted": stopped_by} if stopped_by else {})
+        done = record_ended(point_dir, store, ended, start, time.time(),
+                            {"suite.interrupted": stopped_by} if stopped_by else {})
     except Exception as exc:  # a full disk, a store gone: the next sweep runs the point again, this one goes on
-        error = f"not recorded ({error_line(exc)}); its results stay in {out.path}, the next sweep runs it again"
+        error = f"not recorded ({error_line(exc)}); its results stay in {point_dir.path}, the next sweep runs it again"
         if stopped_by:
             raise KeyboardInterrupt(f"stopped during {point.label}; {error}") from exc
-        return Outcome(point, INCOMPLETE, error, None, out)
+        return Outcome(point, INCOMPLETE, error, None, point_dir)
     mark("recorded")
     if stopped_by:
         raise KeyboardInterrupt(f"stopped during {point.label}; recorded as run {done.run_id}")
-    return Outcome(point, done.status, done.error, done.run_id, out)
+    return Outcome(point, done.status, done.error, done.run_id, point_dir)
 
 
 def skip_reason(previous, code_now: str, force: bool, retry_failed: bool) -> str | None:

@@ -24,7 +24,7 @@ from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, results_dir
 from suite.placement import cores_per_rank
 from suite.point_dir import PointDir, error_line
-from suite.records.record import finish
+from suite.records.record import record_ended
 from suite.records.store import Store, store_uri
 from suite.records.verdict import Ending, JobEnded, NotStarted
 from suite.shared_names import Status
@@ -47,8 +47,8 @@ def submitted_dirs(experiment: str | None = None) -> list[PointDir]:
 def job_states(dirs: list[PointDir]) -> dict[tuple[str, str], JobState]:
     """(scheduler, job id) -> state, one query per scheduler; jobs the scheduler has forgotten are left out."""
     wanted: dict[str, set[str]] = {}
-    for out in dirs:
-        job = out.job()
+    for point_dir in dirs:
+        job = point_dir.job()
         wanted.setdefault(job["scheduler"], set()).add(job["job_id"])
     return {(name, job_id): state for name, ids in wanted.items()
             for job_id, state in BATCH_SCHEDULERS[name].states(sorted(ids)).items()}
@@ -56,12 +56,12 @@ def job_states(dirs: list[PointDir]) -> dict[tuple[str, str], JobState]:
 
 @dataclass(frozen=True)
 class PendingPoint:
-    out: PointDir
+    point_dir: PointDir
     state: JobState | None  # None: the scheduler no longer knows the job
 
     @property
     def job(self) -> dict:
-        return self.out.job()
+        return self.point_dir.job()
 
     def describe(self) -> str:
         job = self.job
@@ -83,9 +83,10 @@ class Stores:
 
 def unrecorded(experiment: str | None = None) -> list[PendingPoint]:
     """Submitted points not recorded yet, with their jobs' states (one query per scheduler; writes nothing)."""
-    waiting = [out for out in submitted_dirs(experiment) if not out.recorded()]
+    waiting = [point_dir for point_dir in submitted_dirs(experiment) if not point_dir.recorded()]
     states = job_states(waiting)
-    return [PendingPoint(out, states.get((out.job()["scheduler"], out.job()["job_id"]))) for out in waiting]
+    return [PendingPoint(point_dir, states.get((point_dir.job()["scheduler"], point_dir.job()["job_id"])))
+            for point_dir in waiting]
 
 
 def collect(experiment: str | None = None) -> list[PendingPoint]:
@@ -94,32 +95,32 @@ def collect(experiment: str | None = None) -> list[PendingPoint]:
     running."""
     stores = Stores()
 
-    def record(out: PointDir, ended: Ending, start: float, end: float) -> None:
-        job = out.job()
-        done = finish(out, stores(store_uri(OmegaConf.load(out.config))), ended, start, end)
-        print(f"collected {out.point()['label']} ({job['scheduler']} job {job['job_id']}): {done.status}"
+    def record(point_dir: PointDir, ended: Ending, start: float, end: float) -> None:
+        job = point_dir.job()
+        done = record_ended(point_dir, stores(store_uri(OmegaConf.load(point_dir.config))), ended, start, end)
+        print(f"collected {point_dir.point()['label']} ({job['scheduler']} job {job['job_id']}): {done.status}"
               + (f": {done.error}" if done.error else "") + f" (run {done.run_id})", flush=True)
 
     unjudged = []
-    for out in submitted_dirs(experiment):
-        if out.recorded():
+    for point_dir in submitted_dirs(experiment):
+        if point_dir.recorded():
             continue
-        seen = out.ended()
+        seen = point_dir.ended()
         if seen:  # the job saw the ranks end (its other points may still run)
-            record(out, LaunchResult(seen["exit_code"], False, seen["ended"] - seen["started"]), seen["started"],
+            record(point_dir, LaunchResult(seen["exit_code"], False, seen["ended"] - seen["started"]), seen["started"],
                    seen["ended"])
         else:
-            unjudged.append(out)
+            unjudged.append(point_dir)
     states = job_states(unjudged)
     still = []
-    for out in unjudged:
-        job = out.job()
+    for point_dir in unjudged:
+        job = point_dir.job()
         state = states.get((job["scheduler"], job["job_id"]))
         if state and state.phase != ENDED:
-            still.append(PendingPoint(out, state))
+            still.append(PendingPoint(point_dir, state))
             continue
-        end = out.launcher_log.stat().st_mtime if out.launcher_log.exists() else time.time()
-        record(out, JobEnded(state), job["submitted"], end)
+        end = point_dir.launcher_log.stat().st_mtime if point_dir.launcher_log.exists() else time.time()
+        record(point_dir, JobEnded(state), job["submitted"], end)
     return still
 
 
@@ -133,7 +134,7 @@ def pending(points: list[Point]) -> dict[tuple[str, str], PendingPoint]:
     found = {}
     for experiment in batch_experiments(points):
         for waiting in unrecorded(experiment):
-            point = waiting.out.point()
+            point = waiting.point_dir.point()
             found[(point["experiment"], point["config_hash"])] = waiting
     return found
 
@@ -204,9 +205,9 @@ def _job(name: str, points: list[tuple[Point, PointDir]]) -> Job:
     queue = point_queue(points[0][0])  # the job's points share it (`submit`); given by their GPUs, not only ranks
     if queue is not None:
         cfg = OmegaConf.merge(cfg, {"cluster": {"job": {"queue": queue.name}}})
-    steps = tuple(Step(out.path, point.label, point.processes, point.cfg.nodes, rank_threads(cfg), point.rank_launcher,
-                       point.layout.devices // point.processes)
-                  for point, out in points)
+    steps = tuple(Step(point_dir.path, point.label, point.processes, point.cfg.nodes, rank_threads(cfg),
+                       point.rank_launcher, point.layout.devices // point.processes)
+                  for point, point_dir in points)
     return batch_job(name, cfg, steps)
 
 
@@ -244,7 +245,7 @@ def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool, par
     dirs = [PointDir(point_dir_path(p)) if dry_run else new_point_dir(p, parent_run_id, predicted(position, p))
             for position, p in chunk]
     name = dirs[0].path.name + (f"+{len(chunk) - 1}" if len(chunk) > 1 else "")
-    job = _job(name, [(p, out) for (_, p), out in zip(chunk, dirs)])
+    job = _job(name, [(p, point_dir) for (_, p), point_dir in zip(chunk, dirs)])
     script = jobscript.write(job, scheduler)
     where = " ".join(f"[{position} {p.label}]" for position, p in chunk)
     if dry_run:
@@ -255,9 +256,11 @@ def _submit_job(chunk: list[tuple[str, Point]], store: Store, dry_run: bool, par
     except SchedulerError as e:
         print(f"{where} not submitted: {e}", flush=True)
         refused = NotStarted(f"submission: {error_line(e)}")
-        return [Outcome(point, Status.failed, str(e), finish(out, store, refused, time.time(), time.time()).run_id, out)
-                for (_, point), out in zip(chunk, dirs)]
-    for out in dirs:
-        out.write_job({"scheduler": scheduler.name, "job_id": job_id, "script": str(script), "submitted": time.time()})
+        return [Outcome(point, Status.failed, str(e),
+                        record_ended(point_dir, store, refused, time.time(), time.time()).run_id, point_dir)
+                for (_, point), point_dir in zip(chunk, dirs)]
+    for point_dir in dirs:
+        point_dir.write_job({"scheduler": scheduler.name, "job_id": job_id, "script": str(script),
+                             "submitted": time.time()})
     print(f"{where} submitted: {scheduler.name} job {job_id} ({script})", flush=True)
-    return [Outcome(point, "submitted", None, None, out) for (_, point), out in zip(chunk, dirs)]
+    return [Outcome(point, "submitted", None, None, point_dir) for (_, point), point_dir in zip(chunk, dirs)]

@@ -45,7 +45,7 @@ IDENTITY_DEFAULTS = {"repeat": 0, "profile.steps": 0, "cluster.share_gpus": Fals
 PlanAuto = Callable[[DictConfig], None]  # writes the planner's choice into a pp=auto point's config
 
 
-class Named:
+class ComposedPoint:
     """What a composed point is known by: its label, and its config hash (its identity across sweeps), taken once
     (a point's config is not changed once it is planned)."""
 
@@ -59,7 +59,7 @@ class Named:
 
 
 @dataclass(frozen=True)
-class Point(Named):
+class Point(ComposedPoint):
     overrides: tuple[str, ...]
     cfg: DictConfig
     strategy: Strategy
@@ -88,7 +88,7 @@ class Point(Named):
 
 
 @dataclass(frozen=True)
-class InvalidPoint(Named):
+class InvalidPoint(ComposedPoint):
     """A point that composes but cannot run here: recorded as `invalid` with `error`, never launched."""
 
     overrides: tuple[str, ...]
@@ -232,6 +232,6 @@ def name_apart(points: list[Point]) -> list[Point]:
     named = []
     for p, label, mine in zip(points, labels, assigned):
         apart = replace(p, run_name=" ".join([label, *(f"{k}={mine[k]}" for k in differ[label] if k in mine)]))
-        apart.__dict__["config_hash"] = p.config_hash  # taken once (`Named.config_hash`), not again for the copy
+        apart.__dict__["config_hash"] = p.config_hash  # taken once (`ComposedPoint.config_hash`), not for the copy
         named.append(apart)
     return named

@@ -69,16 +69,16 @@ def new_point_dir(point: Point, parent_run_id: str | None = None,
             path.mkdir(parents=True)
         except FileExistsError:
             continue
-        out = PointDir(path)
-        OmegaConf.save(for_ranks(point.cfg), out.config, resolve=True)
-        out.write_point({"label": point.label, "run_name": point.run_name or point.label,
+        point_dir = PointDir(path)
+        OmegaConf.save(for_ranks(point.cfg), point_dir.config, resolve=True)
+        point_dir.write_point({"label": point.label, "run_name": point.run_name or point.label,
                          "config_hash": point.config_hash, "experiment": point.cfg.tracking.experiment,
                          "overrides": list(point.overrides), "git_sha": git_sha(REPO_ROOT),
                          "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params()),
                          "predictions": predictions or {}, "parent_run_id": parent_run_id})
         for name, content in point.config_files.items():
-            out.write_config_file(name, content)
-        return out
+            point_dir.write_config_file(name, content)
+        return point_dir
     raise RuntimeError(f"cannot create a point directory under {first.parent}")
 
 

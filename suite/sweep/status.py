@@ -16,8 +16,8 @@ COLUMNS = ("point", "status", "epochs", "job", "run / error")
 
 
 def _epochs(point_dir: str | None, epochs: int) -> str:
-    out = PointDir(point_dir) if point_dir else None
-    return f"{len(out.epochs())}/{epochs}" if out and out.path.exists() else "-"
+    point_dir = PointDir(point_dir) if point_dir else None
+    return f"{len(point_dir.epochs())}/{epochs}" if point_dir and point_dir.path.exists() else "-"
 
 
 def status_rows(points: list[Point], store: Store) -> list[tuple[str, ...]]:
@@ -29,7 +29,7 @@ def status_rows(points: list[Point], store: Store) -> list[tuple[str, ...]]:
             job, state = waiting.job, waiting.state
             phase = state.phase if state else "forgotten by the scheduler"
             detail = state.detail if state and state.phase != ENDED else "ended unrecorded: `make collect` records it"
-            rows.append((point.label, phase, _epochs(str(waiting.out.path), point.cfg.epochs),
+            rows.append((point.label, phase, _epochs(str(waiting.point_dir.path), point.cfg.epochs),
                          f"{job['scheduler']} {job['job_id']}", detail))
             continue
         run = store.speaking_run(point.cfg.tracking.experiment, point.config_hash)

@@ -148,24 +148,24 @@ def job_dir(cfg: DictConfig, create: bool) -> PointDir:
         if not path.exists():
             break
         path = first.with_name(f"{first.name}.{attempt}")
-    out = PointDir(path)
+    point_dir = PointDir(path)
     if not create:
-        return out
+        return point_dir
     path.mkdir(parents=True)
-    OmegaConf.save(for_ranks(cfg), out.config, resolve=True)
+    OmegaConf.save(for_ranks(cfg), point_dir.config, resolve=True)
     settings = flatten(OmegaConf.to_container(cfg.calibration), "calibration.")
-    out.write_point({"label": label(cfg), "config_hash": config_hash(cfg), "experiment": cfg.tracking.experiment,
+    point_dir.write_point({"label": label(cfg), "config_hash": config_hash(cfg), "experiment": cfg.tracking.experiment,
                      "git_sha": git_sha(REPO_ROOT), "parent_run_id": None,
                      "params": {"cluster": cfg.cluster.name, "world_size": cfg.workers, "nodes": cfg.nodes,
                                 "ranks_per_node": cfg.workers // cfg.nodes, **settings}})
-    return out
+    return point_dir
 
 
-def run_here(cfg: DictConfig, out: PointDir):
+def run_here(cfg: DictConfig, point_dir: PointDir):
     """Run the job's ranks here and record it; the `Recorded` outcome."""
     from launchers import launch
     from suite.placement import threads_per_worker
-    from suite.records.record import finish
+    from suite.records.record import record_ended
     from suite.records.store import Store, store_uri
     from suite.records.verdict import NotStarted
 
@@ -173,10 +173,10 @@ def run_here(cfg: DictConfig, out: PointDir):
            "OMP_NUM_THREADS": str(threads_per_worker(cfg.cluster.threads_per_worker, cfg.workers))}
     start = time.time()
     try:
-        ended = launch(cfg.cluster.scheduler, out.path, cfg.workers, cfg.timeout_s, env)
+        ended = launch(cfg.cluster.scheduler, point_dir.path, cfg.workers, cfg.timeout_s, env)
     except Exception as e:  # the launcher itself broke: still one recorded run
         ended = NotStarted(f"launcher: {error_line(e)}")
-    return finish(out, Store(store_uri(cfg)), ended, start, time.time())
+    return record_ended(point_dir, Store(store_uri(cfg)), ended, start, time.time())
 
 
 def submit(cfg: DictConfig, dry_run: bool) -> Path:
@@ -185,15 +185,17 @@ def submit(cfg: DictConfig, dry_run: bool) -> Path:
     from launchers.batch import Step
     from suite.sweep.jobs import batch_job, rank_threads
 
-    out = job_dir(cfg, create=not dry_run)
+    point_dir = job_dir(cfg, create=not dry_run)
     scheduler = BATCH_SCHEDULERS[cfg.cluster.scheduler]
-    job = batch_job(out.path.name, cfg, (Step(out.path, label(cfg), cfg.workers, cfg.nodes, rank_threads(cfg)),))
+    step = Step(point_dir.path, label(cfg), cfg.workers, cfg.nodes, rank_threads(cfg))
+    job = batch_job(point_dir.path.name, cfg, (step,))
     script = jobscript.write(job, scheduler)
     if dry_run:
         print(f"[{label(cfg)}] job script: {script}", flush=True)
         return script
     job_id = scheduler.submit(script)
-    out.write_job({"scheduler": scheduler.name, "job_id": job_id, "script": str(script), "submitted": time.time()})
+    point_dir.write_job({"scheduler": scheduler.name, "job_id": job_id, "script": str(script),
+                         "submitted": time.time()})
     print(f"[{label(cfg)}] submitted: {scheduler.name} job {job_id} ({script}); its record will be "
           f"{record_path(cfg.cluster.name)} once the job ended and `make collect` ran", flush=True)
     return script
@@ -314,9 +316,9 @@ def main(argv: list[str]) -> int:
                 print(f"[{label(cfg)}] the library overhead's probes are not part of a batch job: "
                       f"{library_overhead.overhead_path(name)} is left as it is", flush=True)
             return 0
-        out = job_dir(cfg, create=True)
-        print(f"[{label(cfg)}] calibrating {cfg.workers} ranks here; job directory {out.path}", flush=True)
-        done = run_here(cfg, out)
+        point_dir = job_dir(cfg, create=True)
+        print(f"[{label(cfg)}] calibrating {cfg.workers} ranks here; job directory {point_dir.path}", flush=True)
+        done = run_here(cfg, point_dir)
     except (ConfigError, SchedulerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

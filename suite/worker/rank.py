@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("suite")
 
 
-def setup_logging(out: PointDir, rank: int) -> None:
-    out.logs.mkdir(parents=True, exist_ok=True)
-    logfile = open(out.rank_log(rank), "a", buffering=1)
+def setup_logging(point_dir: PointDir, rank: int) -> None:
+    point_dir.logs.mkdir(parents=True, exist_ok=True)
+    logfile = open(point_dir.rank_log(rank), "a", buffering=1)
     faulthandler.enable(file=logfile)  # a crash in native code still leaves its stack in the log
     handlers: list[logging.Handler] = [logging.StreamHandler(logfile)]
     if rank == 0:
@@ -39,7 +39,7 @@ def setup_logging(out: PointDir, rank: int) -> None:
 
 
 @contextmanager
-def process_group(out: PointDir, cfg, processes: int, what: str) -> Iterator[DistEnv]:
+def process_group(point_dir: PointDir, cfg, processes: int, what: str) -> Iterator[DistEnv]:
     """Join the job's process group as one of its `processes` ranks (`what` they run, for the error) and
     write the environment manifest; leave it at the end."""
     import torch.distributed as dist
@@ -63,62 +63,62 @@ def process_group(out: PointDir, cfg, processes: int, what: str) -> Iterator[Dis
         ranks = [None] * env.world_size
         dist.all_gather_object(ranks, rank_info(env.device))
         if env.is_main:
-            out.write_manifest(environment_manifest(ranks, env.backend))
+            point_dir.write_manifest(environment_manifest(ranks, env.backend))
         yield env
     finally:
         shutdown()
 
 
-def train_point(out: PointDir, cfg) -> None:
+def train_point(point_dir: PointDir, cfg) -> None:
     from suite.runtime.memory import limit_cpu_memory
     from suite.strategies import build_strategy
     from suite.worker.trainer import Trainer
 
     strategy = build_strategy(cfg)
     processes = strategy.layout(cfg).processes
-    with process_group(out, cfg, processes, f"workers={cfg.workers}, strategy {strategy.name}") as env:
+    with process_group(point_dir, cfg, processes, f"workers={cfg.workers}, strategy {strategy.name}") as env:
         memory_gb = cfg.cluster.hardware.device_memory_gb
         if env.device.type == "cpu" and memory_gb:
             limit_cpu_memory(memory_gb * 2**30)
-        trainer = Trainer(cfg, env, strategy, out, os.environ.get("SUITE_POINT_LABEL", ""))
+        trainer = Trainer(cfg, env, strategy, point_dir, os.environ.get("SUITE_POINT_LABEL", ""))
         summary = trainer.run()
         if env.is_main:
-            out.write_summary(summary)
+            point_dir.write_summary(summary)
 
 
-def calibrate(out: PointDir, cfg) -> None:
+def calibrate(point_dir: PointDir, cfg) -> None:
     from suite.worker.calibration_rank import Calibration
 
-    with process_group(out, cfg, cfg.workers, f"workers={cfg.workers} for the calibration") as env:
+    with process_group(point_dir, cfg, cfg.workers, f"workers={cfg.workers} for the calibration") as env:
         summary = Calibration(cfg.calibration, env).run()
         if env.is_main:
-            out.write_summary(summary)
+            point_dir.write_summary(summary)
 
 
-def run_job(out: PointDir) -> None:
+def run_job(point_dir: PointDir) -> None:
     """Train the point, or calibrate the machine, that the directory's config describes."""
     # Imported here so that a broken import is reported like any other failure of the job.
     from omegaconf import OmegaConf
 
     from suite.config import is_calibration
 
-    cfg = OmegaConf.load(out.config)
-    (calibrate if is_calibration(cfg) else train_point)(out, cfg)
+    cfg = OmegaConf.load(point_dir.config)
+    (calibrate if is_calibration(cfg) else train_point)(point_dir, cfg)
 
 
-def main(point_dir: str) -> int:
+def main(path: str) -> int:
     raise_on_sigterm()
-    out = PointDir(point_dir)
+    point_dir = PointDir(path)
     rank = discover(os.environ).rank
     mark("started", rank)
-    setup_logging(out, rank)
+    setup_logging(point_dir, rank)
     try:
-        run_job(out)
+        run_job(point_dir)
         mark("done", rank)
         return 0
     except BaseException as exc:
         log.exception("rank %d failed", rank)
-        out.write_error(rank, exc)
+        point_dir.write_error(rank, exc)
         return 1
 
 

@@ -94,8 +94,8 @@ def make_loaders(cfg, data: Datasets, layout: Layout, env: DistEnv) -> Loaders:
 
 
 class Trainer:
-    def __init__(self, cfg, env: DistEnv, strategy: Strategy, out: PointDir, label: str = "") -> None:
-        self.cfg, self.env, self.out = cfg, env, out
+    def __init__(self, cfg, env: DistEnv, strategy: Strategy, point_dir: PointDir, label: str = "") -> None:
+        self.cfg, self.env, self.point_dir = cfg, env, point_dir
         self.label = label
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         set_math(cfg.math.tf32, cfg.math.cudnn_benchmark)
@@ -123,7 +123,8 @@ class Trainer:
                 f"{self.layout.mini_batch}: raise dataset.samples or lower the batch"
             )
         self.metric = target_metric(cfg, self.data.task)
-        self.trace = StepTrace(cfg.profile.steps, self.timer, out.rank_trace(env.rank)) if cfg.profile.steps else None
+        self.trace = (StepTrace(cfg.profile.steps, self.timer, point_dir.rank_trace(env.rank)) if cfg.profile.steps
+                      else None)
         self.global_step = 0
         self.step_losses: list[float] = []
         self.flops: StepFlops | str | None = None  # rank 0's count, or why there is none
@@ -286,7 +287,7 @@ class Trainer:
             metrics.update(epoch=epoch, train_time_s=train_clock, ended_at=time.time())
             epochs.append(metrics)
             if self.env.is_main:
-                self.out.append_epoch(metrics)
+                self.point_dir.append_epoch(metrics)
                 log.info("%s epoch %d/%d done in %.2fs, %.1f samples/s, train_loss %.4f, %s %.4f", self.label,
                          epoch, self.cfg.epochs, metrics["epoch_time_s"], metrics["throughput_samples_s"],
                          metrics["train_loss"], self.metric, metrics[self.metric])
@@ -380,5 +381,5 @@ class Trainer:
         if self.cfg.save_final_weights:
             state = self.parallel.full_state_dict()
             if self.env.is_main:
-                torch.save(state, self.out.weights_file)
+                torch.save(state, self.point_dir.weights_file)
         return summary
