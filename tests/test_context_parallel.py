@@ -21,6 +21,11 @@ def test_fsdp_lays_out_replicas_of_context_x_tensor_ranks_and_shards_over_the_co
     assert (point.processes, point.global_batch_size, point.layout.params()["cp"]) == (8, 8, 2)
 
 
+def test_megatron_lays_out_context_ranks_beside_its_tensor_parallel_groups():
+    (point,) = plan([[*LLAMA, "strategy=megatron", "workers=8", "strategy.cp=2", "strategy.tp=2", "batch_size=4"]])
+    assert point.layout == Layout(dp=2, cp=2, tp=2, mini_batch=8)
+
+
 def test_ranks_sit_row_major_in_dp_x_cp_x_tp_and_a_replicas_context_ranks_read_its_batch():
     layout = Layout(dp=2, cp=2, tp=2, mini_batch=4)
     places = [layout.place(rank) for rank in range(layout.processes)]
@@ -59,6 +64,10 @@ def test_each_rank_holds_a_head_and_a_tail_chunk_and_attends_to_as_many_keys(cp)
                                               "dataset.seq_len=30 is not a multiple of 4"),
     (["strategy.cp=3"], "cp=3 does not divide the 4 ranks of each tensor-parallel index"),
     (["strategy.cp=2", "network.attention=flash"], "the flash kernel does not take"),
+    (["strategy=megatron", "strategy.tp=2", "strategy.cp=4"], "cp=4 does not divide the 2 ranks of each "
+                                                              "tensor-parallel index"),
+    (["strategy=1f1b", "strategy.pp=2", "strategy.cp=2"], "cp=2: context parallelism is not run with pipeline "
+                                                          "stages here"),
 ])
 def test_a_context_split_that_cannot_run_is_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as info:

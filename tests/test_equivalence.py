@@ -481,6 +481,10 @@ LLAMA_STRATEGIES = {
     # one replica: 2 context-parallel ranks of 2 tensor-parallel ranks, the sequence parallel inside each
     "fsdp_x_cp_x_tp": ["strategy=fsdp", "strategy.cp=2", "strategy.tp=2", "strategy.sequence_parallel=true",
                        "workers=4", f"batch_size={GLOBAL_BATCH}"],
+    # one replica of 2 context-parallel ranks of 2 tensor-parallel ranks, the gradients averaged over the cp ranks
+    "megatron_cp2_tp2": [*megatron_point(2), "strategy.cp=2", "workers=4"],
+    # 2 replicas of 2 context-parallel ranks (tp 1): gradients averaged over the 4
+    "megatron_dp2_cp2": [*megatron_point(1), "strategy.cp=2", "workers=4"],
     # torchtitan's Llama 3 recipe: FSDP units, each block checkpointed under its operator policy
     "fsdp_selective_op": ["strategy=fsdp", "workers=2", f"batch_size={GLOBAL_BATCH // 2}",
                           "activation_checkpointing=selective_op"],

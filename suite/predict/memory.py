@@ -82,8 +82,6 @@ def replicated(w: Workload, base: float) -> Memory:
 def sharded(w: Workload, base: float) -> Memory:
     """ZeRO and FSDP: what each stage shards; gathered units (FSDP's in half precision in a bf16 or fp16 point, its
     `param_dtype`); ZeRO-1/2's gradient buckets of `reduce_bucket_size` elements (two with `overlap_comm`)."""
-    if w.layout.cp > 1:  # FSDP x CP: one context-parallel rank's share of every sequence
-        w = context_split(w)
     if w.layout.tp > 1:  # FSDP x TP: one tensor-parallel rank's share of the network, sharded over the replicas
         w = tensor_split(w)
     p, shard = w.profile, w.layout.shard
@@ -187,7 +185,8 @@ KEPT = {Family.replicated: replicated, Family.sharded: sharded, Family.tensor_pa
 
 
 def rank_memory(w: Workload, base_bytes: float) -> Memory:
-    return KEPT[w.strategy.family](w, base_bytes)
+    """Under context parallelism, what one context-parallel rank's share of every sequence keeps."""
+    return KEPT[w.strategy.family](context_split(w) if w.layout.cp > 1 else w, base_bytes)
 
 
 def capacity_bytes(cfg, device_type: str, processes_per_node: int) -> float | None:

@@ -251,25 +251,23 @@ def context_collectives(w: Workload) -> list[tuple[str, float, int, int]]:
 
 def sharded(w: Workload, variant: str) -> StepTime:
     """FSDP over tensor-parallel groups (`tp > 1`) is one tp rank's share of the network (`tensor_split`) sharded
-    over the replicas, with the split layers' collectives in every micro-batch on the critical path; over context-
-    parallel groups (`cp > 1`), one cp rank's share of every sequence (`context_split`) sharded over the replicas'
-    cp ranks, with the keys' and values' gathers on the critical path; the rest is `_sharded`."""
-    if w.layout.cp > 1:
-        collectives = context_collectives(w)
-        w = context_split(w)
-    else:
-        collectives = []
+    over the replicas, with the split layers' collectives in every micro-batch on the critical path; the rest is
+    `_sharded`."""
     if w.layout.tp == 1:
-        split = _sharded(w, variant)
-    else:
-        split = _sharded(tensor_split(w), variant)
-        blocks = [layer for layer in w.layers if layer.block]
-        recomputed = sum(checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing)))
-        collectives += [(*c, 1) for c in split_block_collectives(w, len(blocks), recomputed, blocks[0].output_bytes)
-                        + vocab_collectives(w, blocks[0].output_bytes, embedding=True, head=True)]
+        return _sharded(w, variant)
+    split = _sharded(tensor_split(w), variant)
+    blocks = [layer for layer in w.layers if layer.block]
+    recomputed = sum(checkpointed(list(w.layers), checkpoint_interval(w.cfg.activation_checkpointing)))
+    collectives = (split_block_collectives(w, len(blocks), recomputed, blocks[0].output_bytes)
+                   + vocab_collectives(w, blocks[0].output_bytes, embedding=True, head=True))
+    return with_collectives(w, split, collectives)
+
+
+def with_collectives(w: Workload, step: StepTime, collectives: list[tuple]) -> StepTime:
+    """`step` with `collectives` (kind, bytes, ranks[, stride]) on the critical path of every micro-batch."""
     micro = w.layout.micro_batches
-    return replace(split, compute=split.compute + micro * sum(w.links.collective(*c) for c in collectives),
-                   sent=split.sent + micro * sum(sent_bytes(*c[:3]) for c in collectives))
+    return replace(step, compute=step.compute + micro * sum(w.links.collective(*c) for c in collectives),
+                   sent=step.sent + micro * sum(sent_bytes(*c[:3]) for c in collectives))
 
 
 def _sharded(w: Workload, variant: str) -> StepTime:
@@ -365,7 +363,7 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     all-reduce their shard's gradients after backward, or with `overlap_grad_reduce` in buckets of `bucket_size`
     elements while backward runs on. The batch reaches the group's ranks as a broadcast from its first rank.
     Checkpointed blocks run their split forward again in backward, its two collectives included."""
-    tp, dp, layers = w.layout.tp, w.layout.dp, w.layers
+    tp, dp, layers = w.layout.tp, w.layout.dp * w.layout.cp, w.layers  # gradients averaged over context ranks too
     vocab = w.strategy.vocab_parallel
     split = [layer.block or vocab for layer in layers]
     ways = [tp if s else 1 for s in split]
@@ -626,7 +624,10 @@ def step_time(w: Workload, variant: str = "suite") -> StepTime:
         raise ConfigError(f"the performance model has no cost function for strategy {w.strategy.name}")
     if variant not in VARIANTS:
         raise ConfigError(f"variant={variant} is not one of {', '.join(VARIANTS)}")
-    step = family(w, variant)
+    if w.layout.cp > 1:  # one context-parallel rank's share of every sequence, and the gathers of its blocks
+        step = with_collectives(w, family(context_split(w), variant), context_collectives(w))
+    else:
+        step = family(w, variant)
     if w.data_overlaps:  # only the loader's time beyond the rest of the step is waited for
         step = replace(step, data=max(0.0, step.data - (step.total - step.data)))
     return step

@@ -19,12 +19,14 @@ The group's loss is the mean over its ranks' (each the mean over as many tokens)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from suite.errors import ConfigError
+from suite.layout import Layout
 from suite.runtime.torch_api import all_gather_autograd
 
 
@@ -58,6 +60,16 @@ class SequenceShard:
         keys = torch.cat([self.positions(time, device, index) for index in range(self.size)])
         return self.positions(time, device)[:, None] >= keys[None, :]
 
+    def train_on_part(self, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inputs: torch.Tensor,
+                      targets: torch.Tensor) -> torch.Tensor:
+        """A training `step` on this rank's part of each sequence; the loss returned is the group's mean (each rank's
+        over as many tokens), as every rank of the group holds it."""
+        import torch.distributed as dist
+
+        loss = step(self.take(inputs), self.take(targets))
+        dist.all_reduce(loss, group=self.group)
+        return loss / self.size
+
     def unshard(self, local: torch.Tensor) -> torch.Tensor:
         """The whole sequences (batch, cp time, ...) from every rank's part (no gradient: evaluation's logits). Each
         rank writes its part into one zeroed tensor, which an in-place all-reduce sums (as `whole_logits` does, for
@@ -70,13 +82,23 @@ class SequenceShard:
         dist.all_reduce(whole, group=self.group)
         return whole
 
-def apply_context_parallel(model: nn.Module, shard: SequenceShard) -> None:
-    """Give each attention layer that can split its sequence (Llama's: its positions are rotary, computed from the
-    token's place) the group's shard."""
+def apply_context_parallel(model: nn.Module, mesh, layout: Layout, rank: int) -> SequenceShard | None:
+    """Give each attention layer that can take a part of each sequence (Llama's: its positions are rotary, computed
+    from the token's place) rank `rank`'s shard of the layout's context-parallel group; None where cp is 1."""
+    if layout.cp == 1:
+        return None
+    shard = SequenceShard(mesh["cp"].get_group(), layout.place(rank).cp_rank, layout.cp)
     for module in model.modules():
         if hasattr(module, "sequence"):
             module.sequence = shard
+    return shard
 
+
+def replica_mesh(mesh, layout: Layout):
+    """The ranks over which the replicas average their gradients (or shard them): the data-parallel ranks and,
+    under context parallelism, their context-parallel ranks (torchtitan's `dp_shard_cp`), each of which took part
+    of the replica's sequences."""
+    return mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else mesh["dp"]
 
 
 def check_context_split(strategy: str, cfg, cp: int, ranks: int) -> None:

@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
@@ -39,8 +38,8 @@ from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import fsdp_param_groups
 from suite.shared_names import ELEMENTWISE_OPTIMIZERS, Family
 from suite.strategies.base import DataParallel, RankContext, Sharding, Strategy, Supports
-from suite.strategies.context_parallel import SequenceShard, apply_context_parallel, check_context_split
-from suite.strategies.megatron import apply_tensor_parallel, check_tensor_split, whole_logits
+from suite.strategies.context_parallel import SequenceShard, apply_context_parallel, check_context_split, replica_mesh
+from suite.strategies.megatron import apply_tensor_parallel, check_tensor_split, whole_sequence_logits
 
 
 @dataclass(frozen=True)
@@ -96,11 +95,8 @@ class FSDP(Strategy):
         mesh = rank.layout.mesh(rank.env.device.type)
         if self.tp > 1:  # torchtitan's order: tensor parallelism first, then FSDP over the data-parallel mesh
             apply_tensor_parallel(model, mesh["tp"], vocab_parallel=True, sequence_parallel=self.sequence_parallel)
-        sequence = None
-        if self.cp > 1:
-            sequence = SequenceShard(mesh["cp"].get_group(), rank.layout.place(rank.env.rank).cp_rank, self.cp)
-            apply_context_parallel(model, sequence)
-        shard_mesh = mesh["dp", "cp"]._flatten("dp_cp") if self.cp > 1 else mesh["dp"]  # torchtitan's dp_shard_cp
+        sequence = apply_context_parallel(model, mesh, rank.layout, rank.env.rank)
+        shard_mesh = replica_mesh(mesh, rank.layout)
         policy = mixed_precision_policy(rank.cfg.precision)
         for layer in block_layers(model):
             fully_shard(layer.module, mesh=shard_mesh, reshard_after_forward=self.reshard_after_forward,
@@ -138,9 +134,7 @@ class FSDPRuntime(DataParallel):
         """Under context parallelism, on this rank's part of each sequence; the loss returned is the group's."""
         if self.sequence is None:
             return super().train_step(inputs, targets)
-        loss = super().train_step(self.sequence.take(inputs), self.sequence.take(targets))
-        dist.all_reduce(loss, group=self.sequence.group)
-        return loss / self.sequence.size
+        return self.sequence.train_on_part(super().train_step, inputs, targets)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Evaluation's forward, after which every unit is resharded: FSDP2 reshards the units it keeps gathered
@@ -148,11 +142,7 @@ class FSDPRuntime(DataParallel):
         runs none, which would leave them gathered, held whole beside their shards, until the next step's backward."""
         from torch.distributed.fsdp import FSDPModule
 
-        if self.sequence is None:
-            output = whole_logits(self.model(inputs), self.tp_group, self.rank.layout.tp)
-        else:
-            output = self.sequence.unshard(whole_logits(self.model(self.sequence.take(inputs)), self.tp_group,
-                                                        self.rank.layout.tp))
+        output = whole_sequence_logits(self.model, inputs, self.tp_group, self.rank.layout.tp, self.sequence)
         for module in self.model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()

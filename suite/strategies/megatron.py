@@ -39,6 +39,7 @@ from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import is_dtensor
 from suite.shared_names import ELEMENTWISE_OPTIMIZERS, Family
 from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports
+from suite.strategies.context_parallel import SequenceShard, apply_context_parallel, check_context_split, replica_mesh
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -134,6 +135,15 @@ def whole_logits(logits: torch.Tensor, group, tp: int) -> torch.Tensor:
     whole[..., start:start + split.shape[-1]] = split
     dist.all_reduce(whole, group=group)
     return whole
+
+
+def whole_sequence_logits(model: nn.Module, inputs: torch.Tensor, tp_group, tp: int,
+                          sequence: SequenceShard | None) -> torch.Tensor:
+    """Evaluation's logits, whole: over the vocabulary (`whole_logits`) and, under context parallelism, over the
+    sequence (each rank runs its part, `SequenceShard.unshard`)."""
+    if sequence is None:
+        return whole_logits(model(inputs), tp_group, tp)
+    return sequence.unshard(whole_logits(model(sequence.take(inputs)), tp_group, tp))
 
 
 def check_tensor_split(strategy: str, cfg, tp: int, ranks: int, sequence_parallel: bool = False) -> None:
@@ -245,9 +255,10 @@ class TensorParallel(DataParallel):
     group's first rank loads the batch and broadcasts it over `tp_group`."""
 
     def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer, dp_group, tp_group,
-                 vocab_parallel: bool, overlapped: OverlappedReduction | None = None) -> None:
+                 vocab_parallel: bool, overlapped: OverlappedReduction | None = None,
+                 sequence: SequenceShard | None = None) -> None:
         super().__init__(rank, model, optimizer)
-        self.dp_group, self.tp_group = dp_group, tp_group
+        self.dp_group, self.tp_group, self.sequence = dp_group, tp_group, sequence
         self.split_logits, self.overlapped = vocab_parallel, overlapped
         self.loads_batch = rank.layout.place(rank.env.rank).tp_rank == 0
 
@@ -263,21 +274,23 @@ class TensorParallel(DataParallel):
         if self.rank.layout.tp > 1:
             with self.rank.timer.phase("data"):
                 inputs, targets = broadcast_batch(inputs, targets, self.tp_group)
-        return super().train_step(inputs, targets)
+        if self.sequence is None:
+            return super().train_step(inputs, targets)
+        return self.sequence.train_on_part(super().train_step, inputs, targets)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Evaluation: the whole logits (`whole_logits`)."""
-        return whole_logits(self.model(inputs), self.tp_group, self.rank.layout.tp)
+        """Evaluation: the whole logits (`whole_sequence_logits`)."""
+        return whole_sequence_logits(self.model, inputs, self.tp_group, self.rank.layout.tp, self.sequence)
 
     def backward(self, loss: torch.Tensor) -> None:
         super().backward(loss)
         self.reduce_gradients()
 
     def reduce_gradients(self) -> None:
-        """Average the gradients over the replicas: wait for the buckets overlapped with backward, or all-reduce
-        them all now, flattened into one buffer (Megatron-LM 2.x's local DDP: one all-reduce per gradient dtype of
-        its contiguous buffer, after backward)."""
-        dp = self.rank.layout.dp
+        """Average the gradients over the replicas (and their context-parallel ranks): wait for the buckets
+        overlapped with backward, or all-reduce them all now, flattened into one buffer (Megatron-LM 2.x's local DDP:
+        one all-reduce per gradient dtype of its contiguous buffer, after backward)."""
+        dp = self.rank.layout.dp * self.rank.layout.cp
         if self.overlapped:
             self.overlapped.finish()
         elif dp > 1:
@@ -321,6 +334,7 @@ class Megatron(Strategy):
     sequence_parallel: bool = False
     overlap_grad_reduce: bool = False
     bucket_size: int | None = None  # gradient elements per bucket when overlapped; None: Megatron-LM's default
+    cp: int = 1  # context-parallel ranks splitting each sequence (Llama), the gradients averaged over them too
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
@@ -331,6 +345,7 @@ class Megatron(Strategy):
             raise ConfigError(f"strategy megatron splits a decoder's attention and MLP; network {cfg.network.name} "
                               f"({cfg.network.arch}) has no such layers")
         check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)
+        check_context_split(self.name, cfg, self.cp, cfg.workers // self.tp)
         if self.bucket_size is not None and self.bucket_size < 1:
             raise ConfigError(f"strategy megatron: bucket_size={self.bucket_size} must be a positive number of "
                               "gradient elements")
@@ -349,7 +364,7 @@ class Megatron(Strategy):
     def layout(self, cfg) -> Layout:
         """With `batch_grows_with_tp` (Study N's Megatron-intra) the batch per worker is fixed, so each
         tensor-parallel group trains on batch_size x tp; otherwise each group trains on batch_size."""
-        return Layout(dp=cfg.workers // self.tp, tp=self.tp,
+        return Layout(dp=cfg.workers // (self.tp * self.cp), tp=self.tp, cp=self.cp,
                       mini_batch=cfg.batch_size * (self.tp if self.batch_grows_with_tp else 1))
 
     def setup(self, model: nn.Module, rank: RankContext) -> TensorParallel:
@@ -362,9 +377,11 @@ class Megatron(Strategy):
         # Megatron-LM steps with a multi-tensor Adam (apex's or Transformer Engine's FusedAdam); torch's multi-tensor
         # kernels (foreach) are its counterpart, on every device, with split and whole parameters in separate groups.
         optimizer = build_optimizer(param_groups(model), rank.cfg.optimizer, foreach=True)
-        dp, dp_group = rank.layout.dp, mesh["dp"].get_group()
+        sequence = apply_context_parallel(model, mesh, rank.layout, rank.env.rank)
+        dp, dp_group = rank.layout.dp * self.cp, replica_mesh(mesh, rank.layout).get_group()
         overlapped = None
         if self.overlap_grad_reduce and dp > 1:
             overlapped = OverlappedReduction(list(model.parameters()), dp_group, dp,
                                              self.bucket_size or megatron_bucket_size(dp))
-        return TensorParallel(rank, model, optimizer, dp_group, mesh["tp"].get_group(), vocab_parallel, overlapped)
+        return TensorParallel(rank, model, optimizer, dp_group, mesh["tp"].get_group(), vocab_parallel, overlapped,
+                              sequence)

@@ -33,6 +33,7 @@ class ScheduledPipeline(DistributedPipeline):
     needs_torch: ClassVar[str] = "2.6"
     tp: int = 1  # tensor-parallel ranks per stage
     sequence_parallel: bool = False  # with tp > 1: megatron's sequence parallelism in each stage
+    cp: int = 1  # context parallelism: not with pipeline stages here (the knob names it in a grid beside fsdp's)
 
     @classmethod
     def probes(cls) -> dict[str, list[str]]:
@@ -52,6 +53,10 @@ class ScheduledPipeline(DistributedPipeline):
 
     def check(self, cfg) -> None:
         check_tensor_split(self.name, cfg, self.tp, cfg.workers, self.sequence_parallel)
+        if self.cp != 1:
+            raise ConfigError(f"strategy {self.name}: cp={self.cp}: context parallelism is not run with pipeline "
+                              "stages here (a stage sends whole sequences); use strategy=fsdp or megatron with "
+                              "strategy.cp")
         if self.tp > 1 and self.stages(cfg) == 1:
             raise ConfigError(f"strategy {self.name}: tp={self.tp} in one stage is tensor parallelism alone: use "
                               "strategy=megatron")
