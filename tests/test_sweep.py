@@ -16,7 +16,10 @@ SUMMARY_METRICS = {"epoch_time_s_mean", "peak_memory_mb", "time_to_target_s", "e
 
 
 def test_two_point_sweep_records_contract_and_resumes(results, store):
-    args = ["-m", *DIGITS, "strategy=ddp", "workers=1,2", "target.value=0.15"]
+    # A target every run reaches at its first epoch on any CPU: two of the 64 validation digits right (a network that
+    # predicts one class gets a tenth). 0.15, near chance after one epoch, was reached or not by the last bits of
+    # the arithmetic (missed under ATEN_CPU_CAPABILITY=avx2 on an AMD EPYC).
+    args = ["-m", *DIGITS, "strategy=ddp", "workers=1,2", "target.value=0.02"]
     first = run_suite(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "[1/2 digits/resnet18/ddp/w1]" in first.stdout and "epoch 2/2" in first.stdout  # progress is shown
