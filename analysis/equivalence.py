@@ -15,7 +15,8 @@ RTOL = 1e-4
 
 
 def layout(row: Row) -> str:
-    return " x ".join(f"{axis} {row.params.get(axis, '1')}" for axis in ("dp", "pp", "tp"))
+    axes = ("dp", "pp", "cp", "tp") if "cp" in row.params else ("dp", "pp", "tp")  # cp recorded where > 1
+    return " x ".join(f"{axis} {row.params.get(axis, '1')}" for axis in axes)
 
 
 def loss_difference(ctx: Context, row: Row, reference: Row) -> tuple[str, str]:
