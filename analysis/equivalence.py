@@ -15,7 +15,7 @@ RTOL = 1e-4
 
 
 def layout(row: Row) -> str:
-    axes = ("dp", "pp", "cp", "tp") if "cp" in row.params else ("dp", "pp", "tp")  # cp recorded where > 1
+    axes = ("dp", "pp", "cp", "tp") if row.params.get("cp", "1") != "1" else ("dp", "pp", "tp")
     return " x ".join(f"{axis} {row.params.get(axis, '1')}" for axis in axes)
 
 
