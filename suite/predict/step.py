@@ -213,7 +213,7 @@ def gathered_keys_values(w: Workload) -> float:
 
 
 def context_split(w: Workload) -> Workload:
-    """The workload of one of the `cp` ranks that split every sequence (FSDP x CP): 1/cp of each layer's tokens,
+    """The workload of one of the `cp` ranks that split every sequence (fsdp, megatron): 1/cp of each layer's tokens,
     hence of its time, FLOPs and activations, except attention, whose 1/cp of the queries read every key: its
     cores (`core_forward_s`; backward `ATTENTION_BACKWARD` times it) compute their whole (queries x keys) block under
     a mask, not the causal share a causal kernel computes (`CAUSAL_WORK`), and keep the whole sequence's keys and

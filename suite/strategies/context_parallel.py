@@ -12,7 +12,7 @@ and split the load alike:
 - a rank's keys are rotated at their positions in the whole sequence and its queries attend to the gathered keys
   at or before their own position;
 - gradients of the gathered keys and values go back to the ranks that made them (the gather's backward is a
-  reduce-scatter), and the replicas' data-parallel reduction (FSDP's, over data x context ranks) averages what
+  reduce-scatter), and the replicas' reduction (FSDP's or megatron's, over data x context ranks) averages what
   each rank's part of the sequence contributed.
 The group's loss is the mean over its ranks' (each the mean over as many tokens).
 """
