@@ -100,7 +100,7 @@ def _training_forward(cfg, batch: int, device: torch.device):
     set_math(cfg.math.tf32, cfg.math.cudnn_benchmark)
     model = build_model(cfg.network, cfg.dataset).to(device).train()
     if cfg.get("compile", False):  # as the ranks run it: the warm-up steps compile
-        compile_blocks(model, decoder_blocks(model))
+        compile_blocks(model, decoder_blocks(model), device)
     precision = make_precision(cfg.precision, device)
     inputs, targets = profile_sample(cfg, batch).to(device), _targets(cfg, batch).to(device)
 

@@ -108,7 +108,7 @@ class Trainer:
             convert_to_fp8(model, cfg.fp8)
         blocks = decoder_blocks(model) if cfg.compile else []
         apply_activation_checkpointing(model, cfg.activation_checkpointing, strategy.checkpoint_fn())
-        compile_blocks(model, blocks)
+        compile_blocks(model, blocks, env.device)
         self.timer = PhaseTimer(env.device)
         rank = RankContext(cfg, env, self.layout, make_precision(cfg.precision, env.device), self.timer, loss_fn)
         self.parallel = strategy.setup(model, rank)
