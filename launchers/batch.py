@@ -18,7 +18,7 @@ from typing import Any
 
 from launchers import horovod, mpiexec
 from suite.errors import ConfigError
-from suite.placement import cores_per_rank
+from suite.layout import cores_per_rank
 from suite.records.tracking_server import without_own_password
 
 QUEUED, RUNNING, ENDED = "queued", "running", "ended"
@@ -123,7 +123,7 @@ class Scheduler(ABC):
     # `make collect` records the point with the scheduler's verdict.
     ending_signals: tuple[str, ...] = ("TERM",)
     # What the job script sends the scheduler's rank launcher to stop the ranks: a signal it hands on to them as one
-    # they stop on (suite.signals).
+    # they stop on (suite.errors.Stopped).
     launcher_stop_signal = "TERM"
 
     @abstractmethod

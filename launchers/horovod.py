@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from suite.hosts import allocation_hosts
+from suite.runtime.rendezvous import allocation_hosts
 
 
 def horovodrun(python: str) -> str:

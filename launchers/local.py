@@ -27,7 +27,7 @@ from typing import IO
 from launchers.fork_server import ForkedChild, fork_server
 from launchers.horovod import horovodrun_command
 from launchers.mpiexec import mpiexec_command
-from suite.signals import Stopped
+from suite.errors import Stopped
 
 
 @dataclass(frozen=True)

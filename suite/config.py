@@ -38,7 +38,7 @@ class DatasetConfig:
     image_size: int = 0  # images: side of the square input fed to the network
     vocab_size: int = 0  # tokens
     seq_len: int = 0  # tokens: context length of one sample
-    # DataLoader worker processes per rank; null: as the data needs them (suite.placement.loader_workers), decided
+    # DataLoader worker processes per rank; null: as the data needs them (suite.layout.loader_workers), decided
     # when the point is planned: 4 on GPUs, none on CPU
     loader_workers: int | None = None
 
@@ -194,7 +194,7 @@ class HardwareConfig:
     cpu: str | None = None
     cpu_memory_gb: float | None = None  # per node
     gpu: str | None = None
-    device_memory_gb: float | None = None  # per GPU; on CPU, if set, per rank (held to it: suite.runtime.memory)
+    device_memory_gb: float | None = None  # per GPU; on CPU, if set, per rank (held to it: suite.runtime.metrics)
     fp64_tflops: float | None = None  # peak per GPU, FP64 on the vector units (not FP64 tensor cores)
     # Dense matmul peak per device, TFLOP/s, by math dtype (fp32, tf32, bf16, fp16): the vendor's datasheet. MFU
     # divides by a measured peak (`make calibrate`) where there is one, else by this.

@@ -1,10 +1,11 @@
-"""Errors that carry one readable line for the user."""
+"""Errors that carry one readable line for the user, and SIGTERM as one (`Stopped`)."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 import re
+import signal
 import sys
 from collections.abc import Iterable
 
@@ -97,3 +98,21 @@ def composition_error_line(error: BaseException) -> str:
     if choices:
         return f"{cause.full_key}={cause.value} is not one of {choices[1]}"
     return f"{cause.full_key}={cause.value}: {problem}"
+
+
+class Stopped(BaseException):
+    """SIGTERM arrived: the job hit its time limit, was preempted or cancelled, or the sweep was stopped.
+
+    Before a job's time limit the job script stops its ranks with SIGTERM, or with SIGUSR2 where their launcher
+    turns SIGTERM into SIGKILL (srun); LSF also sends SIGUSR2 at the run limit itself. Raised as an exception (not an
+    `Exception`, so that no library's error handling swallows it) it unwinds the training loop: the epochs already
+    completed are on disk, the rank writes its error report, and the point ends as `timeout`."""
+
+
+def _raise_stopped(signum: int, frame) -> None:
+    raise Stopped(f"stopped by {signal.Signals(signum).name} (a time limit, a preemption or a cancel)")
+
+
+def raise_on_sigterm() -> None:
+    for stop in (signal.SIGTERM, signal.SIGUSR2):
+        signal.signal(stop, _raise_stopped)

@@ -1,4 +1,6 @@
-"""How a point's ranks divide the work: one value, computed before launch and again in every rank.
+"""How a point's ranks divide the work and where they run: one value, computed before launch and again in every
+rank, and the cores, threads and loader processes each rank gets on its node (the same rules for the driver, which
+plans and launches, and for the ranks).
 
 A point's ranks form a grid of `dp` data-parallel replicas x `pp` pipeline stages x `cp` context-parallel
 ranks x `tp` tensor-parallel ranks. Rank r sits at (replica, stage, cp rank, tp rank) in row-major order, so the
@@ -17,16 +19,22 @@ dimension of the device mesh this value builds (`mesh`), so dp x tp and dp x pp 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
+import os
 from dataclasses import dataclass, replace
 from typing import Any
+
+from omegaconf import DictConfig
+
+from suite.errors import ConfigError
 
 MESH_DIMS = ("dp", "pp", "cp", "tp")
 
 
 @dataclass(frozen=True)
-class RankPlace:
+class RankPosition:
     replica: int
     stage: int
     tp_rank: int
@@ -103,19 +111,19 @@ class Layout:
     def micro_batch_size(self) -> int:
         return self.mini_batch // self.micro_batches
 
-    def place(self, rank: int) -> RankPlace:
+    def position(self, rank: int) -> RankPosition:
         if self.stage_replicas:
-            stage = next(s for s in range(self.pp) if rank < self.rank_of(RankPlace(0, s + 1, 0)))
-            return RankPlace(rank - self.rank_of(RankPlace(0, stage, 0)), stage, 0)
+            stage = next(s for s in range(self.pp) if rank < self.rank_of(RankPosition(0, s + 1, 0)))
+            return RankPosition(rank - self.rank_of(RankPosition(0, stage, 0)), stage, 0)
         replica, rest = divmod(rank, self.rank_stages * self.cp * self.tp)
         stage, rest = divmod(rest, self.cp * self.tp)
         cp_rank, tp_rank = divmod(rest, self.tp)
-        return RankPlace(replica, stage, tp_rank, cp_rank)
+        return RankPosition(replica, stage, tp_rank, cp_rank)
 
     def data_shard(self, rank: int) -> tuple[int, int]:
         """(index, count) of the shard of the training data this rank reads: its replica's (replicated stages are
         one pipeline, which reads all of it)."""
-        return (0, 1) if self.stage_replicas else (self.place(rank).replica, self.dp)
+        return (0, 1) if self.stage_replicas else (self.position(rank).replica, self.dp)
 
     def params(self) -> dict[str, Any]:
         """Recorded with the run (the performance model reads these)."""
@@ -130,23 +138,23 @@ class Layout:
             params["cp"] = self.cp
         return params
 
-    def rank_of(self, place: RankPlace) -> int:
+    def rank_of(self, place: RankPosition) -> int:
         if self.stage_replicas:
             return sum(self.stage_replicas[:place.stage]) + place.replica
         return ((place.replica * self.rank_stages + place.stage) * self.cp + place.cp_rank) * self.tp + place.tp_rank
 
-    def runs(self, place: RankPlace) -> range:
+    def runs(self, place: RankPosition) -> range:
         """The micro-batches of a mini-batch the rank at `place` runs: all of its replica's on the grid; with
         replicated stages, its share of the round."""
         return range(place.replica, self.micro_batches, self.stage_width(place.stage)) if self.stage_replicas \
             else range(self.micro_batches)
 
-    def holder(self, place: RankPlace, stage: int, micro_batch: int) -> int:
+    def holder(self, place: RankPosition, stage: int, micro_batch: int) -> int:
         """The rank that runs micro-batch `micro_batch` (counted from the first) on `stage` for the rank at `place`:
         on the grid its own replica's, at its tensor-parallel index; with replicated stages, that stage's replica
         micro_batch mod its ranks."""
         if self.stage_replicas:
-            return self.rank_of(RankPlace(micro_batch % self.stage_replicas[stage], stage, 0))
+            return self.rank_of(RankPosition(micro_batch % self.stage_replicas[stage], stage, 0))
         return self.rank_of(replace(place, stage=stage))
 
     def replica_subgroup(self, rank: int, stages: set[int]):
@@ -156,10 +164,10 @@ class Layout:
         import torch.distributed as dist
 
         mine = None
-        here = self.place(rank)
+        here = self.position(rank)
         for replica in range(self.dp):
             for tp_rank in range(self.tp):
-                group = dist.new_group(sorted(self.rank_of(RankPlace(replica, s, tp_rank)) for s in stages))
+                group = dist.new_group(sorted(self.rank_of(RankPosition(replica, s, tp_rank)) for s in stages))
                 if (replica, tp_rank) == (here.replica, here.tp_rank) and here.stage in stages:
                     mine = group
         return mine
@@ -185,10 +193,11 @@ class Layout:
         stages, replicas i and j of stages r and r' wide share micro-batches k = i mod r = j mod r' when i and j
         agree mod gcd(r, r') (the Chinese remainder theorem)."""
         if self.stage_replicas:
-            return [(self.rank_of(RankPlace(i, s, 0)), self.rank_of(RankPlace(j, s + 1, 0)))
+            return [(self.rank_of(RankPosition(i, s, 0)), self.rank_of(RankPosition(j, s + 1, 0)))
                     for s, (upper, lower) in enumerate(itertools.pairwise(self.stage_replicas))
                     for i in range(upper) for j in range(lower) if (i - j) % math.gcd(upper, lower) == 0]
-        return [(self.rank_of(RankPlace(replica, stage, tp_rank)), self.rank_of(RankPlace(replica, stage + 1, tp_rank)))
+        return [(self.rank_of(RankPosition(replica, stage, tp_rank)),
+                 self.rank_of(RankPosition(replica, stage + 1, tp_rank)))
                 for replica in range(self.dp) for tp_rank in range(self.tp) for stage in range(self.rank_stages - 1)]
 
     def stage_groups(self, rank: int):
@@ -197,8 +206,8 @@ class Layout:
 
         mine = None
         for stage in range(self.pp):
-            group = dist.new_group([self.rank_of(RankPlace(j, stage, 0)) for j in range(self.stage_width(stage))])
-            if self.place(rank).stage == stage:
+            group = dist.new_group([self.rank_of(RankPosition(j, stage, 0)) for j in range(self.stage_width(stage))])
+            if self.position(rank).stage == stage:
                 mine = group
         return mine
 
@@ -212,3 +221,65 @@ class Layout:
 def divisors(n: int) -> list[int]:
     """The sizes a dimension of `n` ranks can take."""
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def will_use_cuda(cluster) -> bool:
+    """Whether a point's ranks will run on GPUs (`auto` on a remote cluster assumes they will)."""
+    if cluster.device != "auto":
+        return cluster.device == "cuda"
+    if cluster.scheduler != "local":
+        return True
+    import torch  # here, not above: what records a job's point (suite.records.record) never needs torch
+
+    return torch.cuda.is_available()
+
+
+def for_ranks(cfg: DictConfig) -> DictConfig:
+    """The config a point's ranks read: the point's, with `cluster.device=auto` decided as the driver planned (and,
+    on a batch cluster, asked for GPUs), so that a rank that finds no GPU fails instead of training on its CPU."""
+    ranks = copy.deepcopy(cfg)
+    ranks.cluster.device = "cuda" if will_use_cuda(cfg.cluster) else "cpu"
+    return ranks
+
+
+def threads_per_worker(configured: int | None, local_workers: int) -> int:
+    """CPU intra-op threads of one rank: as configured, else the cores shared out among this node's ranks."""
+    return configured or max(1, (os.cpu_count() or 1) // local_workers)
+
+
+def node_threads(rank_threads: int, local_workers: int) -> int:
+    """The intra-op threads a CPU node's ranks run at once: theirs together, at most its cores (more threads than
+    cores only take turns)."""
+    return min(rank_threads * local_workers, os.cpu_count() or 1)
+
+
+# Study N: "4 worker processes by default" for every framework (and PyTorch's ImageNet example's default).
+GPU_LOADER_WORKERS = 4
+
+
+def cores_per_rank(cluster) -> int:
+    """CPU cores the scheduler gives each rank: as configured, else the node's cores shared out among its GPUs.
+    Neither known: ConfigError, as one core would feed a GPU and its data loader workers alike."""
+    cores = cluster.job.cores_per_worker or (cluster.hardware.cores_per_node or 0) // cluster.workers_per_node
+    if not cores:
+        raise ConfigError(f"cluster {cluster.name}: the CPU cores of each rank are unknown: set "
+                          "cluster.hardware.cores_per_node (shared out among its workers_per_node) or "
+                          "cluster.job.cores_per_worker")
+    return cores
+
+
+def loader_workers(cfg: DictConfig) -> int:
+    """`dataset.loader_workers`, or where it is null as the data needs them: on GPUs 4 worker processes per rank,
+    at most the rank's cores less the one that drives its GPU; on CPU none, the ranks' threads using every core."""
+    if cfg.dataset.loader_workers is not None:
+        return cfg.dataset.loader_workers
+    if not will_use_cuda(cfg.cluster):
+        return 0
+    if cfg.cluster.scheduler == "local":
+        cores = (os.cpu_count() or 1) // min(cfg.workers, cfg.cluster.workers_per_node)
+    else:
+        try:
+            cores = cores_per_rank(cfg.cluster)
+        except ConfigError:  # said when its job script is written; the loader takes Study N's count meanwhile
+            cores = GPU_LOADER_WORKERS + 1
+    return max(min(GPU_LOADER_WORKERS, cores - 1), 0)

@@ -19,10 +19,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from suite.errors import ConfigError, Diverged
+from suite.errors import ConfigError, Diverged, Stopped
 from suite.owner import Owner
 from suite.shared_names import Status
-from suite.signals import Stopped
 
 
 def failure_status(exc: BaseException) -> Status:

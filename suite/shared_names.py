@@ -123,7 +123,7 @@ EPOCH_METRICS = ("epoch_time_s", "throughput_samples_s", "train_loss", "val_loss
 MEMORY_SPLIT = ("mem_params_mb", "mem_grads_mb", "mem_optim_mb", "mem_master_mb")
 # On a GPU, beside `peak_memory_mb` (the larger of the last two): the CUDA caching allocator's peaks, and what NVML
 # sees the rank's process hold at the end (the allocator's cache, the CUDA context, NCCL's buffers; the GPU's used
-# memory where NVML cannot tell the process's own and the process is alone on the GPU: suite.runtime.memory).
+# memory where NVML cannot tell the process's own and the process is alone on the GPU: suite.runtime.metrics).
 DEVICE_MEMORY = ("peak_cuda_allocated_mb", "peak_cuda_reserved_mb", "nvml_used_mb")
 # FLOPs and utilisation (suite.runtime.metrics): `model_tflop_per_step` and `hardware_tflop_per_step` are the
 # TFLOP of one global step (every replica; forward and backward, without and with recomputation);

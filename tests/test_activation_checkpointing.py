@@ -13,7 +13,7 @@ from suite.models.gpt2 import GPT2
 from suite.models.layers import block_layers
 from suite.models.llama import LLAMA3_SIZES, Llama
 from suite.models.vision import vgg
-from suite.runtime.activation_checkpointing import apply_activation_checkpointing
+from suite.runtime.model_transforms import apply_activation_checkpointing
 
 
 def train_step(model: GPT2, tokens: torch.Tensor) -> tuple[int, list[torch.Tensor]]:

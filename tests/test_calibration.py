@@ -12,9 +12,8 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import results_of_their_own, run_make, run_suite
-from suite.calibration_files import load_record, record_path
 from suite.errors import ConfigError
-from suite.paths import CONF_DIR
+from suite.paths import CONF_DIR, load_record, record_path
 from suite.predict import library_overhead
 from suite.predict.library_overhead import Overhead, Probe, overhead_path
 from suite.records.store import Store

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from suite.errors import ConfigError
-from suite.layout import Layout, RankPlace
+from suite.layout import Layout, RankPosition
 from suite.predict.predictor import predict, workload
 from suite.predict.step import gathered_keys_values
 from suite.strategies.context_parallel import SequenceShard
@@ -28,9 +28,10 @@ def test_megatron_lays_out_context_ranks_beside_its_tensor_parallel_groups():
 
 def test_ranks_sit_row_major_in_dp_x_cp_x_tp_and_a_replicas_context_ranks_read_its_batch():
     layout = Layout(dp=2, cp=2, tp=2, mini_batch=4)
-    places = [layout.place(rank) for rank in range(layout.processes)]
-    assert places[:4] == [RankPlace(0, 0, 0, 0), RankPlace(0, 0, 1, 0), RankPlace(0, 0, 0, 1), RankPlace(0, 0, 1, 1)]
-    assert places[6] == RankPlace(1, 0, 0, 1)
+    places = [layout.position(rank) for rank in range(layout.processes)]
+    assert places[:4] == [RankPosition(0, 0, 0, 0), RankPosition(0, 0, 1, 0), RankPosition(0, 0, 0, 1),
+                          RankPosition(0, 0, 1, 1)]
+    assert places[6] == RankPosition(1, 0, 0, 1)
     assert [layout.rank_of(place) for place in places] == list(range(8))
     assert [layout.data_shard(rank) for rank in (0, 2, 3, 4, 7)] == [(0, 2)] * 3 + [(1, 2)] * 2
     with pytest.raises(ValueError, match="without pipeline stages"):

@@ -19,8 +19,7 @@ import pytest
 from test_predict import TINY_GPT, calibration_record, tiny_point
 
 from conftest import run_suite
-from suite.calibration_files import DamagedRecord, record_path
-from suite.paths import REPO_ROOT
+from suite.paths import REPO_ROOT, DamagedRecord, record_path
 from suite.predict import correction, library_overhead
 from suite.predict.links import calibrated_links, matmul_tflops
 from suite.predict.predictor import recorded_prediction

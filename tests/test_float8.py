@@ -10,7 +10,7 @@ from suite.errors import ConfigError
 from suite.models import build_model
 from suite.predict import roofline
 from suite.profiling.counted import FP8_MATMUL, MATMUL, MEMORY
-from suite.runtime.float8 import convert_to_fp8
+from suite.runtime.model_transforms import convert_to_fp8
 from suite.sweep.plan import plan
 
 TOKENS = ["dataset=tokens", "dataset.seq_len=128", "dataset.vocab_size=512", "dataset.samples=4096",

@@ -7,8 +7,8 @@ import yaml
 from omegaconf import OmegaConf
 from torch import nn
 
-from suite.calibration_files import record_path
 from suite.layout import Layout
+from suite.paths import record_path
 from suite.runtime.metrics import (
     Device,
     NoPeak,

@@ -15,7 +15,7 @@ import torch
 from conftest import run_suite
 from suite.paths import REPO_ROOT
 from suite.records.store import Store
-from suite.runtime.memory import peak_memory
+from suite.runtime.metrics import peak_memory
 from suite.runtime.precision import make_precision
 from suite.shared_names import DEVICE_MEMORY
 from suite.sweep.plan import plan

@@ -2,7 +2,7 @@
 
 import pytest
 
-from suite.layout import Layout, RankPlace
+from suite.layout import Layout, RankPosition
 from suite.sweep.plan import plan
 
 TOKENS = ["dataset=tokens", "network=gpt2_tiny"]
@@ -41,9 +41,9 @@ def test_every_strategy_plans_its_layout(case):
 
 def test_ranks_sit_row_major_in_dp_x_pp_x_tp():
     layout = Layout(dp=2, pp=2, tp=2, mini_batch=8, micro_batches=2)
-    places = [layout.place(rank) for rank in range(layout.processes)]
-    assert places[:4] == [RankPlace(0, 0, 0), RankPlace(0, 0, 1), RankPlace(0, 1, 0), RankPlace(0, 1, 1)]
-    assert places[5] == RankPlace(1, 0, 1)
+    places = [layout.position(rank) for rank in range(layout.processes)]
+    assert places[:4] == [RankPosition(0, 0, 0), RankPosition(0, 0, 1), RankPosition(0, 1, 0), RankPosition(0, 1, 1)]
+    assert places[5] == RankPosition(1, 0, 1)
     assert [layout.rank_of(place) for place in places] == list(range(8))
     assert [layout.data_shard(rank) for rank in (0, 3, 4, 7)] == [(0, 2), (0, 2), (1, 2), (1, 2)]
     assert (layout.global_batch, layout.micro_batch_size) == (16, 4)

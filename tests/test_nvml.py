@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from suite.runtime.memory import (
+from suite.runtime.metrics import (
     NVML_PER_PROCESS_MISSING,
     GpuView,
     _gpu_view,

@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from suite.runtime.memory import reset_peak
+from suite.runtime.metrics import reset_peak
 
 
 class Holder:

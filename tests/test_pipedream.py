@@ -23,9 +23,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from suite.layout import Layout
 from suite.models.layers import Layer
+from suite.pipeline.groups import PipelineGroups
 from suite.pipeline.partition import StageModule, cut
 from suite.pipeline.pipedream_engine import PipeDreamStage, lag
-from suite.pipeline.topology import Topology
 from suite.point_dir import PointDir
 from suite.runtime.metrics import PhaseTimer
 from suite.runtime.precision import Precision
@@ -91,8 +91,8 @@ def run_rank(rank: int, replicas: tuple[int, ...], init_file: str, out_dir: str)
     torch.set_num_threads(1)
     messages = record_messages()
     layout = layout_of(replicas)
-    topology = Topology.build(layout, rank, set(), "cpu", channels=True)
-    place = layout.place(rank)
+    topology = PipelineGroups.build(layout, rank, set(), "cpu", channels=True)
+    place = layout.position(rank)
     module = StageModule(cut(make_layers(), SIZES)[place.stage])
     stage = PipeDreamStage(module, place.stage, topology, optimizer_for(module),
                            lambda: topology.average_grads(list(module.parameters())), torch.device("cpu"),
@@ -366,7 +366,7 @@ class ScalarReads(TorchDispatchMode):
 def single_stage_reads(record_versions: bool) -> int:
     """Scalar reads during steps of a one-stage PipeDream (no peers: no process group needed)."""
     module = StageModule(make_layers())
-    topology = Topology(Layout(dp=1, mini_batch=1), rank=0, mesh=None, pipe_group=None, dp_group=None)
+    topology = PipelineGroups(Layout(dp=1, mini_batch=1), rank=0, mesh=None, pipe_group=None, dp_group=None)
     stage = PipeDreamStage(module, 0, topology, optimizer_for(module), lambda: None, torch.device("cpu"),
                            record_versions=record_versions)
     timer, precision = PhaseTimer(torch.device("cpu")), Precision("fp32", "cpu")

@@ -22,6 +22,7 @@ from mlflow.exceptions import MlflowException
 from analysis.runs import latest_per_point
 from conftest import DIGITS, copy_rank_outputs, run_suite
 from launchers import LaunchResult
+from suite.errors import Stopped
 from suite.owner import Owner
 from suite.paths import REPO_ROOT
 from suite.point_dir import PointDir
@@ -30,7 +31,6 @@ from suite.records.record import record_ended
 from suite.records.run_schema import INCOMPLETE, VERDICT, run_status
 from suite.records.store import Store
 from suite.runtime.manifest import git_sha
-from suite.signals import Stopped
 from suite.sweep import jobs
 from suite.sweep.driver import skip_reason
 from suite.sweep.plan import Point, plan

@@ -10,9 +10,8 @@ import pytest
 
 from conftest import DIGITS, free_port
 from launchers.local import rendezvous_store
-from suite.hosts import allocation_hosts, lsf_hosts, slurm_hosts
 from suite.paths import REPO_ROOT
-from suite.runtime.rendezvous import allocation_master, discover
+from suite.runtime.rendezvous import allocation_hosts, allocation_master, discover, lsf_hosts, slurm_hosts
 from suite.sweep.plan import plan
 from suite.sweep.point import new_point_dir
 

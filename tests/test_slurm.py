@@ -9,10 +9,10 @@ import time
 import pytest
 
 from conftest import DIGITS, free_port, run_suite, tracking_server
-from suite.hosts import slurm_hosts
 from suite.paths import REPO_ROOT
 from suite.point_dir import PointDir
 from suite.records.store import Store
+from suite.runtime.rendezvous import slurm_hosts
 from suite.tools.slurm_local import SlurmUnavailable, ensure_running
 
 # Slurm jobs, `make` and the driver; one xdist worker runs them, in turn on the one-node Slurm.

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from suite.layout import Layout
 from suite.models.gpt2 import GPT2
 from suite.runtime.dist import DistEnv
-from suite.runtime.memory import local_tensor
+from suite.runtime.metrics import local_tensor
 from suite.runtime.precision import make_precision
 from suite.strategies.base import RankContext
 from suite.strategies.megatron import Megatron

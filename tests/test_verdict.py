@@ -4,7 +4,7 @@ import pytest
 
 from launchers import LaunchResult
 from launchers.slurm import job_state as slurm_state
-from suite.errors import ConfigError
+from suite.errors import ConfigError, Stopped
 from suite.point_dir import PointDir
 from suite.records.verdict import (
     _failed_ranks,
@@ -13,7 +13,6 @@ from suite.records.verdict import (
     job_status,
     launch_status,
 )
-from suite.signals import Stopped
 
 TIMEOUT_S, EPOCHS = 30, 3
 EXITED = LaunchResult(returncode=1, timed_out=False, seconds=4.0)  # a batch step's exit code: no rank's own

@@ -15,7 +15,7 @@ from torchgpipe.balance import balance_by_time, balance_cost
 
 from suite.errors import ConfigError
 from suite.models.layers import Layer
-from suite.runtime.memory import free_cached_memory
+from suite.runtime.metrics import free_cached_memory
 
 
 def check_balance(balance, layers: int, stages: int) -> None:

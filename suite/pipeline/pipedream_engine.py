@@ -18,7 +18,7 @@ the resulting gradient is applied to the current weights. A stage thus holds up 
 versions besides its live weights (identical snapshots are shared). Sends are non-blocking and
 receives blocking: each stage's order is a topological order of the pipeline's dependencies, so
 no cycle of waits can form, as long as activations and gradients travel on process groups of their
-own (the topology's channels): on one NCCL communicator a stage's send of the next activation would
+own (the pipeline groups' channels): on one NCCL communicator a stage's send of the next activation would
 queue its receive of a gradient behind it while the next stage's gradient send waits for that receive.
 """
 
@@ -35,7 +35,7 @@ from torch.func import functional_call
 
 from suite.layout import Layout
 from suite.pipeline import p2p
-from suite.pipeline.topology import Topology
+from suite.pipeline.groups import PipelineGroups
 from suite.runtime.metrics import PhaseTimer
 from suite.runtime.precision import Precision
 
@@ -72,7 +72,7 @@ def checksum(tensors) -> float:
 
 
 class PipeDreamStage:
-    def __init__(self, module: nn.Module, stage: int, topology: Topology, optimizer: torch.optim.Optimizer,
+    def __init__(self, module: nn.Module, stage: int, topology: PipelineGroups, optimizer: torch.optim.Optimizer,
                  sync_grads: Callable[[], None], device: torch.device, record_versions: bool = False) -> None:
         self.module, self.stage, self.topology = module, stage, topology
         self.record_versions = record_versions

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from suite.calibration_files import read_record, reading, record_path
 from suite.errors import ConfigError
+from suite.paths import read_record, reading, record_path
 
 FORMS = ("factor", "per_step")
 

@@ -45,7 +45,7 @@ def backward_s(layers: Sequence[LayerProfile]) -> float:
 
 def checkpointed(layers: Sequence[LayerProfile], interval: int) -> list[bool]:
     """Which layers activation checkpointing every `interval`-th block wraps (the first layer, which reads the
-    data, never; see suite.runtime.activation_checkpointing)."""
+    data, never; see suite.runtime.model_transforms)."""
     candidates = [i for i, layer in enumerate(layers) if layer.block and i > 0]
     chosen = {i for n, i in enumerate(candidates, 1) if interval and n % interval == 0}
     return [i in chosen for i in range(len(layers))]

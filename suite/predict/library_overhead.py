@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from suite.calibration_files import calibration_files, read_record, reading, record_path
+from suite.paths import calibration_files, read_record, reading, record_path
 from suite.predict.links import nearest
 from suite.strategies.base import Strategy
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from suite.calibration_files import calibration_files, read_record, reading, record_path
 from suite.errors import ConfigError
-from suite.placement import will_use_cuda
+from suite.layout import will_use_cuda
+from suite.paths import calibration_files, read_record, reading, record_path
 from suite.predict.fabric import nccl_links
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")

@@ -19,8 +19,8 @@ from suite.pipeline.pipedream_engine import lag
 from suite.predict.costs import checkpointed
 from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, context_split, regathers, tensor_split, tp_kept
 from suite.profiling.profiles import LayerProfile
-from suite.runtime.activation_checkpointing import checkpoint_interval
 from suite.runtime.gpu_query import first_gpu
+from suite.runtime.model_transforms import checkpoint_interval
 from suite.shared_names import Family
 
 MIB = 2**20

@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig
 
 from suite.errors import ConfigError
-from suite.placement import will_use_cuda
+from suite.layout import will_use_cuda
 from suite.predict.links import LinkModel, link_model
 from suite.predict.memory import capacity_bytes
 from suite.predict.predictor import processes_per_node, workload

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from suite.calibration_files import DamagedRecord, record_path
 from suite.data import published_samples, train_samples
 from suite.errors import ConfigError
-from suite.placement import threads_per_worker, will_use_cuda
+from suite.layout import threads_per_worker, will_use_cuda
+from suite.paths import DamagedRecord, record_path
 from suite.predict import correction, library_overhead
 from suite.predict.costs import StepTime, checkpointed
 from suite.predict.links import link_model
@@ -33,7 +33,7 @@ from suite.predict.step import VARIANTS, Workload, step_time
 from suite.profiling.cache import data_profile, network_profile, rank_base_mb, worker_thread_profile
 from suite.profiling.counted import CountedLayer, CountedNetwork
 from suite.profiling.profiles import WINDOW_S, LayerProfile, Profile
-from suite.runtime.activation_checkpointing import SELECTIVE, SELECTIVE_OP, checkpoint_interval
+from suite.runtime.model_transforms import SELECTIVE, SELECTIVE_OP, checkpoint_interval
 from suite.shared_names import PRICED_FROM
 from suite.sweep.plan import Point
 

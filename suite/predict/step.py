@@ -18,7 +18,7 @@ from functools import cached_property
 from omegaconf import DictConfig
 
 from suite.errors import ConfigError
-from suite.layout import Layout, RankPlace
+from suite.layout import Layout, RankPosition
 from suite.predict.costs import (
     DeviceWork,
     StepTime,
@@ -35,7 +35,7 @@ from suite.predict.costs import (
 from suite.predict.links import LinkModel, sent_bytes
 from suite.profiling.counted import ATTENTION_BACKWARD, CAUSAL_WORK
 from suite.profiling.profiles import LayerProfile, Profile
-from suite.runtime.activation_checkpointing import checkpoint_interval
+from suite.runtime.model_transforms import checkpoint_interval
 from suite.shared_names import HALF_PRECISIONS, Family
 from suite.strategies.base import Sharding, Strategy
 
@@ -603,7 +603,7 @@ def async_pipeline(w: Workload, variant: str) -> StepTime:
     paces = []
     for stage, d in enumerate(devices(w)):
         sync, sent = _stage_sync(w, d, 1, stage)
-        runs = len(w.layout.runs(RankPlace(0, stage, 0)))
+        runs = len(w.layout.runs(RankPosition(0, stage, 0)))
         pace = StepTime(compute=runs * d.work.compute, comm=runs * (d.work.sends + sync),
                         optimizer=runs * per_byte * d.params, data=w.data_s, sent=runs * (d.work.sent + sent))
         paces.append(pace)

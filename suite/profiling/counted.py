@@ -13,9 +13,9 @@ two, recomputing the scores). Under bf16 or fp16 autocast the tensors follow aut
 multiplies and convolutions produce half-precision outputs from half-precision copies of their inputs (the
 parameter copies are counted, 6 bytes per element each way), the ops autocast keeps in fp32 (normalisation,
 softmax, losses, reductions) produce fp32, and every other op produces half only where all its inputs are half.
-With `fp8=`, the network's linear layers are converted as the ranks convert them (suite.runtime.float8, torchao's
-Float8Linear) and counted as torchao runs them uncompiled: each cast to fp8 its own amax, scale and cast kernels,
-each GEMM of fp8 operands (1 byte an element) an fp8 GEMM.
+With `fp8=`, the network's linear layers are converted as the ranks convert them (suite.runtime.model_transforms,
+torchao's Float8Linear) and counted as torchao runs them uncompiled: each cast to fp8 its own amax, scale and cast
+kernels, each GEMM of fp8 operands (1 byte an element) an fp8 GEMM.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from torch.utils._pytree import tree_flatten
 from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.profiling.cores import CoreWatch
-from suite.runtime.activation_checkpointing import DECODER_BLOCKS, MatmulKeepingPolicy
-from suite.runtime.float8 import convert_to_fp8
+from suite.runtime.model_transforms import DECODER_BLOCKS, MatmulKeepingPolicy, convert_to_fp8
 from suite.shared_names import Float8Recipe
 
 MATMUL = "matmul"  # on the tensor cores (or the FP32 units): GEMMs

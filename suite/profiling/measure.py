@@ -25,9 +25,8 @@ from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.profiling.cores import CoreWatch
 from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, LayerProfile, window_s
-from suite.runtime.activation_checkpointing import decoder_blocks
-from suite.runtime.compile import compile_blocks
 from suite.runtime.metrics import synchronize
+from suite.runtime.model_transforms import compile_blocks, decoder_blocks
 from suite.runtime.optim import build_optimizer
 from suite.runtime.precision import make_precision
 from suite.runtime.torch_api import set_math

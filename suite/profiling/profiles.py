@@ -71,7 +71,7 @@ class LayerProfile:
     core_saved_bytes: int = 0
     # The values of its output (a framework that sends a stage's output in another dtype sends these); 0: not counted
     output_elements: int = 0
-    # A decoder block under `selective_op` (torchtitan's operator policy, suite.runtime.activation_checkpointing):
+    # A decoder block under `selective_op` (torchtitan's operator policy, suite.runtime.model_transforms):
     # the seconds and FLOPs of the forward ops it runs again in backward, and what it keeps for backward (its input
     # and the outputs of the ops the policy saves); counted on the meta device (suite.profiling.counted), 0 elsewhere
     op_recomputed_s: float = 0.0

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from suite.calibration_files import record_path
+from suite.paths import record_path
 from suite.point_dir import PointDir
 from suite.shared_names import Collective, Status
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from suite.config import is_calibration
-from suite.hosts import scheduler_job_id
 from suite.point_dir import PointDir, error_line
 from suite.records.calibration import write_calibration
 from suite.records.run_schema import complete, source_tags
 from suite.records.store import Store, is_server
 from suite.records.verdict import Ending, ended_status
+from suite.runtime.rendezvous import scheduler_job_id
 from suite.shared_names import Status
 
 TIMEOUT_EXIT = 3  # tells the job script that the ranks were stopped by SIGTERM: start no further point

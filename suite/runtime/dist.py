@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from suite.errors import ConfigError
 from suite.launch_timing import mark
-from suite.placement import threads_per_worker
+from suite.layout import threads_per_worker
 from suite.runtime.gpu_build import missing_gpu_code
 from suite.runtime.gpu_query import nvidia_driver
 from suite.runtime.rendezvous import Rendezvous
@@ -34,7 +34,7 @@ class DistEnv:
 
 def resolve_device(requested: str, local_rank: int, gpu_order: list[int] | None = None) -> torch.device:
     """This rank's device. A point's ranks get `cuda` or `cpu`, as the driver planned the point
-    (`suite.placement.for_ranks`); `auto`, from a process that plans its own point, takes a GPU when CUDA is
+    (`suite.layout.for_ranks`); `auto`, from a process that plans its own point, takes a GPU when CUDA is
     available, else the CPU. A rank's GPU is its local rank's entry of `gpu_order` (the cluster's GPU numbering near
     each rank's cores), else its local rank's number; a rank that sees no GPU is refused in one line."""
     if requested == "auto":

@@ -1,4 +1,7 @@
-"""What a result was measured on: packages, devices, hosts, scheduler job."""
+"""What a result was measured on: packages, devices, hosts, scheduler job; and the process-wide settings of a rank
+that move performance without being a knob of the point: TF32 for float32 products, cuDNN's autotuner, and the
+environment the communication libraries read (NCCL_*, TORCH_NCCL_*, HOROVOD_*, a site's job setup may export any of
+them), recorded with the run as params `effective.<name>`."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from suite.hosts import scheduler_job_id
+from suite.runtime.rendezvous import scheduler_job_id
+from suite.runtime.torch_api import convolution_tf32, matmul_tf32
 
 PACKAGES = ("torch", "torchvision", "numpy", "hydra-core", "omegaconf", "mlflow", "nvidia-ml-py",
             "scikit-learn", "deepspeed", "horovod", "torchgpipe")
@@ -86,3 +90,13 @@ def environment_manifest(ranks: list[dict], backend: str) -> dict:
         "ranks": ranks,
         "scheduler_job_id": scheduler_job_id(os.environ),
     }
+
+
+COMMUNICATION_ENV = ("NCCL_", "TORCH_NCCL_", "HOROVOD_", "GLOO_", "UCX_", "FI_")
+
+
+def process_settings() -> dict[str, object]:
+    settings: dict[str, object] = {"tf32.matmul": matmul_tf32(), "tf32.conv": convolution_tf32(),
+                                   "cudnn.benchmark": torch.backends.cudnn.benchmark}
+    settings.update({f"env.{k}": v for k, v in sorted(os.environ.items()) if k.startswith(COMMUNICATION_ENV)})
+    return settings

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from suite.runtime.memory import local_tensor
+from suite.runtime.metrics import local_tensor
 from suite.runtime.torch_api import grad_scaler
 
 

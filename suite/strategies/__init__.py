@@ -13,8 +13,7 @@ from packaging.version import Version
 
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT, config_file, config_names
-from suite.strategies.base import Library, Strategy
-from suite.strategies.knob_types import check_knob_types
+from suite.strategies.base import Library, Strategy, check_knob_types
 
 __all__ = ["Strategy", "build_strategy", "label", "missing_library", "older_torch", "strategy_class", "strategy_names"]
 

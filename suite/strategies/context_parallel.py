@@ -87,7 +87,7 @@ def apply_context_parallel(model: nn.Module, mesh, layout: Layout, rank: int) ->
     from the token's place) rank `rank`'s shard of the layout's context-parallel group; None where cp is 1."""
     if layout.cp == 1:
         return None
-    shard = SequenceShard(mesh["cp"].get_group(), layout.place(rank).cp_rank, layout.cp)
+    shard = SequenceShard(mesh["cp"].get_group(), layout.position(rank).cp_rank, layout.cp)
     for module in model.modules():
         if hasattr(module, "sequence"):
             module.sequence = shard

@@ -13,7 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.errors import BadValue, ConfigError
-from suite.placement import will_use_cuda
+from suite.layout import will_use_cuda
 from suite.runtime.optim import build_optimizer
 from suite.shared_names import Family, GradCompression
 from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports

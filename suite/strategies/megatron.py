@@ -34,7 +34,7 @@ from suite.errors import ConfigError
 from suite.layout import Layout, divisors
 from suite.models import DECODERS, llama_dims
 from suite.runtime.dist import all_reduce_flat, broadcast_batch
-from suite.runtime.memory import local_tensor
+from suite.runtime.metrics import local_tensor
 from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import is_dtensor
 from suite.shared_names import ELEMENTWISE_OPTIMIZERS, Family
@@ -260,7 +260,7 @@ class TensorParallel(DataParallel):
         super().__init__(rank, model, optimizer)
         self.dp_group, self.tp_group, self.sequence = dp_group, tp_group, sequence
         self.split_logits, self.overlapped = vocab_parallel, overlapped
-        self.loads_batch = rank.layout.place(rank.env.rank).tp_rank == 0
+        self.loads_batch = rank.layout.position(rank.env.rank).tp_rank == 0
 
     @property
     def takes_inputs(self) -> bool:

@@ -53,7 +53,7 @@ class PipeDreamRuntime(DistributedStages):
                            for t in (inputs, targets))
         losses = []
         with self.rank.timer.phase("pipeline"):
-            for k in layout.runs(self.topology.place):
+            for k in layout.runs(self.topology.position):
                 losses.append(self.engine.step(inputs[k], targets[k], self.rank.loss_fn, self.rank.precision,
                                                self.rank.timer))
         if not self.holds_output:
@@ -81,7 +81,7 @@ class PipeDream(DistributedPipeline):
     name: str = "pipedream"
     family: ClassVar[Family] = Family.async_pipeline
     label: ClassVar[str] = "PipeDream"
-    # Its process groups come from a device mesh with named dimensions (suite.pipeline.topology): init_device_mesh,
+    # Its process groups come from a device mesh with named dimensions (suite.pipeline.groups): init_device_mesh,
     # public from torch 2.2.
     needs_torch: ClassVar[str] = "2.2"
     accumulation_hint: ClassVar[str] = "PipeDream updates each stage's weights after every mini-batch"

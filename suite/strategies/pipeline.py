@@ -19,16 +19,14 @@ import torch.distributed as dist
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.layout import Layout, divisors
+from suite.layout import Layout, divisors, will_use_cuda
 from suite.models import build_model
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline import p2p
+from suite.pipeline.groups import PipelineGroups
 from suite.pipeline.microbatch import MicroBatching, micro_batching
 from suite.pipeline.partition import StageModule, check_balance, cut, stage_sizes, untie
-from suite.pipeline.topology import Topology
-from suite.placement import will_use_cuda
-from suite.runtime.memory import local_tensor
-from suite.runtime.metrics import PhaseTimer
+from suite.runtime.metrics import PhaseTimer, local_tensor
 from suite.runtime.optim import build_optimizer
 from suite.runtime.torch_api import is_dtensor
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
@@ -193,7 +191,7 @@ class DistributedStages(Runtime):
     gradients over the replicas."""
 
     flushes = True  # the schedule drains the pipeline every step (see `pipeline_metrics`)
-    # Whether the schedule sends with suite.pipeline.p2p both ways at once, on a channel per direction (Topology).
+    # Whether the schedule sends with suite.pipeline.p2p both ways at once, on a channel per direction (PipelineGroups).
     p2p_channels = False
 
     def __init__(self, spec: Pipeline, model: nn.Module, rank: RankContext, sum_tied: bool) -> None:
@@ -207,7 +205,7 @@ class DistributedStages(Runtime):
         ties = tied_parameters(layers) if sum_tied else []
         untie(layers, ties)  # a copy in each place: two chunks of one rank (in a V) must not step one tensor twice
         tie_ranks = {layout.chunk_stage(layer_stage[index]) for places in ties for index, _ in places}
-        self.topology = Topology.build(layout, env.rank, tie_ranks, env.device.type, self.p2p_channels)
+        self.topology = PipelineGroups.build(layout, env.rank, tie_ranks, env.device.type, self.p2p_channels)
         self.stage_ids = layout.stage_chunks(self.topology.stage_rank)
         self.total_stages = total
         local = nn.ModuleList(StageModule(groups[s]) for s in self.stage_ids).to(env.device)
@@ -283,7 +281,7 @@ class DistributedStages(Runtime):
 
     def summary_metrics(self, memory_by_rank: list[dict[str, float]]) -> dict[str, float]:
         layout = self.rank.layout
-        peaks = {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if layout.place(r).stage == i)
+        peaks = {i: max(m["peak_memory_mb"] for r, m in enumerate(memory_by_rank) if layout.position(r).stage == i)
                  for i in range(layout.pp)}
         return pipeline_metrics(self.rank.timer, layout.pp, layout.micro_batches, self.flushes, layout.chunk_stage,
                                 peaks, self.fill_share / layout.virtual_stages)
@@ -294,7 +292,7 @@ class DistributedStages(Runtime):
         if self.topology.replica == 0:
             for local in self.model:
                 state.update(local.named_state())
-        if self.topology.place.tp_rank:
+        if self.topology.position.tp_rank:
             state = {}
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(state, gathered, dst=0)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-from suite.runtime.memory import local_tensor
+from suite.runtime.metrics import local_tensor
 from suite.runtime.precision import AutocastForward, Precision
 from suite.strategies.base import LossFn, RankContext
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages

@@ -15,19 +15,18 @@ from launchers import SCHEDULERS
 from suite.config import OptimizerConfig
 from suite.data import check_dataset, train_samples
 from suite.errors import BadValue, ConfigError
-from suite.layout import Layout
+from suite.layout import Layout, will_use_cuda
 from suite.models import DECODERS, check_network
 from suite.models.gpt2 import flash_runs
 from suite.paths import name_problem
-from suite.placement import will_use_cuda
-from suite.runtime.activation_checkpointing import (
+from suite.runtime.gpu_query import first_gpu
+from suite.runtime.model_transforms import (
     OPERATOR_POLICY_TORCH,
     SELECTIVE,
     SELECTIVE_OP,
     checkpoint_interval,
     recomputes,
 )
-from suite.runtime.gpu_query import first_gpu
 from suite.shared_names import AttentionKernel, Float8Recipe, MathDtype, PrecisionName
 from suite.strategies import Strategy, build_strategy, older_torch, strategy_class, strategy_names
 from suite.sweep import hardware_catalog

@@ -15,8 +15,8 @@ import time
 from launchers import LaunchResult, launch
 from suite.errors import ConfigError
 from suite.launch_timing import mark
+from suite.layout import threads_per_worker
 from suite.paths import REPO_ROOT
-from suite.placement import threads_per_worker
 from suite.point_dir import error_line
 from suite.records.record import record_ended
 from suite.records.run_schema import INCOMPLETE, INCONSISTENT, run_params, run_status, source_tags

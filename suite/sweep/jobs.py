@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 from launchers import BATCH_SCHEDULERS, LaunchResult, jobscript, site_rules
 from launchers.batch import ENDED, Job, JobState, SchedulerError, Step
 from suite.errors import ConfigError
+from suite.layout import cores_per_rank
 from suite.paths import REPO_ROOT, results_dir
-from suite.placement import cores_per_rank
 from suite.point_dir import PointDir, error_line
 from suite.records.record import record_ended
 from suite.records.store import Store, store_uri

@@ -21,9 +21,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from suite.errors import BadValue, ConfigError
-from suite.layout import Layout
+from suite.layout import Layout, loader_workers
 from suite.models import resolve_network
-from suite.placement import loader_workers
 from suite.shared_names import AUTO, AUTO_CHOOSES
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
@@ -33,7 +32,7 @@ from suite.sweep.compose import PlanningProgress, compose_all, job_line, problem
 # network.family and .size: what the network was chosen by; its name, architecture and dimensions say what is built.
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "record_prediction", "cluster.job",
                 "cluster.hardware", "cluster.tracking_uri", "network.family", "network.size", "framework")
-# Under those, what does change the measurement, where set: the memory a CPU rank is held to (suite.runtime.memory).
+# Under those, what does change the measurement, where set: the memory a CPU rank is held to (suite.runtime.metrics).
 MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
 # point's identity, so that its hash is what it was before they existed (tests/test_plan.py pins two such hashes).

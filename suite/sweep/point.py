@@ -11,8 +11,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from suite.errors import ConfigError
+from suite.layout import for_ranks
 from suite.paths import REPO_ROOT, results_dir
-from suite.placement import for_ranks
 from suite.point_dir import PointDir, error_line
 from suite.records.run_schema import run_params
 from suite.runtime.manifest import git_sha

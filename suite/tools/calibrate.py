@@ -35,9 +35,18 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.batch import SchedulerError
-from suite.calibration_files import jobs_dir, load_record, read_record, reading, record_path
 from suite.errors import ConfigError
-from suite.paths import CONF_DIR, REPO_ROOT, config_file, searchpath_overrides
+from suite.paths import (
+    CONF_DIR,
+    REPO_ROOT,
+    config_file,
+    jobs_dir,
+    load_record,
+    read_record,
+    reading,
+    record_path,
+    searchpath_overrides,
+)
 from suite.point_dir import PointDir, error_line
 from suite.predict import library_overhead
 from suite.shared_names import Collective, MathDtype, Status
@@ -75,7 +84,7 @@ def default_workers(cfg: DictConfig) -> int:
     """Every GPU of the job's nodes; here this machine's GPUs, else two CPU ranks."""
     if cfg.cluster.scheduler != "local":
         return cfg.cluster.workers_per_node * cfg.nodes
-    from suite.placement import will_use_cuda
+    from suite.layout import will_use_cuda
 
     if will_use_cuda(cfg.cluster):
         import torch
@@ -137,7 +146,7 @@ def label(cfg: DictConfig) -> str:
 
 def job_dir(cfg: DictConfig, create: bool) -> PointDir:
     """A fresh directory for the job (created, with its config and point.json, when `create`)."""
-    from suite.placement import for_ranks
+    from suite.layout import for_ranks
     from suite.records.run_schema import flatten
     from suite.runtime.manifest import git_sha
     from suite.sweep.plan import config_hash
@@ -164,7 +173,7 @@ def job_dir(cfg: DictConfig, create: bool) -> PointDir:
 def run_here(cfg: DictConfig, point_dir: PointDir):
     """Run the job's ranks here and record it; the `Recorded` outcome."""
     from launchers import launch
-    from suite.placement import threads_per_worker
+    from suite.layout import threads_per_worker
     from suite.records.record import record_ended
     from suite.records.store import Store, store_uri
     from suite.records.verdict import NotStarted

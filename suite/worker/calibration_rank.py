@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from suite.placement import node_threads
+from suite.layout import node_threads
 from suite.runtime.dist import DistEnv
 from suite.runtime.manifest import rank_info
 from suite.runtime.metrics import SHARE_SENT, synchronize

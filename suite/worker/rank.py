@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
+from suite.errors import raise_on_sigterm
 from suite.launch_timing import mark
 from suite.point_dir import PointDir
 from suite.runtime.rendezvous import discover
-from suite.signals import raise_on_sigterm
 
 if TYPE_CHECKING:
     from suite.runtime.dist import DistEnv
@@ -70,7 +70,7 @@ def process_group(point_dir: PointDir, cfg, processes: int, what: str) -> Iterat
 
 
 def train_point(point_dir: PointDir, cfg) -> None:
-    from suite.runtime.memory import limit_cpu_memory
+    from suite.runtime.metrics import limit_cpu_memory
     from suite.strategies import build_strategy
     from suite.worker.trainer import Trainer
 

@@ -25,17 +25,12 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from suite.data import Datasets, build_datasets
 from suite.errors import ConfigError, Diverged
 from suite.launch_timing import mark
-from suite.layout import Layout
+from suite.layout import Layout, node_threads
 from suite.models import build_model
-from suite.placement import node_threads
 from suite.point_dir import PointDir, error_line
-from suite.runtime.activation_checkpointing import apply_activation_checkpointing, decoder_blocks
-from suite.runtime.compile import compile_blocks
 from suite.runtime.dist import DistEnv
 from suite.runtime.faults import inject_fault
-from suite.runtime.float8 import convert_to_fp8
-from suite.runtime.manifest import rank_info
-from suite.runtime.memory import largest_over_ranks, peak_memory, reset_peak
+from suite.runtime.manifest import process_settings, rank_info
 from suite.runtime.metrics import (
     PHASES,
     CommVolume,
@@ -43,14 +38,22 @@ from suite.runtime.metrics import (
     PhaseTimer,
     StepFlops,
     find_peak,
+    largest_over_ranks,
     math_dtype,
+    peak_memory,
+    reset_peak,
     step_flops,
     synchronize,
     utilisation,
 )
+from suite.runtime.model_transforms import (
+    apply_activation_checkpointing,
+    compile_blocks,
+    convert_to_fp8,
+    decoder_blocks,
+)
 from suite.runtime.precision import make_precision
 from suite.runtime.profile import StepTrace
-from suite.runtime.settings import process_settings
 from suite.runtime.torch_api import set_math
 from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
 from suite.shared_names import DEVICE_MEMORY, MEMORY_SPLIT, TRACE_BREAKDOWN, Float8Recipe

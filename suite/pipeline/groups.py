@@ -1,7 +1,7 @@
-"""Where a rank sits in DP x PP x TP, and its process groups (the layout's `dp`, `pp` and `tp` mesh dimensions):
-`pp x tp` consecutive ranks form one pipeline, `dp = world / (pp x tp)` replicas; each stage is `tp` consecutive
-ranks, which split its blocks (tensor parallelism) and send to the ranks of the same tensor-parallel index on the
-neighbouring stages.
+"""A pipelined rank's process groups (`PipelineGroups`), from where it sits in DP x PP x TP (the layout's `dp`,
+`pp` and `tp` mesh dimensions): `pp x tp` consecutive ranks form one pipeline, `dp = world / (pp x tp)` replicas;
+each stage is `tp` consecutive ranks, which split its blocks (tensor parallelism) and send to the ranks of the same
+tensor-parallel index on the neighbouring stages.
 
 Each stage's replicas all-reduce their gradients in a data-parallel group; the ranks that hold copies of one tied
 weight (GPT-2's embedding on the first stage, the LM head on the last) sum its gradient in a tie group, as
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from suite.layout import Layout, RankPlace
+from suite.layout import Layout, RankPosition
 from suite.runtime.dist import all_reduce_flat
-from suite.runtime.memory import local_tensor
+from suite.runtime.metrics import local_tensor
 
 
 def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -> None:
@@ -32,7 +32,7 @@ def all_reduce_grads(params: list[nn.Parameter], group, average_over: int = 1) -
 
 
 @dataclass
-class Topology:
+class PipelineGroups:
     layout: Layout
     rank: int
     mesh: object  # the point's device mesh (`dp`, `pp`, `tp`); None with replicated stages
@@ -43,7 +43,7 @@ class Topology:
 
     @classmethod
     def build(cls, layout: Layout, rank: int, tie_stage_ranks: set[int], device_type: str,
-              channels: bool = False) -> Topology:
+              channels: bool = False) -> PipelineGroups:
         """Every rank calls this with the same arguments, in the same order (it creates process groups).
         `channels`: a group of its own for each direction between neighbouring stages (Layout.stage_channels)."""
         if layout.stage_replicas:
@@ -69,16 +69,16 @@ class Topology:
         return self.mesh["tp"].get_group() if self.mesh is not None else None
 
     @property
-    def place(self) -> RankPlace:
-        return self.layout.place(self.rank)
+    def position(self) -> RankPosition:
+        return self.layout.position(self.rank)
 
     @property
     def stage_rank(self) -> int:
-        return self.place.stage
+        return self.position.stage
 
     @property
     def replica(self) -> int:
-        return self.place.replica
+        return self.position.replica
 
     @property
     def is_first(self) -> bool:
@@ -92,7 +92,7 @@ class Topology:
     def peer(self, stage_rank: int, micro_batch: int = 0) -> int:
         """Global rank that runs micro-batch `micro_batch` (of the stream, see `stream_index`) on stage rank
         `stage_rank`: on the grid this replica's, at this rank's tensor-parallel index."""
-        return self.layout.holder(self.place, stage_rank, micro_batch)
+        return self.layout.holder(self.position, stage_rank, micro_batch)
 
     def stream_index(self, local: int) -> int:
         """The index in the pipeline's stream of micro-batches of the `local`-th this rank runs (replicated stages
@@ -101,7 +101,7 @@ class Topology:
 
     def replica0(self) -> int:
         """Global rank of this rank's place in replica 0."""
-        return self.layout.rank_of(replace(self.place, replica=0))
+        return self.layout.rank_of(replace(self.position, replica=0))
 
     def carries(self, index: int) -> bool:
         """Whether this rank runs the stream's batch `index` (every one of its replica's, on the grid)."""

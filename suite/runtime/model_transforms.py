@@ -1,5 +1,8 @@
-"""Activation checkpointing (`activation_checkpointing`): a checkpointed module keeps only its input for
-backward and runs its forward again there, trading compute for activation memory.
+"""What the trainer applies to the plain model before its strategy parallelises it, as torchtitan applies them:
+fp8 linear layers (`fp8=`), activation checkpointing (`activation_checkpointing=`) and compiled blocks (`compile=`).
+
+Activation checkpointing: a checkpointed module keeps only its input for backward and runs its forward again there,
+trading compute for activation memory.
 
 The unit is a block of `suite.models.layers` (a GPT-2 block, a ResNet block, a VGG convolution);
 `every` checkpoints each block (full recomputation), k every k-th one (the k-th, 2k-th, ..., as torchtitan counts).
@@ -15,6 +18,19 @@ The checkpoint function is the strategy's: torch.utils.checkpoint, or DeepSpeed'
 first layer, which reads the data (a VGG's or MobileNetV2's first convolution), is not a candidate: it keeps
 its input for backward either way, and under DeepSpeed's reentrant checkpoint an output computed from inputs
 that need no gradient would cut the gradient of every layer before the loss.
+
+`compile=true`: each decoder block compiled as torchtitan compiles it (torchtitan/models/llama3/infra/parallelize.py,
+`apply_compile`): the block's forward, activation checkpointing included, through torch.compile's default backend
+(inductor: Triton kernels on a GPU, C++ and OpenMP on a CPU), one whole graph per block (`fullgraph`), in place
+(`nn.Module.compile`: parameter names stay the plain model's). Compilation happens on the block's first call, so
+the strategy's parallelism, applied after, is what is compiled.
+
+fp8 linear layers (`fp8=tensorwise|rowwise`): torchao's float8 training, applied as torchtitan's float8 converter
+applies it (torchtitan/components/quantization/float8.py): every `nn.Linear` of the plain model becomes a
+`Float8Linear`, before any parallelism, except the output head and layers whose dimensions are not multiples of 16
+(what fp8 GEMMs need). Each such layer casts its input, weight and output gradient to fp8 with a dynamic scale
+(one amax reduction per tensor, or per row) and runs its three GEMMs on fp8 tensor cores; everything else trains in
+the point's bf16. The performance model counts the same layers (suite.profiling.counted).
 """
 
 from __future__ import annotations
@@ -157,3 +173,39 @@ def recomputed_under_forward_autocast(checkpoint: Callable) -> Callable:
                 return function(*inputs)
         return checkpoint(under_forward_autocast, *args, **kwargs)
     return checkpointed
+
+
+def compile_blocks(model: nn.Module, blocks: list[str], device: torch.device) -> None:
+    """Compile the modules at the qualified names `blocks` (the decoder blocks, found before activation checkpointing
+    wrapped them: the wrapper is what is compiled) for ranks on `device`.
+
+    On a CPU, inductor compiles its C++ kernels in the rank's own process, not in its pool of compile workers: a
+    kernel built by the pool and loaded into the rank can write past its buffers (pytorch/pytorch#181618: heap
+    corruption that in-process compilation, TORCHINDUCTOR_COMPILE_THREADS=1, avoids; seen here as both ranks of a
+    compiled DDP point aborting with "malloc(): unaligned tcache chunk detected"), and a CPU node's cores are its
+    ranks' already. A GPU rank keeps the pool, which compiles the Triton kernels."""
+    if blocks and device.type == "cpu":
+        import torch._inductor.config as inductor
+
+        inductor.compile_threads = 1
+    for name in blocks:
+        model.get_submodule(name).compile(fullgraph=True)
+
+
+FP8_MULTIPLE = 16  # torch._scaled_mm's requirement on every dimension of an fp8 GEMM
+HEADS = ("head", "output")  # the output projections (GPT-2's and Llama's `head`; torchtitan's `output`)
+
+
+def converts(module: nn.Module, fqn: str) -> bool:
+    """Whether the float8 converter swaps this module: a linear layer, not the head, with both dimensions multiples
+    of 16 (torchtitan's module filter)."""
+    return (isinstance(module, nn.Linear) and fqn.rsplit(".", 1)[-1] not in HEADS
+            and module.in_features % FP8_MULTIPLE == 0 and module.out_features % FP8_MULTIPLE == 0)
+
+
+def convert_to_fp8(model: nn.Module, recipe: str) -> nn.Module:
+    """The model with its linear layers (`converts`) swapped for torchao's Float8Linear of `recipe`."""
+    from torchao.float8 import Float8LinearConfig, Float8LinearRecipeName, convert_to_float8_training  # seconds
+
+    config = Float8LinearConfig.from_recipe_name(Float8LinearRecipeName(str(recipe)))
+    return convert_to_float8_training(model, config=config, module_filter_fn=converts)
