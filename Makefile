@@ -205,8 +205,8 @@ bench-launch: setup  ## the fixed cost of a point run here (ARGS)
 bench-model: setup  ## the performance model against a measured grid (ARGS)
 	$(PY) -m suite.tools.benchmarks.model $(ARGS)
 
-# The performance model against published GPU measurements, nothing calibrated: ARGS="[FILE] [--json]" (default
-# analysis/published/gpu_measurements.yaml); per record published, predicted, error; per metric, strategy family,
+# The performance model against published GPU measurements, nothing calibrated: ARGS="[FILE ...] [--json]" (default
+# the open set, analysis/published/gpu_measurements.yaml and gpu_measurements_added.yaml); per record published, predicted, error; per metric, strategy family,
 # GPU type and source; the GPU pricing issue's targets beside what is reached.
 validate-published: setup  ## the performance model against published GPU measurements (ARGS)
 	$(SUITE) validate-published $(ARGS)

@@ -396,15 +396,31 @@ def test_megatron_lm_sends_a_stages_output_in_half_precision_scattered_over_its_
 
 @pytest.mark.parametrize(("precision", "share"), [("fp16", 0.5), ("bf16", 1.0)])
 def test_megatron_lm_all_reduces_fp16_gradients_in_fp16_and_bf16_ones_in_fp32(results, precision, share):
-    """Replicas of a tensor-parallel group (and data-parallel ranks) all-reduce gradients: the suite's fp32 ones
-    under autocast; Megatron-LM's in params_dtype under --fp16 (no --fp32-allreduce), in fp32 under --bf16."""
-    common = ("workers=4", "strategy=megatron", "strategy.tp=2", f"precision={precision}", "optimizer.name=adam")
+    """Data-parallel ranks (and replicas of a tensor-parallel group) all-reduce gradients: the suite's fp32 ones
+    under autocast; Megatron-LM's in params_dtype under --fp16 (no --fp32-allreduce), in fp32 under --bf16. (Two
+    replicas of one rank each: no tensor-parallel collective of activations, which Megatron-LM runs in half
+    precision, moves the difference.)"""
+    common = ("workers=2", "strategy=megatron", "strategy.tp=1", f"precision={precision}", "optimizer.name=adam")
     suite, megatron = (predict(point(*common, f"framework={name}")) for name in ("suite", "megatron_lm"))
     reduced = suite.step.sent - megatron.step.sent  # the gradients' all-reduce among the 2 replicas: half its bytes
-    held = sum(layer.param_bytes / (2 if layer.block or suite.point.strategy.vocab_parallel else 1)
-               for layer in workload(suite.point)[0].layers)
+    held = sum(layer.param_bytes for layer in workload(suite.point)[0].layers)
     assert reduced == pytest.approx((1 - share) * held)  # a 2-rank all-reduce sends its buffer's bytes once
 
+
+
+def test_megatron_lm_runs_the_whole_model_in_half_precision_where_the_suite_autocasts(results):
+    """Megatron-LM's Float16Module casts the model (conf/framework/megatron_lm.yaml, `activations: half`): a GPT-2
+    block's LayerNorm reads and writes 2-byte tensors where autocast keeps them fp32, its residual add adds two half
+    tensors (autocast: the fp32 stream and a half linear output into fp32, 4 + 2 + 4 bytes an element), and no
+    weight is cast in the step."""
+    suite, megatron = (roofline.counted(point("precision=bf16", f"framework={name}").cfg, 4)
+                       for name in ("suite", "megatron_lm"))
+    (autocast, *_), (half, *_) = ([layer for layer in c.layers if layer.block] for c in (suite, megatron))
+    stream = point().cfg.dataset.seq_len * 4 * point().cfg.network.n_embd  # a block's residual stream: elements
+    (norm, add, *_), (half_norm, half_add, *_) = ([k for k in b.forward if k.residual] for b in (autocast, half))
+    assert half_norm.bytes == norm.bytes / 2
+    assert (add.bytes, half_add.bytes) == (10 * stream, 6 * stream)
+    assert len(half.forward) == len(autocast.forward) - 1  # autocast's copy of the weights
 
 def test_a_sweep_runs_only_the_suites_own_implementation():
     with pytest.raises(ConfigError, match="^Megatron-LM's implementation is priced, not run: a sweep runs the suite's"):
@@ -427,6 +443,29 @@ def test_sequence_parallelism_splits_the_activations_tensor_parallel_ranks_keep_
         cfg.network.n_layer * 2 * residual * (1 - 1 / tp), rel=1e-6)
     assert sliced.memory.peak < whole.memory.peak
 
+
+
+def test_tensor_parallel_ranks_run_a_blocks_residual_stream_whole_unless_it_is_sequence_parallel(results):
+    """Megatron-LM's tensor parallelism splits a block's GEMMs, attention and MLP activation; its LayerNorms, the
+    dropouts after its row-parallel linears and its residual adds run whole on every tp rank (Shoeybi et al. 2019,
+    Fig. 3), unless sequence parallelism splits them along the sequence. Counted: GPT-2's block has four such kernels
+    forward (two LayerNorms, two residual adds; dropout 0), none a GEMM or attention; the QKV, attention and MLP
+    kernels are not among them. Priced: tp=8 without sequence parallelism computes 7/8 of their time more per block
+    than with it."""
+    common = ("workers=8", "strategy=megatron", "strategy.tp=8", "precision=bf16", "optimizer.name=adam",
+              "network=gpt2_medium", "dataset.seq_len=1024", "dataset.vocab_size=50257")
+    whole, sliced = (predict(point(*common, f"strategy.sequence_parallel={sp}", cluster="dgx_h100"))
+                     for sp in ("false", "true"))
+    block = next(layer for layer in roofline.counted(whole.point.cfg, whole.point.layout.micro_batch_size).layers
+                 if layer.block)
+    stream = [k for k in block.forward if k.residual]
+    assert len(stream) == 4 and {k.kind for k in stream} == {MEMORY}
+    assert any(k.kind == MEMORY and not k.residual for k in block.forward)  # GeLU, on the MLP's 4h: split
+    gpu = roofline.gpu_of(whole.point.cfg)
+    stream_s = sum(map(gpu.seconds, stream)) + sum(gpu.seconds(k) for k in block.backward if k.residual)
+    assert stream_s > 0
+    n_layer = whole.point.cfg.network.n_layer
+    assert whole.step.compute - sliced.step.compute == pytest.approx(n_layer * stream_s * 7 / 8, rel=1e-6)
 
 ACCUMULATING = {"ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"],
                 **{f"zero{stage}": ["strategy=zero", f"strategy.zero_stage={stage}"] for stage in (1, 2, 3)}}

@@ -215,6 +215,25 @@ def test_mapped_points_plan_and_a_planner_rejection_is_the_records_reason(planne
                                                         "accumulate)"),)
 
 
+
+def test_the_records_this_project_added_cite_their_sources_beside_the_shared_set(records):
+    """Issue 61, item 5: 30 or more records from sources other than llm-foundry, each with where it was read; read
+    with the shared set by default, no id in both."""
+    added = load(tool.ADDED_RECORDS)
+    assert len(added) >= 30 and not any(r.id.startswith("llmfoundry") for r in added)
+    assert all(r.source.ref and r.source.where for r in added)
+    assert not {r.id for r in added} & set(records)
+    assert tool.parse_args([]).files == [str(RECORDS), str(tool.ADDED_RECORDS)]
+
+
+def test_an_id_in_two_records_files_is_one_line(tmp_path, capsys):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    for path in (first, second):
+        path.write_text(yaml.safe_dump([BASE]))
+    assert tool.load_planned([str(first), str(second)]) is None
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ") and str(second) in line and BASE["id"] in line
+
 def test_every_record_is_mapped_or_has_a_reason(records):
     mapped = [map_record(r) for r in records.values()]
     assert all(bool(m.reasons) != m.expressible for m in mapped)

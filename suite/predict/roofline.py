@@ -40,7 +40,16 @@ from omegaconf import OmegaConf
 from suite.errors import ConfigError
 from suite.predict.attention import AttentionKernelCost, attention_kernel
 from suite.predict.links import matmul_tflops
-from suite.profiling.counted import ATTENTION, CONV, FP8_MATMUL, MEMORY, CountedNetwork, Kernel, count_network
+from suite.profiling.counted import (
+    ATTENTION,
+    CONV,
+    FP8_MATMUL,
+    MEMORY,
+    CountedNetwork,
+    Kernel,
+    count_network,
+    half_activations,
+)
 from suite.profiling.profiles import LayerProfile, Profile
 from suite.shared_names import Float8Recipe
 
@@ -173,16 +182,19 @@ def _fp8_peak(cfg) -> float:
 
 
 @lru_cache(maxsize=64)
-def _counted(network: str, dataset: str, batch: int, precision: str, fp8: str, compile: bool) -> CountedNetwork:
+def _counted(network: str, dataset: str, batch: int, precision: str, fp8: str, compile: bool,
+             activations: str) -> CountedNetwork:
     cfg = OmegaConf.create({"network": OmegaConf.create(network), "dataset": OmegaConf.create(dataset),
-                            "precision": precision, "fp8": fp8, "compile": compile})
+                            "precision": precision, "fp8": fp8, "compile": compile,
+                            "framework": {"activations": {"dtype": activations}}})
     return count_network(cfg, batch)
 
 
 def counted(cfg, batch: int) -> CountedNetwork:
-    """`count_network`, once per network, data shape, batch, precision, fp8 recipe and compilation in a process."""
+    """`count_network`, once per network, data shape, batch, precision, fp8 recipe, compilation and the framework's
+    activations' dtype in a process."""
     return _counted(OmegaConf.to_yaml(cfg.network, resolve=True), OmegaConf.to_yaml(cfg.dataset, resolve=True),
-                    batch, cfg.precision, cfg.fp8, cfg.compile)
+                    batch, cfg.precision, cfg.fp8, cfg.compile, "half" if half_activations(cfg) else "computed")
 
 
 def optimizer_bytes(cfg) -> tuple[int, int]:
@@ -211,7 +223,9 @@ def datasheet_profile(cfg, batch: int) -> Profile:
         core_forward_s=sum(map(gpu.seconds, layer.core_forward)),
         core_forward_flops=int(sum(k.flops for k in layer.core_forward)), core_saved_bytes=layer.core_saved_bytes,
         output_elements=layer.output_elements, op_recomputed_s=sum(map(gpu.seconds, layer.op_recomputed)),
-        op_recomputed_flops=int(sum(k.flops for k in layer.op_recomputed)), op_kept_bytes=layer.op_kept_bytes)
+        op_recomputed_flops=int(sum(k.flops for k in layer.op_recomputed)), op_kept_bytes=layer.op_kept_bytes,
+        stream_forward_s=sum(gpu.seconds(k) for k in layer.forward if k.residual),
+        stream_backward_s=sum(gpu.seconds(k) for k in layer.backward if k.residual))
         for layer in network.layers)
     param_bytes = sum(layer.param_bytes for layer in layers)
     streamed, states = optimizer_bytes(cfg)

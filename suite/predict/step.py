@@ -186,20 +186,34 @@ def tp_kept(layer: LayerProfile, tp: int, precision: str, sequence_parallel: boo
     return whole + (layer.saved_bytes - whole) / tp
 
 
+def split_seconds(layer: LayerProfile, tp: int, sequence_parallel: bool) -> tuple[float, float]:
+    """The forward and backward seconds of one of `tp` ranks that split `layer` as Megatron-LM splits a block: its
+    kernels on the residual stream alone (its norms, the dropouts and bias adds after the row-parallel linears, the
+    residual adds: `stream_*_s`) run whole on every rank (Shoeybi et al. 2019, Fig. 3: "the layer normalization
+    ... and dropout ... are duplicated across the GPUs"; Korthikanti et al. 2022, Sec. 4.2.2), unless sequence
+    parallelism splits them along the sequence; the rest, 1/tp each."""
+    if tp == 1 or sequence_parallel:
+        return layer.forward_s / tp, layer.backward_s / tp
+    whole_f, whole_b = layer.stream_forward_s, layer.stream_backward_s
+    return whole_f + (layer.forward_s - whole_f) / tp, whole_b + (layer.backward_s - whole_b) / tp
+
+
 def tensor_split(w: Workload) -> Workload:
     """The workload of one of the `tp` ranks that split every layer of the network (FSDP x TP: the blocks as megatron
-    splits them, the embedding and head by vocabulary): 1/tp of each layer's time, FLOPs, parameters and kept
-    activations, and of the optimizer's step and states; each layer's output, which the group holds whole, as it
-    is (and what a block keeps whole, `tp_kept`). The split layers' collectives are not in it
-    (`split_block_collectives`, `vocab_collectives`)."""
+    splits them, the embedding and head by vocabulary): 1/tp of each layer's time (a block's residual stream whole:
+    `split_seconds`), FLOPs, parameters and kept activations, and of the optimizer's step and states; each layer's
+    output, which the group holds whole, as it is (and what a block keeps whole, `tp_kept`). The split layers'
+    collectives are not in it (`split_block_collectives`, `vocab_collectives`)."""
     tp, sequence_parallel = w.layout.tp, getattr(w.strategy, "sequence_parallel", False)
-    layers = tuple(replace(layer, forward_s=layer.forward_s / tp, backward_s=layer.backward_s / tp,
-                           forward_flops=layer.forward_flops // tp, backward_flops=layer.backward_flops // tp,
-                           saved_bytes=int(tp_kept(layer, tp, w.cfg.precision, sequence_parallel)),
-                           param_bytes=layer.param_bytes // tp,
-                           tied_bytes=layer.tied_bytes // tp) for layer in w.layers)
+    layers = []
+    for layer in w.layers:
+        forward_s, backward_s = split_seconds(layer, tp, sequence_parallel)
+        layers.append(replace(layer, forward_s=forward_s, backward_s=backward_s,
+                              forward_flops=layer.forward_flops // tp, backward_flops=layer.backward_flops // tp,
+                              saved_bytes=int(tp_kept(layer, tp, w.cfg.precision, sequence_parallel)),
+                              param_bytes=layer.param_bytes // tp, tied_bytes=layer.tied_bytes // tp))
     p = w.profile
-    profile = replace(p, layers=layers, optimizer_s=p.optimizer_s / tp,
+    profile = replace(p, layers=tuple(layers), optimizer_s=p.optimizer_s / tp,
                       optimizer_state_bytes=p.optimizer_state_bytes // tp, train_bytes=p.train_bytes // tp)
     return replace(w, profile=profile)
 
@@ -354,7 +368,8 @@ def regathers(w: Workload) -> bool:
 
 
 def tensor_parallel(w: Workload, variant: str) -> StepTime:
-    """megatron: each block's matrices split over `tp` ranks (its compute / tp), two all-reduces of the block's
+    """megatron: each block's matrices split over `tp` ranks (its compute / tp, its residual stream whole without
+    sequence parallelism: `split_seconds`), two all-reduces of the block's
     activations in forward and two in backward (a reduce-scatter and an all-gather each under sequence
     parallelism). With `vocab_parallel` the embedding and head split too: the embedding's output all-reduced in
     forward, the head's input gradient in backward (under sequence parallelism the head's input all-gathered in
@@ -368,8 +383,9 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     split = [layer.block or vocab for layer in layers]
     ways = [tp if s else 1 for s in split]
     again = checkpointed(list(layers), checkpoint_interval(w.cfg.activation_checkpointing))
-    fwd = sum(layer.forward_s / n for layer, n in zip(layers, ways))
-    bwd = sum((layer.backward_s + (layer.forward_s if a else 0)) / n for layer, n, a in zip(layers, ways, again))
+    seconds = [split_seconds(layer, n, w.strategy.sequence_parallel) for layer, n in zip(layers, ways)]
+    fwd = sum(f for f, _ in seconds)
+    bwd = sum(b + (f if a else 0) for (f, b), a in zip(seconds, again))
     blocks = [layer for layer in layers if layer.block]
     activation = blocks[0].output_bytes
     collectives = split_block_collectives(w, len(blocks), sum(again), activation)
@@ -471,12 +487,14 @@ def _chunk_work(w: Workload, chunk: Chunk, recompute: float) -> DeviceWork:
     whole, or under sequence parallelism each its slice of the sequence). `recompute`: the share of micro-batches
     whose whole forward torchgpipe runs again; checkpointed blocks run theirs again in every micro-batch's backward.
     Layers split over tp ranks (blocks as megatron splits them, the embedding and head by vocabulary) compute 1/tp
-    of their work and wait for their collectives."""
+    of their work (a block's residual stream whole: `split_seconds`) and wait for their collectives."""
     output, received = chunk.sends
     boundaries = ([chunk.layers[-1]] if output else []) + ([chunk.input_layer] if received else [])
     sizes, gathers = pipeline_sends(w, boundaries, chunk.tp)
-    again = sum(layer.forward_s for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if wrapped)
-    compute = (again + sum(layer.forward_s * (1 + recompute) + layer.backward_s for layer in chunk.layers)) / chunk.tp
+    seconds = [split_seconds(layer, chunk.tp, getattr(w.strategy, "sequence_parallel", False))
+               for layer in chunk.layers]
+    again = sum(f for (f, _), wrapped in zip(seconds, chunk.checkpointed) if wrapped)
+    compute = again + sum(f * (1 + recompute) + b for f, b in seconds)
     split = []
     if chunk.tp > 1:
         blocks = [wrapped for layer, wrapped in zip(chunk.layers, chunk.checkpointed) if layer.block]

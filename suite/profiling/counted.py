@@ -13,9 +13,12 @@ two, recomputing the scores). Under bf16 or fp16 autocast the tensors follow aut
 multiplies and convolutions produce half-precision outputs from half-precision copies of their inputs (the
 parameter copies are counted, 6 bytes per element each way), the ops autocast keeps in fp32 (normalisation,
 softmax, losses, reductions) produce fp32, and every other op produces half only where all its inputs are half.
-With `fp8=`, the network's linear layers are converted as the ranks convert them (suite.runtime.model_transforms,
-torchao's Float8Linear) and counted as torchao runs them uncompiled: each cast to fp8 its own amax, scale and cast
-kernels, each GEMM of fp8 operands (1 byte an element) an fp8 GEMM.
+A framework that runs the whole model in half precision (conf/framework/, `activations: half`: Megatron-LM's
+Float16Module, DeepSpeed's engine) holds every floating-point tensor in 2 bytes, the residual stream and the
+weights included, and casts no weights in the step. With `fp8=`, the network's linear layers are converted as the
+ranks convert them (suite.runtime.model_transforms, torchao's Float8Linear) and counted as torchao runs them
+uncompiled: each cast to fp8 its own amax, scale and cast kernels, each GEMM of fp8 operands (1 byte an element)
+an fp8 GEMM.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ class Kernel:
     aligned: bool = True  # a matmul whose M, N and K are multiples of 8 (what the tensor cores' fast kernels need)
     keys: int = 0  # fused attention: the sequence each query attends over (cols: the head dimension)
     causal: bool = False  # fused attention under a causal mask
+    # A decoder block's memory-bound kernel on its residual stream alone (`_Kernels.stream`): a norm, the dropout
+    # after a row-parallel linear, a residual add, and their gradients; what tensor parallelism leaves whole
+    residual: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,13 +112,15 @@ class _Kernels(TorchDispatchMode):
     """Records one Kernel per aten operator (apart as well, those of the `watch`ed attention cores); with `half`,
     tracks which tensors autocast would hold in half precision."""
 
-    def __init__(self, half: bool, state: set[int], watch: CoreWatch, policy: MatmulKeepingPolicy | None) -> None:
+    def __init__(self, half: bool, state: set[int], watch: CoreWatch, policy: MatmulKeepingPolicy | None,
+                 all_half: bool = False) -> None:
         # imported when counting, not with the module: it imports triton (a third of a second for every driver)
         from torch.utils.flop_counter import flop_registry
 
         super().__init__()
         self.flop_registry = flop_registry
         self.half, self.state = half, state  # the ids of the model's parameters and buffers
+        self.all_half = all_half  # every floating-point tensor in half precision (the model cast, not autocast)
         self.watch = watch
         self.kernels: list[Kernel] = []
         self.flows: list[tuple[dict[int, int], dict[int, int]]] = []  # each kernel's tensors read and written: bytes
@@ -123,9 +131,26 @@ class _Kernels(TorchDispatchMode):
         self.half_ids: set[int] = set()
         self.alive: list[torch.Tensor] = []  # ids stay unique while their tensors live
         self.largest = 0
+        # A decoder block's residual stream: (its elements, its width); None outside decoder blocks
+        self.stream: tuple[int, int] | None = None
+
+    def on_stream(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether a memory-bound kernel works on the residual stream alone: one of its floating-point tensors is the
+        stream as the block holds it ([batch, sequence, hidden]) or one value per token of it (a norm's statistics),
+        and none is larger or of another width. What tensor parallelism splits is wider (the fused QKV, the MLP's
+        hidden layer), split by heads (queries, keys, values, their rotations: a head's width) or by keys (attention
+        scores)."""
+        elements, width = self.stream
+
+        def stream_shaped(t: torch.Tensor) -> bool:
+            return t.dim() >= 3 and (t.numel(), t.shape[-1]) in ((elements, width), (elements // width, 1))
+
+        floating = [t for t in tensors if t.is_floating_point()]
+        return (any(map(stream_shaped, floating))
+                and all(t.numel() <= elements and t.dim() > 0 and t.shape[-1] in (width, 1) for t in floating))
 
     def nbytes(self, t: torch.Tensor) -> int:
-        size = HALF_BYTES if id(t) in self.half_ids else _element_size(t)
+        size = HALF_BYTES if id(t) in self.half_ids or (self.all_half and t.is_floating_point()) else _element_size(t)
         return t.numel() * size
 
     def mark_half(self, tensors) -> None:
@@ -167,7 +192,8 @@ class _Kernels(TorchDispatchMode):
                 rows, cols = shape[0] * shape[2] * shape[3], shape[1]
         depth = round(flops / (2 * rows * cols)) if kind in (MATMUL, FP8_MATMUL) and rows * cols else 0
         aligned = kind not in (MATMUL, FP8_MATMUL) or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
-        self.record(Kernel(kind, flops, moved, rows, cols, aligned), func, inputs, outputs)
+        residual = kind == MEMORY and self.stream is not None and self.on_stream(inputs + outputs)
+        self.record(Kernel(kind, flops, moved, rows, cols, aligned, residual=residual), func, inputs, outputs)
         return out
 
     def record(self, kernel: Kernel, op, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
@@ -293,7 +319,8 @@ def _compiled(forward: list[Kernel], backward: list[Kernel],
             read = {t: n for k in run for t, n in flows[k][0].items() if t not in written}
             kept = {t: n for t, n in written.items() if last_read.get(t, len(flows)) > run[-1]}
             flops = sum(kernels[k - offset].flops for k in run)
-            fused.append(Kernel(MEMORY, flops, sum(read.values()) + sum(kept.values())))
+            residual = all(kernels[k - offset].residual for k in run)
+            fused.append(Kernel(MEMORY, flops, sum(read.values()) + sum(kept.values()), residual=residual))
             run.clear()
 
         for position, kernel in enumerate(kernels, offset):
@@ -314,12 +341,20 @@ def _autocast_weights(module: torch.nn.Module) -> list[torch.Tensor]:
     return [p for p in module.parameters() if p.dim() > 1 and id(p) not in fp8]
 
 
+def half_activations(cfg) -> bool:
+    """Whether the point's framework runs the whole model in its half precision (conf/framework/, `activations`)
+    rather than under autocast, as the suite does."""
+    framework = cfg.get("framework") or {}
+    return (framework.get("activations") or {}).get("dtype", "computed") == "half"
+
+
 def count_network(cfg, batch: int) -> CountedNetwork:
     """Every kernel of one training step of the point's network at `batch`, layer by layer, in its precision."""
     from suite.strategies.pipeline import profile_sample
     from suite.worker.trainer import loss_fn
 
     half = cfg.precision in ("bf16", "fp16")
+    all_half = half and half_activations(cfg)
     with torch.device("meta"):
         model = build_model(cfg.network, cfg.dataset).train()
     if cfg.get("fp8", Float8Recipe.none) != Float8Recipe.none:
@@ -343,8 +378,10 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         seen.update(id(p) for p in own)
         watch = CoreWatch(layer.module)
         policy = MatmulKeepingPolicy() if isinstance(layer.module, DECODER_BLOCKS) else None
-        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch, policy)
+        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch, policy, all_half)
         x_in = x.detach().requires_grad_(x.is_floating_point())
+        if isinstance(layer.module, DECODER_BLOCKS):
+            kernels.stream = (x_in.numel(), x_in.shape[-1])
         if x_half:
             kernels.mark_half([x_in])
         saved = _Saved(kernels, params)
@@ -361,7 +398,7 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         backward = list(kernels.kernels)
         if cfg.get("compile", False) and isinstance(layer.module, DECODER_BLOCKS):
             forward, backward = _compiled(forward, backward, kernels.flows)
-        if half:
+        if half and not all_half:
             # torchao casts the weights of its fp8 layers itself (counted above)
             cast = Kernel(MEMORY, 0.0, CAST_BYTES * sum(p.numel() for p in _autocast_weights(layer.module)))
             forward.append(cast)

@@ -77,6 +77,11 @@ class LayerProfile:
     op_recomputed_s: float = 0.0
     op_recomputed_flops: int = 0
     op_kept_bytes: int = 0
+    # A decoder block's kernels on its residual stream alone (its norms, the dropouts and bias adds after its
+    # row-parallel linears, its residual adds: suite.profiling.counted), which tensor parallelism without sequence
+    # parallelism runs whole on every rank: their forward and backward seconds; 0 where not counted (measured)
+    stream_forward_s: float = 0.0
+    stream_backward_s: float = 0.0
 
 
 @dataclass(frozen=True)

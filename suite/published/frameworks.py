@@ -14,7 +14,8 @@ import yaml
 from suite.paths import CONF_DIR
 
 KEYS = {"names", "attention", "precision", "recompute", "selective_recompute", "offload", "shards_data_parallel",
-        "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len", "context_parallel"}
+        "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len", "context_parallel",
+        "activations"}
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
 """Published GPU measurements as suite points: each record of a records file mapped onto the suite's datasets,
 networks, catalog clusters and strategies, planned as a sweep plans it, or listed with the reason it cannot be.
 
-    python -m suite.tools.published [FILE] [--assumptions]
+    python -m suite.tools.published [FILE ...] [--assumptions]
 
-FILE defaults to analysis/published/gpu_measurements.yaml (its schema: analysis/published/README.md); any file of
-the schema will do. Per record: `<id>: <overrides>` (what `python -m suite` or `make predict ARGS=...` takes), or
-`<id>: cannot: <reason>`; with --assumptions, under each point the defaults taken for what its record leaves
-unstated. Then the count: records the suite can express, and the rest by their first reason. A malformed record is
-one line naming the file, the record and the key, exit 2. Nothing is profiled, priced or launched.
+FILE defaults to the open set: analysis/published/gpu_measurements.yaml (the shared records, unchanged) and
+gpu_measurements_added.yaml beside it (the records this project added, each with its citation); any files of the
+schema will do (analysis/published/README.md), their records' ids unique across them. Per record: `<id>:
+<overrides>` (what `python -m suite` or `make predict ARGS=...` takes), or `<id>: cannot: <reason>`; with
+--assumptions, under each point the defaults taken for what its record leaves unstated. Then the count: records the
+suite can express, and the rest by their first reason. A malformed record is one line naming the file, the record
+and the key, exit 2. Nothing is profiled, priced or launched.
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ import sys
 from suite.errors import ConfigError, OneLineParser
 from suite.paths import REPO_ROOT
 from suite.published.mapping import EXPRESSIBLE, Mapped, counts, plan_records
-from suite.published.records import load
+from suite.published.records import MalformedRecord, load
 
 RECORDS = REPO_ROOT / "analysis" / "published" / "gpu_measurements.yaml"
+ADDED_RECORDS = RECORDS.with_name("gpu_measurements_added.yaml")
+OPEN_SET = (str(RECORDS), str(ADDED_RECORDS))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("file", nargs="?", default=str(RECORDS), help="a published-measurements file")
+    parser.add_argument("files", nargs="*", default=list(OPEN_SET), help="published-measurements files")
     parser.add_argument("--assumptions", action="store_true",
                         help="list the defaults taken for what each record leaves unstated")
     return parser.parse_args(argv)
@@ -48,10 +52,18 @@ def summary_lines(planned: list[Mapped]) -> list[str]:
     return lines
 
 
-def load_planned(path: str) -> list[Mapped] | None:
-    """The records of a file, mapped and planned; None after one `error:` line where the file is malformed."""
+def load_planned(paths: list[str]) -> list[Mapped] | None:
+    """The records of the files, mapped and planned; None after one `error:` line where a file is malformed or two
+    files hold one id."""
     try:
-        return plan_records(load(path))
+        records, where = [], {}
+        for path in paths:
+            for record in load(path):
+                if record.id in where:
+                    raise MalformedRecord(f"{path}: record {record.id}: its id is {where[record.id]}'s too")
+                where[record.id] = path
+                records.append(record)
+        return plan_records(records)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
@@ -59,7 +71,7 @@ def load_planned(path: str) -> list[Mapped] | None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    planned = load_planned(args.file)
+    planned = load_planned(args.files)
     if planned is None:
         return 2
     for m in planned:

@@ -5,15 +5,15 @@ within each source table (per source first, every record together last), the pre
 records state (per source, and whether the model says it fits: a record ran, so it fits), each record, and the GPU
 pricing issue's targets beside what is reached.
 
-    python -m suite.tools.validate_published [FILE] [--json]
+    python -m suite.tools.validate_published [FILE ...] [--json]
 
-FILE defaults to analysis/published/gpu_measurements.yaml; any file of its schema will do (analysis/published/
-README.md). Per record: id, published value, prediction, signed error (predicted / published - 1), source; a record
-the suite cannot express or price is listed with its reason. `--json`: one JSON object per line for each record's
-primary metric, and one with `metric: memory_gb_per_gpu` where the record states its memory per GPU, each with
-`id`, `metric`, `published`, `predicted` (null, with `reason`, where it cannot price), in the record's units, and
-`fits` (the model's: whether the point fits its GPU). A malformed record is one line naming the file, the record and
-the key, exit 2, before anything is priced.
+FILE defaults to the open set (analysis/published/gpu_measurements.yaml and gpu_measurements_added.yaml); any files
+of its schema will do (analysis/published/README.md). Per record: id, published value, prediction, signed error
+(predicted / published - 1), source; a record the suite cannot express or price is listed with its reason.
+`--json`: one JSON object per line for each record's primary metric, and one with `metric: memory_gb_per_gpu` where
+the record states its memory per GPU, each with `id`, `metric`, `published`, `predicted` (null, with `reason`, where
+it cannot price), in the record's units, and `fits` (the model's: whether the point fits its GPU). A malformed
+record is one line naming the file, the record and the key, exit 2, before anything is priced.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from analysis.published_score import Scored, score_record, summary_tables, targe
 from analysis.tables import Table
 from suite.errors import OneLineParser
 from suite.predict.predictor import predict
-from suite.tools.published import RECORDS, load_planned
+from suite.tools.published import OPEN_SET, load_planned
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("file", nargs="?", default=str(RECORDS), help="a published-measurements file")
+    parser.add_argument("files", nargs="*", default=list(OPEN_SET), help="published-measurements files")
     parser.add_argument("--json", action="store_true", help="one JSON object per record and metric")
     return parser.parse_args(argv)
 
@@ -50,7 +50,7 @@ def records_table(scored: list[Scored]) -> Table:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    planned = load_planned(args.file)
+    planned = load_planned(args.files)
     if planned is None:
         return 2
     scored: list[Scored] = []
