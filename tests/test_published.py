@@ -226,6 +226,16 @@ def test_the_records_this_project_added_cite_their_sources_beside_the_shared_set
     assert tool.parse_args([]).files == [str(RECORDS), str(tool.ADDED_RECORDS)]
 
 
+
+def test_a_record_across_nodes_that_names_no_network_is_priced_on_the_catalogs_said_in_its_assumptions(records):
+    """What crosses nodes goes at the network's rate: a record of several nodes that states neither its inter-node
+    network nor its system is priced on its catalog cluster's network, and its assumptions say so."""
+    stated = records["megatron-readme-a100-1.7b"]
+    assert not [a for a in map_record(stated).assumptions if "inter-node" in a]
+    silent = replace(stated, hardware=replace(stated.hardware, inter_node=None, system=None))
+    (line,) = [a for a in map_record(silent).assumptions if "inter-node" in a]
+    assert line == "inter-node network not stated: dgx_a100_80gb's (conf/cluster/dgx_a100_80gb.yaml)"
+
 def test_an_id_in_two_records_files_is_one_line(tmp_path, capsys):
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
     for path in (first, second):

@@ -183,6 +183,10 @@ def _cluster(record: Record, draft: _Draft) -> None:
             return
         name = fitting[0][0]
     draft.set(f"cluster={name}")
+    hw = record.hardware
+    if (hw.nodes or 1) > 1 or (hw.total_gpus or 0) > per_node:
+        if not (hw.inter_node or hw.system):  # the network carries what crosses nodes: said, never silent
+            draft.assume(f"inter-node network not stated: {name}'s (conf/cluster/{name}.yaml)")
 
 
 # --- the network and its data -----------------------------------------------------------------------------------
