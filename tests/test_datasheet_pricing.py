@@ -408,6 +408,22 @@ def test_megatron_lm_all_reduces_fp16_gradients_in_fp16_and_bf16_ones_in_fp32(re
 
 
 
+
+def test_context_parallel_ranks_run_their_share_of_the_residual_stream(results):
+    """The residual stream's kernels are per token: split over cp ranks like the rest of a layer, so what sequence
+    parallelism saves a tp=8 group halves with cp=2 (Llama 3 8B, the suite's unfused RMSNorm)."""
+    common = ("dataset.seq_len=4096", "dataset.vocab_size=128256", "network=llama3_8b", "precision=bf16",
+              "optimizer.name=adam", "strategy=megatron", "strategy.tp=8", "batch_size=2")
+
+    def saved(cp: int) -> float:
+        whole, sliced = (predict(point(*common, f"workers={8 * cp}", f"strategy.cp={cp}",
+                                       f"strategy.sequence_parallel={sp}", cluster="dgx_h100")).step.compute
+                         for sp in ("false", "true"))
+        return whole - sliced
+
+    assert saved(1) > 0
+    assert saved(2) == pytest.approx(saved(1) / 2, rel=1e-6)
+
 def test_megatron_lm_runs_the_whole_model_in_half_precision_where_the_suite_autocasts(results):
     """Megatron-LM's Float16Module casts the model (conf/framework/megatron_lm.yaml, `activations: half`): a GPT-2
     block's LayerNorm reads and writes 2-byte tensors where autocast keeps them fp32, its residual add adds two half

@@ -246,7 +246,8 @@ def context_split(w: Workload) -> Workload:
                               forward_flops=layer.forward_flops // cp, backward_flops=layer.backward_flops // cp,
                               saved_bytes=int((layer.saved_bytes + keys_values) / cp),
                               output_bytes=layer.output_bytes // cp, op_kept_bytes=layer.op_kept_bytes // cp,
-                              op_recomputed_s=layer.op_recomputed_s / cp))
+                              op_recomputed_s=layer.op_recomputed_s / cp, stream_forward_s=layer.stream_forward_s / cp,
+                              stream_backward_s=layer.stream_backward_s / cp))
     p = w.profile
     train_bytes = (2 * p.param_bytes + p.optimizer_state_bytes + sum(layer.saved_bytes for layer in layers)
                    + p.workspace_bytes // cp)
