@@ -521,9 +521,12 @@ def test_the_recommender_ranks_fsdp2_fsdp2_x_tp_fsdp2_x_cp_and_3d_layouts_for_a_
                          "dataset.samples=4096", "precision=bf16", "optimizer.name=adamw", "batch_size=8",
                          "activation_checkpointing=every", "cluster=dgx_h100"], 16)
     ranked = {strategy_overrides(p.point.overrides) for p in ranking.ranked}
-    assert {"fsdp reshard_after_forward=true", "fsdp tp=2", "fsdp tp=8", "fsdp cp=2", "fsdp cp=16"} <= ranked
+    assert {"fsdp reshard_after_forward=true", "fsdp tp=2", "fsdp tp=8", "fsdp tp=8 sequence_parallel=true",
+            "fsdp cp=2", "fsdp cp=16"} <= ranked
     layouts_3d = {label for label in ranked if label.startswith("1f1b") and "tp=" in label}
     assert "1f1b pp=2 tp=8 micro_batches=4" in layouts_3d, sorted(ranked)
     assert all(p.point.layout.devices == 16 for p in ranking.ranked)
     refused = {i.label: i.reason for i in ranking.infeasible}
     assert refused["fsdp tp=16"].startswith("strategy fsdp: tp=16 does not divide n_kv_head=8 of llama3_8b")
+    offered = ranked | set(refused)  # megatron with and without sequence parallelism, ranked or said why not
+    assert {"megatron tp=8", "megatron tp=8 sequence_parallel=true"} <= offered

@@ -62,9 +62,11 @@ class FSDP(Strategy):
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
         """Resharding after forward or not, FSDP2 x TP (torchtitan's 2D layout) with every tp > 1 dividing the
-        workers, and FSDP2 x CP with every cp > 1 dividing them (the network's check keeps those it can split)."""
+        workers, with and without sequence parallelism, and FSDP2 x CP with every cp > 1 dividing them (the network's
+        check keeps those it can split)."""
         return ([[f"strategy.reshard_after_forward={keep}"] for keep in ("true", "false")]
-                + [[f"strategy.tp={tp}"] for tp in divisors(workers) if tp > 1]
+                + [[f"strategy.tp={tp}", *sp] for tp in divisors(workers) if tp > 1
+                   for sp in ([], ["strategy.sequence_parallel=true"])]
                 + [[f"strategy.cp={cp}"] for cp in divisors(workers) if cp > 1])
 
     def check(self, cfg) -> None:

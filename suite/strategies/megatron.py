@@ -338,7 +338,9 @@ class Megatron(Strategy):
 
     @classmethod
     def candidates(cls, workers: int, batch: int) -> list[list[str]]:
-        return [[f"strategy.tp={tp}"] for tp in divisors(workers)]
+        """Every tp dividing the workers, and each tp > 1 with sequence parallelism."""
+        return ([[f"strategy.tp={tp}"] for tp in divisors(workers)]
+                + [[f"strategy.tp={tp}", "strategy.sequence_parallel=true"] for tp in divisors(workers) if tp > 1])
 
     def check(self, cfg) -> None:
         if cfg.network.arch not in DECODERS:
