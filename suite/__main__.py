@@ -144,11 +144,10 @@ def main(argv: list[str]) -> int:
 
     from launchers.batch import SchedulerError
     from suite.errors import Stopped, raise_on_sigterm
-    from suite.paths import REPO_ROOT
+    from suite.paths import REPO_ROOT, git_sha
     from suite.point_dir import error_line
     from suite.predict.predictor import recorded_prediction
     from suite.records.store import Store, store_uri
-    from suite.runtime.manifest import git_sha
     from suite.sweep.driver import check_installed, record_invalid, run_sweep
     from suite.sweep.jobs import batch_experiments, check_submittable, collect
     from suite.sweep.status import end_abandoned_sweep_runs, status_table

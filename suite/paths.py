@@ -1,4 +1,5 @@
-"""Where the suite keeps its configs and results, and the calibration files among the results.
+"""Where the suite keeps its configs and results, and the calibration files among the results; which commit of the
+checkout runs (a run's `suite.git_sha`).
 
 From a checkout (an editable install, `make setup`) both are the repository's: conf/ and results/, whatever the
 working directory. From a wheel the configs are the package's data (suite/conf, which in the checkout links to
@@ -14,6 +15,7 @@ that is not what its writer wrote is one line naming it (`DamagedRecord`). What 
 
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +30,17 @@ REPO_ROOT = PACKAGE.parent  # the checkout; site-packages under a wheel
 IN_CHECKOUT = (REPO_ROOT / "pyproject.toml").exists() and (REPO_ROOT / "conf").is_dir()
 CONF_DIR = REPO_ROOT / "conf" if IN_CHECKOUT else PACKAGE / "conf"
 SITE_CONFIG_ENV = "SUITE_CONFIG_DIR"
+
+
+def git_sha(repo: Path) -> str:
+    """The checkout's commit; "unknown" outside a checkout (an installed wheel: not whatever repository encloses it)."""
+    if not (repo / ".git").exists():
+        return "unknown"
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def results_dir() -> Path:

@@ -88,8 +88,7 @@ def one_rank_group(request):
 def worker_outputs(tmp_path_factory) -> Path:
     """The point directory of one real rank's run, whose RANK_OUTPUTS stand for those of the points a test records
     (`copy_rank_outputs`)."""
-    from suite.sweep.plan import plan
-    from suite.sweep.point import new_point_dir
+    from suite.sweep.plan import new_point_dir, plan
 
     os.environ["SUITE_RESULTS_DIR"] = str(tmp_path_factory.mktemp("worker"))
     try:

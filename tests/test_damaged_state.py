@@ -29,7 +29,7 @@ from suite.runtime.metrics import Device, NoPeak, calibrated_peak
 from suite.shared_names import Status
 from suite.strategies import missing_library
 from suite.strategies.base import Library, Strategy
-from suite.sweep.point import prediction_for
+from suite.sweep.plan import prediction_for
 
 TINY_RUN = [*TINY_GPT, "strategy=single", "workers=1", "epochs=1", "steps_per_epoch=2", "eval_batches=1"]
 

@@ -13,11 +13,10 @@ from conftest import DIGITS, free_port
 from launchers import LaunchResult
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT
-from suite.records.verdict import ended_status
+from suite.records.record import ended_status
 from suite.runtime.dist import resolve_device
 from suite.shared_names import Status
-from suite.sweep.plan import plan
-from suite.sweep.point import new_point_dir
+from suite.sweep.plan import new_point_dir, plan
 
 SLURM = ["cluster=slurm", "cluster.hardware.cores_per_node=64"]
 

@@ -23,18 +23,15 @@ from analysis.runs import latest_per_point
 from conftest import DIGITS, copy_rank_outputs, run_suite
 from launchers import LaunchResult
 from suite.errors import Stopped
-from suite.owner import Owner
-from suite.paths import REPO_ROOT
-from suite.point_dir import PointDir
+from suite.paths import REPO_ROOT, git_sha
+from suite.point_dir import Owner, PointDir
 from suite.records import store as store_module
 from suite.records.record import record_ended
 from suite.records.run_schema import INCOMPLETE, VERDICT, run_status
 from suite.records.store import Store
-from suite.runtime.manifest import git_sha
 from suite.sweep import jobs
 from suite.sweep.driver import skip_reason
-from suite.sweep.plan import Point, plan
-from suite.sweep.point import new_point_dir
+from suite.sweep.plan import Point, new_point_dir, plan
 from suite.sweep.status import status_rows
 
 DISK_FULL = "not recorded (OSError: [Errno 27] File too large"  # EFBIG; on a full disk: [Errno 28] No space left

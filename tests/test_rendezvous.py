@@ -12,8 +12,7 @@ from conftest import DIGITS, free_port
 from launchers.local import rendezvous_store
 from suite.paths import REPO_ROOT
 from suite.runtime.rendezvous import allocation_hosts, allocation_master, discover, lsf_hosts, slurm_hosts
-from suite.sweep.plan import plan
-from suite.sweep.point import new_point_dir
+from suite.sweep.plan import new_point_dir, plan
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PALS_", "LSB_", "PBS_", "MPI_")
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -16,8 +16,7 @@ from suite.paths import REPO_ROOT
 from suite.point_dir import PointDir
 from suite.records.store import Store
 from suite.sweep import jobs
-from suite.sweep.plan import plan
-from suite.sweep.point import new_point_dir
+from suite.sweep.plan import new_point_dir, plan
 
 # A real rank (conftest's worker_outputs), eight recorders and `make mlflow-server`; one xdist worker runs the
 # module (its fixture runs once).

@@ -20,8 +20,7 @@ from suite.paths import REPO_ROOT
 from suite.records import tracking_server as server
 from suite.records.store import Store
 from suite.records.store_health import StoreError
-from suite.sweep.plan import plan
-from suite.sweep.point import new_point_dir
+from suite.sweep.plan import new_point_dir, plan
 
 SEARCH = "/api/2.0/mlflow/experiments/search?max_results=1"
 

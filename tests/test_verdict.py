@@ -6,7 +6,7 @@ from launchers import LaunchResult
 from launchers.slurm import job_state as slurm_state
 from suite.errors import ConfigError, Stopped
 from suite.point_dir import PointDir
-from suite.records.verdict import (
+from suite.records.record import (
     _failed_ranks,
     _first_exception_line,
     _horovodrun_failed_ranks,

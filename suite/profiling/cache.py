@@ -226,8 +226,7 @@ def rank_base_mb(strategy: str, threads: int) -> float:
     on one worker, started here as a sweep starts its ranks: what the framework, its libraries and the rank's
     own machinery hold before a model (on CPU the resident set, on GPU the CUDA context and allocator)."""
     from launchers import launch
-    from suite.sweep.plan import plan
-    from suite.sweep.point import new_point_dir
+    from suite.sweep.plan import new_point_dir, plan
 
     key = {"strategy": strategy, "threads": threads, "device": f"{'cuda' if torch.cuda.is_available() else 'cpu'}:"
            f"{device_name(torch.device('cuda' if torch.cuda.is_available() else 'cpu'))}", "torch": torch.__version__,

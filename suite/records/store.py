@@ -18,8 +18,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from suite.owner import Owner
 from suite.paths import results_dir
+from suite.point_dir import Owner
 from suite.records.run_schema import PARAMS_DIGEST, VERDICT, ended_as, params_digest, source_tags
 from suite.records.store_health import (
     StoreError,

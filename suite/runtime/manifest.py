@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -56,17 +55,6 @@ def gpu_driver() -> str | None:
             pynvml.nvmlShutdown()
     except Exception:  # NVML missing or not answering: the manifest says nothing of the driver
         return None
-
-
-def git_sha(repo: Path) -> str:
-    """The checkout's commit; "unknown" outside a checkout (an installed wheel: not whatever repository encloses it)."""
-    if not (repo / ".git").exists():
-        return "unknown"
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def environment_manifest(ranks: list[dict], backend: str) -> dict:

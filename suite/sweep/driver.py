@@ -16,18 +16,15 @@ from launchers import LaunchResult, launch
 from suite.errors import ConfigError
 from suite.launch_timing import mark
 from suite.layout import threads_per_worker
-from suite.paths import REPO_ROOT
+from suite.paths import REPO_ROOT, git_sha
 from suite.point_dir import error_line
-from suite.records.record import record_ended
+from suite.records.record import NotStarted, record_ended
 from suite.records.run_schema import INCOMPLETE, INCONSISTENT, run_params, run_status, source_tags
 from suite.records.store import Store
-from suite.records.verdict import NotStarted
-from suite.runtime.manifest import git_sha
 from suite.shared_names import Status
 from suite.strategies import missing_library
 from suite.sweep import jobs
-from suite.sweep.plan import InvalidPoint, Point
-from suite.sweep.point import Outcome, Predict, new_point_dir, no_prediction, prediction_for
+from suite.sweep.plan import InvalidPoint, Outcome, Point, Predict, new_point_dir, no_prediction, prediction_for
 from suite.sweep.progress import Progress
 
 

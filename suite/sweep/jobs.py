@@ -24,12 +24,10 @@ from suite.errors import ConfigError
 from suite.layout import cores_per_rank
 from suite.paths import REPO_ROOT, results_dir
 from suite.point_dir import PointDir, error_line
-from suite.records.record import record_ended
+from suite.records.record import Ending, JobEnded, NotStarted, record_ended
 from suite.records.store import Store, store_uri
-from suite.records.verdict import Ending, JobEnded, NotStarted
 from suite.shared_names import Status
-from suite.sweep.plan import Point
-from suite.sweep.point import Outcome, Predict, new_point_dir, no_prediction, point_dir_path, prediction_for
+from suite.sweep.plan import Outcome, Point, Predict, new_point_dir, no_prediction, point_dir_path, prediction_for
 
 
 def is_batch(point: Point) -> bool:

@@ -5,7 +5,9 @@ into a run. A point that does not compose (a misspelt key or name) or holds a va
 (`BadValue`: workers=0, a negative device memory) rejects the sweep, one line per problem. A point that composes
 but that the strategy or machine cannot run (single on 2 workers, torchgpipe beyond one node, more pipeline stages
 than layers) is an `InvalidPoint` where the caller asks for them (the driver leaves them out of a grid with a line
-each, or records them where the sweep file says `invalid_points: record`), else it rejects the sweep too."""
+each, or records them where the sweep file says `invalid_points: record`), else it rejects the sweep too.
+
+A point that runs gets a fresh directory (`new_point_dir`), and the sweep says what became of it (`Outcome`)."""
 
 from __future__ import annotations
 
@@ -13,16 +15,21 @@ import hashlib
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from suite.errors import BadValue, ConfigError
-from suite.layout import Layout, loader_workers
+from suite.layout import Layout, for_ranks, loader_workers
 from suite.models import resolve_network
+from suite.paths import REPO_ROOT, git_sha, results_dir
+from suite.point_dir import PointDir, error_line
+from suite.records.run_schema import run_params
 from suite.shared_names import AUTO, AUTO_CHOOSES
 from suite.strategies import Strategy
 from suite.sweep.checks import OlderTorch, validate
@@ -234,3 +241,69 @@ def name_apart(points: list[Point]) -> list[Point]:
         apart.__dict__["config_hash"] = p.config_hash  # taken once (`ComposedPoint.config_hash`), not for the copy
         named.append(apart)
     return named
+
+
+# What a sweep records with a point's run beside what it measures: a prediction's metrics. The sweep does not price
+# points itself (the predictor plans points, so it imports the sweep's planning): whoever runs the sweep hands it
+# the model's (suite.predict.predictor.recorded_prediction), or nothing is predicted.
+Predict = Callable[[Point], dict[str, float]]
+
+
+def no_prediction(point: Point) -> dict[str, float]:
+    return {}
+
+
+def prediction_for(predict: Predict, point: Point, where: str, said: set[str]) -> dict[str, float]:
+    """`predict(point)`, which never stops a sweep: where it fails the point runs without a prediction, and why is
+    said once per sweep (`said`: the reasons said so far)."""
+    try:
+        return predict(point)
+    except Exception as exc:  # a damaged calibration file (DamagedRecord), or the model's own failure
+        reason = str(exc) if isinstance(exc, ConfigError) else f"the performance model failed: {error_line(exc)}"
+        if reason not in said:
+            said.add(reason)
+            print(f"warning: [{where} {point.label}] recorded without a prediction: {reason} (said once per sweep)",
+                  file=sys.stderr, flush=True)
+        return {}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    point: Point
+    status: str
+    error: str | None
+    run_id: str | None
+    point_dir: PointDir | None = None  # None when skipped
+
+
+def point_dir_path(point: Point) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{stamp}-{point.label.replace('/', '_')}-{point.config_hash[:8]}"
+    return results_dir() / "points" / point.cfg.tracking.experiment / name
+
+
+def new_point_dir(point: Point, parent_run_id: str | None = None,
+                  predictions: dict[str, float] | None = None) -> PointDir:
+    """A fresh directory with the resolved config and what its MLflow run will carry (point.json): its run
+    is recorded as a child of `parent_run_id`, the sweep invocation's run, when given, with the performance
+    model's `predictions` for it."""
+    first = point_dir_path(point)
+    for attempt in range(1000):  # never reuse a directory: earlier results stay untouched
+        path = first if attempt == 0 else first.with_name(f"{first.name}.{attempt}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        point_dir = PointDir(path)
+        OmegaConf.save(for_ranks(point.cfg), point_dir.config, resolve=True)
+        point_dir.write_point({"label": point.label, "run_name": point.run_name or point.label,
+                         "config_hash": point.config_hash, "experiment": point.cfg.tracking.experiment,
+                         "overrides": list(point.overrides), "git_sha": git_sha(REPO_ROOT),
+                         "params": run_params(point.cfg, point.strategy.knobs(), point.layout.params()),
+                         "predictions": predictions or {}, "parent_run_id": parent_run_id})
+        for name, content in point.config_files.items():
+            point_dir.write_config_file(name, content)
+        return point_dir
+    raise RuntimeError(f"cannot create a point directory under {first.parent}")
+
+

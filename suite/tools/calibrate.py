@@ -147,8 +147,8 @@ def label(cfg: DictConfig) -> str:
 def job_dir(cfg: DictConfig, create: bool) -> PointDir:
     """A fresh directory for the job (created, with its config and point.json, when `create`)."""
     from suite.layout import for_ranks
+    from suite.paths import git_sha
     from suite.records.run_schema import flatten
-    from suite.runtime.manifest import git_sha
     from suite.sweep.plan import config_hash
 
     first = jobs_dir(cfg.cluster.name) / f"{time.strftime('%Y%m%d-%H%M%S')}-w{cfg.workers}"
@@ -174,9 +174,8 @@ def run_here(cfg: DictConfig, point_dir: PointDir):
     """Run the job's ranks here and record it; the `Recorded` outcome."""
     from launchers import launch
     from suite.layout import threads_per_worker
-    from suite.records.record import record_ended
+    from suite.records.record import NotStarted, record_ended
     from suite.records.store import Store, store_uri
-    from suite.records.verdict import NotStarted
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SUITE_POINT_LABEL": f"[{label(cfg)}]",
            "OMP_NUM_THREADS": str(threads_per_worker(cfg.cluster.threads_per_worker, cfg.workers))}
