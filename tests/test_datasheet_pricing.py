@@ -224,27 +224,57 @@ def test_an_nvswitch_all_reduce_is_nccls_ring_simple_at_80_percent_of_nvlink():
 
 
 def test_a_small_message_takes_the_low_latency_protocol_and_many_nodes_the_network():
+    """NCCL 2.30.7's tuning.cc: LL at half the bus bandwidth, capped at Ampere's 87.7 GB/s on one node; across nodes
+    the ring pays a network hop per node (14 us under Simple) and LL128 or the tree may win."""
     one_node = links("dgx_a100_80gb", 1, 8)
-    ll = (3.6 + 14 * 0.47) * 1e-6 + 1024 / (240 / 4 * 8 / 14 * 1e9)
+    ll = (6.6 + 14 * 0.6) * 1e-6 + 1024 / (87.7 * 8 / 14 * 1e9)
     assert one_node.collective("all_reduce", 1024, 8) == pytest.approx(ll)
     many = links("dgx_a100_80gb", 8, 64)
     assert many.collective("all_reduce", 2**30, 64) > 1.1 * one_node.collective("all_reduce", 2**30, 8)
     ring_bus = 8 * 25 * 0.96  # eight HDR NICs per node
-    ring = (8.4 + (126 - 14) * 3.4 + 14 * 9.6) * 1.9e-6 + 2**30 / (ring_bus * 64 / 126 * 1e9)
-    tree = 2 * (7 * 28 + 3 * 50) * 1e-6 + 2**30 / (80 * 0.5 * 1e9)
-    assert many.collective("all_reduce", 2**30, 64) == pytest.approx(min(ring, tree))
+    ring = (8.4 + (126 - 14) * 3.4 + 14 * 14.0) * 1e-6 + 2**30 / (ring_bus * 64 / 126 * 1e9)
+    ring_ll128 = (14.0 + (126 - 14) * 1.9 + 14 * 4.0) * 1e-6 + 2**30 / (ring_bus * 0.92 * 64 / 126 * 1e9)
+    tree = (8.4 + 2 * (7 * 4.0 + 3 * 14.0)) * 1e-6 + 2**30 / (80 * 0.5 * 1e9)
+    assert many.collective("all_reduce", 2**30, 64) == pytest.approx(min(ring, ring_ll128, tree)) == ring
+
+
+def test_a_medium_message_on_nvlink_takes_ll128_and_over_pcie_cannot():
+    nvlink = links("dgx_a100_80gb", 1, 8)
+    ll128 = (14.0 + 14 * 1.9) * 1e-6 + 2**24 / (240 * 0.92 * 8 / 14 * 1e9)
+    assert nvlink.collective("all_reduce", 2**24, 8) == pytest.approx(ll128)
+    pcie = links("lisa", 1, 4)  # Titan RTXs, NVLink in pairs: a group of four rings over PCIe Gen3
+    simple = (8.4 + 6 * 5.7) * 1e-6 + 2**24 / (pcie.fabric.intra_gbs * 4 / 6 * 1e9)
+    assert pcie.collective("all_reduce", 2**24, 4) == pytest.approx(simple)
+
+
+def test_hopper_nvswitch_nodes_all_reduce_with_nvlink_sharp_and_amperes_cannot():
+    """NVLS: the NVSwitch reduces, at 0.85 x 7/8 x twice a GPU's NVLink (NCCL's nvlsEfficiency for Hopper, 8 GPUs a
+    channel each) after one 25 us NVLS hop; NCCL counts an H100's NVLink at 20.6 GB/s of every 25."""
+    h100 = links("dgx_h100", 1, 8)
+    nvlink = 450 * 20.6 / 25
+    nvls = 25e-6 + 2**30 / (nvlink * 0.85 * 7 / 8 * 2 * 8 / 14 * 1e9)
+    assert h100.collective("all_reduce", 2**30, 8) == pytest.approx(nvls)
+    ring = (8.4 + 14 * 3.4) * 1e-6 + 2**30 / (nvlink * 8 / 14 * 1e9)
+    assert nvls < ring / 1.4
+    a100 = links("dgx_a100_80gb", 1, 8)
+    a100_ring = (8.4 + 14 * 3.4) * 1e-6 + 2**30 / (240 * 8 / 14 * 1e9)
+    assert a100.collective("all_reduce", 2**30, 8) == pytest.approx(a100_ring)
+    gather = (8.4 + 7 * 3.4) * 1e-6 + 2**30 / (nvlink * 8 / 7 * 1e9)  # NCCL's model never prefers NVLS for it
+    assert h100.collective("all_gather", 2**30, 8) == pytest.approx(gather)
 
 
 def test_a_group_of_one_gpu_a_node_has_one_nics_share_of_the_network():
     """A data-parallel group of a 3D layout (one GPU a node, every 8th rank) all-reduces over its GPUs' own NICs,
-    beside the other seven groups of its nodes: one HDR NIC each, not the node's eight; a send between stages goes
-    out through its GPU's NIC."""
+    beside the other seven groups of its nodes: one HDR NIC each, not the node's eight; its every hop is the network
+    tree's (NCCL: with one GPU a node, latencies are fully exposed); a send between stages goes out through its GPU's
+    NIC."""
     many = links("dgx_a100_80gb", 8, 64)
-    ring = (8.4 + 14 * 9.6) * 1.9e-6 + 2**30 / (25 * 0.96 * 8 / 14 * 1e9)
-    tree = 2 * (3 * 50) * 1e-6 + 2**30 / (25 * 0.96 * 0.9 * 0.5 * 1e9)
-    assert many.collective("all_reduce", 2**30, 8, stride=8) == pytest.approx(min(ring, tree))
+    ring = (8.4 + 14 * 14.0) * 1e-6 + 2**30 / (25 * 0.96 * 8 / 14 * 1e9)
+    ring_ll128 = (14.0 + 14 * 8.5) * 1e-6 + 2**30 / (25 * 0.96 * 0.92 * 8 / 14 * 1e9)
+    tree = (8.4 + 2 * (3 * 14.0)) * 1e-6 + 2**30 / (25 * 0.96 * 0.92 * 0.5 * 1e9)
+    assert many.collective("all_reduce", 2**30, 8, stride=8) == pytest.approx(min(ring, ring_ll128, tree))
     assert many.collective("all_reduce", 2**30, 8) == links("dgx_a100_80gb", 1, 8).collective("all_reduce", 2**30, 8)
-    assert many.send(2**30) == pytest.approx((8.4 + 9.6) * 1e-6 + 2**30 / (25 * 0.96 * 1e9))
+    assert many.send(2**30) == pytest.approx((8.4 + 14.0) * 1e-6 + 2**30 / (25 * 0.96 * 1e9))
     assert many.send(2**30, senders=8) == pytest.approx(many.send(2**30))
 
 
