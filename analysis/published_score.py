@@ -96,10 +96,12 @@ def _peak(point) -> float:
 TIMES = ("iteration_time_s", "epoch_time_s")  # the other priced metrics are rates
 
 
-def contradiction(metric: str, published: float, predicted: float, prediction) -> str | None:
+def contradiction(metric: str, published: float, predicted: float, prediction,
+                  stated_tflops: float | None = None) -> str | None:
     """Why the published figure cannot be true of the point as mapped (its precision, its FLOPs): the model FLOP rate
-    per GPU it implies (the prediction's, scaled by the published over the predicted speed) above the GPU's peak at
-    the point's precision, or an MFU above 100%. None where it can be."""
+    per GPU it implies (the prediction's, scaled by the published over the predicted speed; an MFU's own model
+    TFLOP/s per GPU where its record states them, `stated_tflops`, for an MFU may be of another precision's peak)
+    above the GPU's peak at the point's precision, or an MFU above 100%. None where it can be."""
     point = prediction.point
     if metric == MEMORY or not predicted or not prediction.flops_per_sample:
         return None
@@ -108,7 +110,7 @@ def contradiction(metric: str, published: float, predicted: float, prediction) -
     except (KeyError, TypeError):  # a cluster whose datasheet lacks the dtype: the pricing said so already
         return None
     if metric == "mfu":
-        implied = published / (100 if published > 1 else 1) * peak
+        implied = stated_tflops or published / (100 if published > 1 else 1) * peak
     else:
         implied = prediction.model_tflops_per_device * (predicted / published if metric in TIMES else
                                                         published / predicted)
@@ -141,7 +143,9 @@ def score_record(mapped: Mapped, predict: Callable) -> list[Scored]:
         return [Scored(record, record.measured.metric, published, None, str(e).splitlines()[0])]
     if metric == "mfu" and published > 1:  # stated in percent
         value *= 100
-    contradicts = contradiction(metric, published, value, prediction)
+    stated = record.measured.also.get("model_tflops_per_gpu")
+    contradicts = contradiction(metric, published, value, prediction,
+                                float(stated) if isinstance(stated, (int, float)) else None)
     if contradicts:  # reported, never scored
         return [Scored(record, metric, published, None, contradicts, prediction.priced_from)]
     scored = [Scored(record, metric, published, value, None, prediction.priced_from, prediction.fits)]

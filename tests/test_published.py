@@ -216,6 +216,21 @@ def test_mapped_points_plan_and_a_planner_rejection_is_the_records_reason(planne
 
 
 
+def test_megatron_core_records_take_its_documented_defaults_and_its_fp32_attention():
+    """Megatron-Core (conf/framework/megatron_core.yaml, core_r0.8.0): a record naming no precision is mapped in its
+    default, fp32 (then scored against the GPU's fp32 peak, not in a precision the record did not state), and in
+    fp32 Transformer Engine's unfused attention; in bf16 its fused kernel."""
+    added = {r.id: r for r in load(tool.ADDED_RECORDS)}
+    record = added["megatroncore-readme-h100-1.7b-48gpu"]
+    assert record.training.precision is None
+    mapped = map_record(record)
+    assert "framework=megatron_core" in mapped.overrides and "network.attention=math" in mapped.overrides
+    assert not any(o.startswith("precision=") for o in mapped.overrides)  # fp32, the suite's default too
+    assert any("fp32, Megatron-Core's default" in line for line in mapped.assumptions)
+    in_bf16 = replace(record, training=replace(record.training, precision="bf16"))
+    assert {"precision=bf16", "network.attention=flash"} <= set(map_record(in_bf16).overrides)
+
+
 def test_the_records_this_project_added_cite_their_sources_beside_the_shared_set(records):
     """Issue 61, item 5: 30 or more records from sources other than llm-foundry, each with where it was read; read
     with the shared set by default, no id in both."""

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import run_make
-from suite.tools.published import RECORDS
+from suite.tools.published import ADDED_RECORDS, RECORDS
 
 pytestmark = pytest.mark.slow
 
@@ -71,15 +71,24 @@ def test_a_malformed_records_file_is_one_line_and_exit_2(tmp_path, results):
 
 def test_a_published_figure_above_the_gpus_peak_at_the_assumed_precision_contradicts_it(tmp_path, results):
     """The model-for-every-framework issue: a record read in the wrong precision (llm-foundry's bf16 run as fp32) was
-    priced 10x too slow. Its figure implies more model FLOPs per GPU than the A100's fp32 peak: reported, not scored."""
+    priced 10x too slow. Its figure implies more model FLOPs per GPU than the A100's fp32 peak: reported, not scored.
+    So is an MFU that leaves its precision to Megatron-Core's default (fp32): its README's 41% is of the 16-bit peak,
+    the 408.8 model TFLOP/s per GPU it states six times an H100's fp32 peak."""
     by_id = {e["id"]: e for e in yaml.safe_load(RECORDS.read_text())}
     entry = by_id[CHOSEN[1]]
     entry["training"]["precision"] = "fp32"
+    added = {e["id"]: e for e in yaml.safe_load(ADDED_RECORDS.read_text())}
+    mfu = added["megatroncore-readme-h100-1.7b-48gpu"]
     path = tmp_path / "records.yaml"
-    path.write_text(yaml.safe_dump([entry]))
+    path.write_text(yaml.safe_dump([entry, mfu]))
     done = run_make("validate-published", f"ARGS={path} --json")
     assert done.returncode == 0, done.stderr[-2000:]
-    (row,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = {row["id"]: row for row in (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))}
+    row = rows[CHOSEN[1]]
     assert row["predicted"] is None and row["error"] is None
     assert row["reason"].startswith("contradicts its assumptions: the published figure implies 1"), row["reason"]
     assert "above the GPU's fp32 peak of 20 (precision=fp32, " in row["reason"], row["reason"]
+    row = rows["megatroncore-readme-h100-1.7b-48gpu"]
+    assert row["predicted"] is None and row["error"] is None
+    assert row["reason"].startswith("contradicts its assumptions: the published figure implies 409 TFLOP/s"), row
+    assert "above the GPU's fp32 peak of 67 (precision=fp32, " in row["reason"], row["reason"]

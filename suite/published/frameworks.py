@@ -39,6 +39,7 @@ class Framework:
     shards_data_parallel: bool = False  # its data parallelism is FSDP's
     single_process_pipeline: bool = False  # one process drives every stage (torchgpipe)
     seq_len: Default | None = None  # the context its training configs give a language model
+    attention_fp32: Default | None = None  # where its fused kernels take half precision only: the one it runs in fp32
 
 
 def _default(entry: dict | None, key: str) -> Default | None:
@@ -58,7 +59,8 @@ def frameworks() -> dict[str, Framework]:
                               _default(data.get("precision"), "default"), _default(data.get("recompute"), "default"),
                               data.get("selective_recompute"), bool(data.get("offload")),
                               bool(data.get("shards_data_parallel")), bool(data.get("single_process_pipeline")),
-                              _default(data.get("seq_len"), "default"))
+                              _default(data.get("seq_len"), "default"),
+                              _default(data.get("attention", {}).get("in_fp32"), "kernel"))
         found.update({name: framework for name in data["names"]})
     return found
 

@@ -282,8 +282,13 @@ def _framework(record: Record, draft: _Draft) -> None:
 
 
 def _attention(record: Record, draft: _Draft) -> None:
-    """The attention kernel the record's framework ran (conf/framework/), the record naming none."""
-    kernel = framework_of(record.training.framework).attention
+    """The attention kernel the record's framework ran (conf/framework/), the record naming none: in fp32 its fp32
+    kernel where its fused ones take half precision only."""
+    framework = framework_of(record.training.framework)
+    kernel = framework.attention
+    precision = record.training.precision or (framework.precision.value if framework.precision else "")
+    if precision.lower() == "fp32" and framework.attention_fp32:
+        kernel = framework.attention_fp32
     if kernel:
         draft.set(f"network.attention={kernel.value}")
         draft.assume(f"attention: {kernel.source}")
@@ -413,7 +418,8 @@ def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
         draft.set("activation_checkpointing=every")
         draft.assume(f"activation recomputation not stated: {framework.recompute.source}")
     elif word is None:
-        draft.assume("activation recomputation not stated: none")
+        documented = f", {framework.recompute.source}" if framework.recompute else ""
+        draft.assume(f"activation recomputation not stated: none{documented}")
 
 
 OPTIMIZER = re.compile(r"(?P<name>[a-z_]+)\s*(\((?:lr\s*=\s*(?P<lr>[0-9.e-]+))?[^)]*\))?")
