@@ -120,6 +120,17 @@ def test_fused_attention_runs_at_its_kernels_published_share_of_the_peak():
     assert "FlashAttention-2 at its published A100 share" in a100.priced_from
 
 
+def test_llm_foundrys_triton_flashattention_is_priced_at_its_own_bars():
+    """llm-foundry ran Tri Dao's Triton FlashAttention (conf/framework/llm_foundry.yaml, `attention.rates`): its
+    "FlashAttention Triton" bars of the FlashAttention-2 paper's A100 figure, not torch's kernel it is planned with."""
+    foundry = roofline.gpu_of(point("precision=bf16", "network.attention=efficient", "framework=llm_foundry").cfg)
+    assert foundry.attention.kernel == "flash_triton" and "Triton FlashAttention" in foundry.priced_from
+    assert 1 / attention_seconds(foundry, 16384, 64) == pytest.approx(80e12)  # the bar's label, causal
+    assert 1 / attention_seconds(foundry, 8192, 128, causal=False) == pytest.approx(95e12)
+    torch_kernel = roofline.gpu_of(point("precision=bf16", "network.attention=efficient").cfg)
+    assert 1 / attention_seconds(torch_kernel, 16384, 64) == pytest.approx(67e12)  # xformers' bar
+
+
 def test_math_attention_is_counted_as_the_gemms_and_materialised_softmax_torch_runs():
     fused, math_kernel = (count_network(point(*o).cfg, 4) for o in ([], ["network.attention=math"]))
     block = 1  # layer 0 is the embeddings

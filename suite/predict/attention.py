@@ -12,6 +12,11 @@ fp16, FLOPs counted as suite.profiling.counted counts them (4 B s^2 H d forward,
 backward 2.5 times that; benchmarks/benchmark_flash_attention.py lines 27-30). The values are the bars' labels;
 one, the A100's 512 tokens at head dimension 128 without a mask, is under the legend and read from its bar's height.
 
+The figure's "FlashAttention Triton" bars are Tri Dao's Triton FlashAttention (flash_attn_triton.py), which torch
+does not ship: a framework that ran it (llm-foundry's `attn_impl: triton`) says so in its file (conf/framework/,
+`attention.rates: flash_triton`) and its attention is priced at those bars, published on the A100 only and carried to
+other GPUs as the memory-efficient kernel's are.
+
 The figure's "xformers" bars are the memory-efficient kernel torch runs as SDPBackend.EFFICIENT_ATTENTION (torch's
 is xformers' CUTLASS kernel); they are published on the A100 only. On a Hopper GPU that kernel, built for Ampere's
 mma instructions, loses what FlashAttention-2 (also built for them) loses there: its A100 share scaled by
@@ -35,10 +40,13 @@ FLASH2_A100 = {(64, False): (132, 153, 162, 171, 175, 176), (128, False): (151, 
                (64, True): (88, 119, 140, 156, 165, 171), (128, True): (99, 133, 155, 173, 182, 189)}
 EFFICIENT_A100 = {(64, False): (68, 73, 76, 77, 75, 75), (128, False): (83, 91, 95, 96, 97, 98),
                   (64, True): (51, 60, 66, 68, 69, 67), (128, True): (58, 72, 82, 87, 91, 92)}
+FLASH_TRITON_A100 = {(64, False): (90, 102, 98, 98, 100, 100), (128, False): (78, 85, 90, 93, 95, 95),
+                     (64, True): (59, 75, 79, 76, 79, 80), (128, True): (50, 61, 68, 74, 78, 80)}
 FLASH2_H100 = {(64, False): (215, 254, 274, 288, 294, 296), (128, False): (248, 294, 320, 326, 335, 338),
                (64, True): (141, 192, 232, 257, 273, 284), (128, True): (163, 221, 265, 294, 308, 328)}
 # The figures' GPUs' dense fp16 peaks (conf/cluster/gpu/a100_sxm4_40gb.yaml, h100_sxm5_80gb.yaml)
 A100_PEAK = 312.0
+FLASH_TRITON = "flash_triton"
 H100_PEAK = 989.4
 HOPPER = 9.0
 
@@ -61,32 +69,36 @@ def _share(curves: dict, peak: float, kernel: Kernel) -> float:
 class AttentionKernelCost:
     """What one of torch's fused attention kernels reaches on a GPU of `capability`, as a share of its peak."""
 
-    kernel: str  # flash | efficient
+    kernel: str  # flash | efficient | flash_triton (a framework's: see the module's docstring)
     capability: float
 
     def share(self, kernel: Kernel) -> float:
         if self.kernel == AttentionKernel.flash:
             return _share(*((FLASH2_H100, H100_PEAK) if self.capability >= HOPPER else (FLASH2_A100, A100_PEAK)),
                           kernel)
-        share = _share(EFFICIENT_A100, A100_PEAK, kernel)
+        share = _share(FLASH_TRITON_A100 if self.kernel == FLASH_TRITON else EFFICIENT_A100, A100_PEAK, kernel)
         if self.capability >= HOPPER:
             share *= _share(FLASH2_H100, H100_PEAK, kernel) / _share(FLASH2_A100, A100_PEAK, kernel)
         return share
 
     @property
     def source(self) -> str:
-        name = "FlashAttention-2" if self.kernel == AttentionKernel.flash else "the memory-efficient kernel"
+        name = {AttentionKernel.flash: "FlashAttention-2", FLASH_TRITON: "Triton FlashAttention"}.get(
+            self.kernel, "the memory-efficient kernel")
         gpu = "H100" if self.capability >= HOPPER else "A100"
         scaled = " scaled to Hopper by FlashAttention-2's" if self.kernel != "flash" and gpu == "H100" else ""
         return f"attention: {name} at its published {'A100' if scaled else gpu} share of the peak{scaled}"
 
 
-def attention_kernel(attention: str, capability: float, half: bool) -> AttentionKernelCost | None:
+def attention_kernel(attention: str, capability: float, half: bool,
+                     rates: str | None = None) -> AttentionKernelCost | None:
     """The fused kernel torch runs for `network.attention` on a GPU of `capability` (None for math, which the
-    counted network already holds as its GEMMs and softmax). The planner has refused flash where it cannot run
-    (suite.sweep.checks)."""
+    counted network already holds as its GEMMs and softmax), or the kernel a framework ran in its place (`rates`:
+    flash_triton). The planner has refused flash where it cannot run (suite.sweep.checks)."""
     if attention == AttentionKernel.math:
         return None
+    if rates == FLASH_TRITON:
+        return AttentionKernelCost(FLASH_TRITON, capability)
     if attention == AttentionKernel.auto:
         attention = AttentionKernel.flash if flash_runs(half, capability) else AttentionKernel.efficient
     return AttentionKernelCost(str(attention), capability)

@@ -148,7 +148,8 @@ def gpu_of(cfg) -> Gpu:
         conv = peaks["fp32"] if cfg.math.tf32 is False else tf32  # torch's default: TF32 convolutions
     bandwidth = hw.device_memory_bandwidth_gbs * MEMORY_EFFICIENCY
     name = hw.gpu or cfg.cluster.name
-    attention = (attention_kernel(cfg.network.attention, hw.compute_capability, cfg.precision in MATH_DTYPE)
+    rates = (cfg.framework.get("attention") or {}).get("rates")  # a framework's own kernel in torch's place
+    attention = (attention_kernel(cfg.network.attention, hw.compute_capability, cfg.precision in MATH_DTYPE, rates)
                  if hw.gpu else None)  # a CPU's fused attention: at its GEMMs' rate
     # FlashAttention-2 runs in half precision only; the memory-efficient kernel in fp32 runs on the FP32 units
     attention_peak = peaks[MATH_DTYPE[cfg.precision]] if cfg.precision in MATH_DTYPE else peaks["fp32"]
