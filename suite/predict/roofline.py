@@ -3,15 +3,15 @@
 What one training step of the network launches is counted on the meta device (suite.profiling.counted); each
 kernel is priced by a roofline on the GPU of the point's cluster (`cluster.hardware`, conf/cluster/gpu/):
 
-    seconds = max(FLOPs / (peak of its math dtype x GEMM_EFFICIENCY x wave efficiency)
-                  + bytes / (HBM bandwidth x MEMORY_EFFICIENCY),
+    seconds = max(FLOPs / (peak of its math dtype x GEMM_EFFICIENCY x wave efficiency),
+                  bytes / (HBM bandwidth x MEMORY_EFFICIENCY),
                   KERNEL_FLOOR_S)
 
-The two terms add: a kernel's compute and its own memory traffic are not taken to hide each other (the roofline's
-max is the bound below; their sum the bound above). On the open set of published records the sum is what fits
-how throughput falls with model size: llm-foundry's MPT on 16 A100s, 125M to 13B parameters, were predicted 21% to
-5% too fast with the max, 3% to -1% with the sum (`make validate-published`); this one choice was made on those
-rows, and is the only one made by looking at the records.
+the roofline itself (Williams, Waterman and Patterson 2009, "Roofline: an insightful visual performance model for
+multicore architectures", CACM 52(4)): a kernel is bound by its compute or by its memory traffic, whichever takes
+longer, the other hidden under it. (Until December 2026 the two terms were added, a choice made by looking at seven
+llm-foundry rows while their attention was priced at another kernel's rates; with the kernel they ran priced at
+its own, the sum left every source too slow, and it was reverted to the roofline: docs/measurements.md, ablation.)
 
 Fused attention on a GPU runs at the share of the peak its kernel's published benchmarks reach
 (suite.predict.attention); with `network.attention=math` it is the GEMMs and softmax it decomposes into.
@@ -101,16 +101,17 @@ class Gpu:
     fp8_tflops: float = 0.0  # what a large GEMM of fp8 operands reaches (`fp8=`); 0: none is priced
 
     def seconds(self, kernel: Kernel) -> float:
-        seconds = kernel.bytes / (self.bandwidth_gbs * 1e9)
+        memory = kernel.bytes / (self.bandwidth_gbs * 1e9)
         if kernel.kind == ATTENTION and self.attention is not None:
-            return max(seconds + kernel.flops / (self.attention_peak_tflops * 1e12 * self.attention.share(kernel)),
-                       KERNEL_FLOOR_S)
-        if kernel.kind != MEMORY and kernel.flops:
+            compute = kernel.flops / (self.attention_peak_tflops * 1e12 * self.attention.share(kernel))
+        elif kernel.kind != MEMORY and kernel.flops:
             rate = {CONV: self.conv_tflops, FP8_MATMUL: self.fp8_tflops}.get(kernel.kind, self.matmul_tflops)
             if not kernel.aligned and self.tensor_core_matmuls:
                 rate *= UNALIGNED_GEMM_SHARE
-            seconds += kernel.flops / (rate * 1e12 * self.waves(kernel))
-        return max(seconds, KERNEL_FLOOR_S)
+            compute = kernel.flops / (rate * 1e12 * self.waves(kernel))
+        else:
+            compute = 0.0
+        return max(compute, memory, KERNEL_FLOOR_S)
 
     def waves(self, kernel: Kernel) -> float:
         """Share of the SMs the kernel's tiles keep busy, over all its waves."""
