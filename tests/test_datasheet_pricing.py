@@ -500,6 +500,12 @@ def test_sequence_parallelism_splits_the_activations_tensor_parallel_ranks_keep_
     assert whole.memory.activations - sliced.memory.activations == pytest.approx(
         cfg.network.n_layer * 2 * residual * (1 - 1 / tp), rel=1e-6)
     assert sliced.memory.peak < whole.memory.peak
+    # Under full recomputation a block keeps only its input: whole without sequence parallelism, 1/tp with it
+    whole, sliced = (predict(point(*common, f"strategy.sequence_parallel={sp}", "activation_checkpointing=every",
+                                   cluster="dgx_h100")) for sp in ("false", "true"))
+    blocks = cfg.network.n_layer
+    assert whole.memory.activations - sliced.memory.activations == pytest.approx(blocks * residual * (1 - 1 / tp),
+                                                                                 rel=1e-6)
 
 
 

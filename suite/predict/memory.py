@@ -44,11 +44,20 @@ def kept_for_backward(w: Workload, layers: Sequence[LayerProfile], wrapped: Sequ
                       split: int = 1) -> float:
     """Bytes autograd keeps for one batch through `layers` (whose first reads `input_bytes`): each layer's saved
     tensors (a rank's share where tensor parallelism splits the layers `split` ways, `tp_kept`), or for a
-    checkpointed (`wrapped`) block only its input, whole."""
+    checkpointed (`wrapped`) block only its input: whole, or its slice of the sequence under sequence parallelism
+    (`checkpointed_input`)."""
     inputs = [input_bytes, *(layer.output_bytes for layer in layers[:-1])]
     sequence_parallel = getattr(w.strategy, "sequence_parallel", False)
-    return sum(read if again else tp_kept(layer, split, w.cfg.precision, sequence_parallel)
+    return sum(checkpointed_input(read, split, sequence_parallel) if again
+               else tp_kept(layer, split, w.cfg.precision, sequence_parallel)
                for layer, again, read in zip(layers, wrapped, inputs))
+
+
+def checkpointed_input(input_bytes: float, split: int, sequence_parallel: bool) -> float:
+    """What a checkpointed block of a tensor-parallel rank keeps: its input, the residual stream, whole on every rank,
+    or 1/tp of it where sequence parallelism has split the stream along the sequence (Korthikanti et al. 2022,
+    Sec. 5: full recomputation keeps 2sbhL/t bytes with sequence parallelism)."""
+    return input_bytes / split if sequence_parallel else input_bytes
 
 
 def _state_ratio(w: Workload) -> float:
@@ -113,9 +122,9 @@ def tensor_parallel(w: Workload, base: float) -> Memory:
     split = [layer.block or w.strategy.vocab_parallel for layer in p.layers]
     held = sum(layer.param_bytes / (tp if s else 1) for layer, s in zip(p.layers, split))
     again = checkpointed(list(p.layers), checkpoint_interval(w.cfg.activation_checkpointing))
-    # A checkpointed block keeps only its input, whole on every rank of the group.
     sequence_parallel = w.strategy.sequence_parallel
-    kept = sum(p.layers[i - 1].output_bytes if a else tp_kept(layer, tp if s else 1, w.cfg.precision, sequence_parallel)
+    kept = sum(checkpointed_input(p.layers[i - 1].output_bytes, tp if s else 1, sequence_parallel) if a
+               else tp_kept(layer, tp if s else 1, w.cfg.precision, sequence_parallel)
                for i, (layer, s, a) in enumerate(zip(p.layers, split, again)))
     # The peak is where backward starts: its workspace is the last layer's temporaries (GPT-2's head: the logits'
     # softmax and gradients), split only where that layer is (the vocabulary).
