@@ -409,3 +409,6 @@ def test_every_framework_of_the_open_set_is_described_and_matched_by_its_whole_n
     record = records["megatron-readme2020-mp-dgxa100-4b"]
     renamed = replace(record, training=replace(record.training, framework="my megatron fork"))
     assert "network.attention=math" not in map_record(renamed).overrides
+    silent = replace(renamed, training=replace(renamed.training, activation_recompute=None))
+    assert any("not stated: training.activation_recompute (the record names none, and my megatron fork documents no "
+               "default" in str(reason) for reason in map_record(silent).reasons)

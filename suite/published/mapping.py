@@ -414,12 +414,14 @@ def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
         # full: torchgpipe's default except_last (every micro-batch but the last), the suite's default too
     elif word == "full":
         draft.set("activation_checkpointing=every")
-    elif word is None and framework.recompute and framework.recompute.value == "every":
-        draft.set("activation_checkpointing=every")
-        draft.assume(f"activation recomputation not stated: {framework.recompute.source}")
+    elif word is None and framework.recompute:  # its documented default, said with its source
+        if framework.recompute.value == "every":
+            draft.set("activation_checkpointing=every")
+        draft.assume(f"activation recomputation not stated: {framework.recompute.value}, "
+                     f"{framework.recompute.source}")
     elif word is None:
-        documented = f", {framework.recompute.source}" if framework.recompute else ""
-        draft.assume(f"activation recomputation not stated: none{documented}")
+        draft.cannot(NOT_STATED, f"training.activation_recompute (the record names none, and "
+                                 f"{record.training.framework} documents no default the suite describes)")
 
 
 OPTIMIZER = re.compile(r"(?P<name>[a-z_]+)\s*(\((?:lr\s*=\s*(?P<lr>[0-9.e-]+))?[^)]*\))?")
