@@ -84,13 +84,18 @@ def test_make_plan_pipedream_prints_the_chosen_configuration_and_every_stage_cou
     header, *body = [[cell.strip() for cell in row] for row in rows]
     assert header[:4] == ["configuration", "plan", "stages", "layers per stage"]
     chosen = body[0]
-    assert chosen[:2] == ["15-1", "chosen"] and chosen[3].count("-") == 1  # as docs/performance-model.md says
+    # As docs/performance-model.md says: the fully connected layers (the last 12) alone on one GPU, the convolutions
+    # replicated before them; PipeDream's own choice for VGG-16 on 16 GPUs, 15-1, within 1% of the chosen
+    assert chosen[1] == "chosen" and chosen[0].endswith("-1") and chosen[3].endswith("-12"), chosen
+    pipedreams = next(row for row in body if row[0] == "15-1")
+    assert float(pipedreams[4]) <= 1.01 * float(chosen[4])
     planned = body[:16]
     assert sorted(int(row[2]) for row in planned) == list(range(1, 17))  # the best of every stage count
     assert all(sum(map(int, row[0].split("-"))) == 16 for row in body)
     times = [float(row[4]) for row in planned]
     assert times == sorted(times)
-    assert len(body) == 16 and chosen[8].startswith("strategy.replicas=[15,1] strategy.balance=[")
+    assert len(body) == 16 and chosen[8].startswith(f"strategy.replicas=[{chosen[0].replace('-', ',')}] "
+                                                    "strategy.balance=[")
     bad = run_make("plan-pipedream", "ARGS=dataset=imagenet network=vgg16 cluster=lassen workers=64")
     assert bad.returncode == 2 and "error: the PipeDream planner searches up to 32 workers, not 64" in bad.stderr
 
