@@ -140,7 +140,10 @@ def test_an_epoch_is_priced_over_the_records_own_dataset_or_not_at_all(records):
         Reason(mapping.NOT_STATED, "training.micro_batch (a 2-stage pipeline's micro-batches)"))),
     ("horovod-docs-vgg16-512gpu-scaling", (
         Reason(mapping.GPU, "other:pascal: no cluster of conf/cluster/ has this GPU type"),
-        Reason(mapping.NOT_STATED, "training.global_batch and training.micro_batch"))),
+        Reason(mapping.NOT_STATED, "training.global_batch and training.micro_batch"),
+        Reason(mapping.NOT_STATED, "training.activation_recompute (the record names none, and Horovod + TensorFlow "
+                                   "(tf_cnn_benchmarks, synthetic data per reproduction instructions) documents no "
+                                   "default the suite describes)"))),
     ("torchtitan-h100-llama3-70b-256gpu-fsdp32-tp8-asynctp", (
         Reason(mapping.ASYNC_TP, "tensor-parallel matmuls decomposed to overlap their collectives (torchtitan's "
                                  "enable_async_tensor_parallel): not a knob of the suite"),)),
@@ -348,7 +351,8 @@ def test_the_command_lists_each_record_and_the_count(tmp_path, capsys, records):
         f"{STUDY_J_HOROVOD[0]}: {' '.join(STUDY_J_HOROVOD[1])}",
         "    assumed: precision not stated: fp32, Horovod (PyTorch), ring-allreduce's default (PyTorch trains in "
         "float32 unless torch.amp is asked for (torch.get_default_dtype(): \"initially torch.float32\"))",
-        "    assumed: activation recomputation not stated: none",
+        "    assumed: activation recomputation not stated: none, PyTorch keeps what backward needs unless "
+        "torch.utils.checkpoint is called (its docs: checkpointing \"trades compute for memory\" only where applied)",
         "    assumed: optimizer not stated: SGD with momentum, the suite's default",
         "",
         "2 records: 1 expressible as suite points; the rest by reason (first reason / among its reasons):",
