@@ -40,13 +40,13 @@ FLASH2_A100 = {(64, False): (132, 153, 162, 171, 175, 176), (128, False): (151, 
                (64, True): (88, 119, 140, 156, 165, 171), (128, True): (99, 133, 155, 173, 182, 189)}
 EFFICIENT_A100 = {(64, False): (68, 73, 76, 77, 75, 75), (128, False): (83, 91, 95, 96, 97, 98),
                   (64, True): (51, 60, 66, 68, 69, 67), (128, True): (58, 72, 82, 87, 91, 92)}
+FLASH_TRITON = "flash_triton"  # a framework's own kernel, priced at its bars (not one torch runs)
 FLASH_TRITON_A100 = {(64, False): (90, 102, 98, 98, 100, 100), (128, False): (78, 85, 90, 93, 95, 95),
                      (64, True): (59, 75, 79, 76, 79, 80), (128, True): (50, 61, 68, 74, 78, 80)}
 FLASH2_H100 = {(64, False): (215, 254, 274, 288, 294, 296), (128, False): (248, 294, 320, 326, 335, 338),
                (64, True): (141, 192, 232, 257, 273, 284), (128, True): (163, 221, 265, 294, 308, 328)}
 # The figures' GPUs' dense fp16 peaks (conf/cluster/gpu/a100_sxm4_40gb.yaml, h100_sxm5_80gb.yaml)
 A100_PEAK = 312.0
-FLASH_TRITON = "flash_triton"
 H100_PEAK = 989.4
 HOPPER = 9.0
 
