@@ -7,7 +7,7 @@ import torch
 
 from conftest import DIGITS, run_suite
 from suite.records.store import Store
-from suite.runtime.optim import optimizer_implementation
+from suite.runtime.numerics import optimizer_implementation
 from suite.strategies.pipeline import layer_count
 from suite.sweep.plan import plan
 

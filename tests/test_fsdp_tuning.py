@@ -20,7 +20,7 @@ from suite.models.gpt2 import GPT2
 from suite.records.store import Store
 from suite.runtime.dist import DistEnv
 from suite.runtime.metrics import PhaseTimer, buffer_bytes
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 from suite.strategies.base import RankContext
 from suite.strategies.fsdp import FSDP
 

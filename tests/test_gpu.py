@@ -16,7 +16,7 @@ from conftest import run_suite
 from suite.paths import REPO_ROOT
 from suite.records.store import Store
 from suite.runtime.metrics import peak_memory
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 from suite.shared_names import DEVICE_MEMORY
 from suite.sweep.plan import plan
 from suite.sweep.sweep_files import expand, sweep_lines

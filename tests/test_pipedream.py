@@ -28,7 +28,7 @@ from suite.pipeline.partition import StageModule, cut
 from suite.pipeline.pipedream_engine import PipeDreamStage, lag
 from suite.point_dir import PointDir
 from suite.runtime.metrics import PhaseTimer
-from suite.runtime.precision import Precision
+from suite.runtime.numerics import Precision
 from suite.sweep.driver import run_sweep
 from suite.sweep.plan import plan
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 
 
 def scaled_step(precision, weight: torch.nn.Parameter, optimizer, factor: float) -> None:

@@ -11,7 +11,7 @@ from torch import nn
 from suite.layout import Layout
 from suite.models.gpt2 import GPT2
 from suite.runtime.metrics import PhaseTimer
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 from suite.strategies.base import RankContext
 from suite.strategies.gpipe_dist import GPipeDist
 from suite.strategies.one_f_one_b import OneFOneB

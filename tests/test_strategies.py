@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 from suite.config import GradCompressionConfig, OptimizerConfig
 from suite.layout import Layout
 from suite.runtime.metrics import PhaseTimer
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 from suite.strategies.base import RankContext
 from suite.strategies.ddp import DDP, apply_grad_compression
 

@@ -85,7 +85,7 @@ from typing import ClassVar
 
 import torch.distributed as dist
 
-from suite.runtime.optim import build_optimizer
+from suite.runtime.numerics import build_optimizer
 from suite.strategies.base import DataParallel, GradientSync, Strategy, Supports
 from suite.shared_names import Family
 

@@ -15,7 +15,7 @@ from suite.layout import Layout
 from suite.models.gpt2 import GPT2
 from suite.runtime.dist import DistEnv
 from suite.runtime.metrics import local_tensor
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 from suite.strategies.base import RankContext
 from suite.strategies.megatron import Megatron
 

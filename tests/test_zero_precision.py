@@ -18,7 +18,7 @@ from torch import nn
 
 from suite.runtime.dist import DistEnv
 from suite.runtime.metrics import PhaseTimer
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 from suite.strategies.base import RankContext
 from suite.strategies.zero import Zero
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from suite.models.gpt2 import GPT2
 from suite.runtime.dist import DistEnv
 from suite.runtime.metrics import PhaseTimer
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 from suite.strategies.base import RankContext
 from suite.strategies.zero import Zero, hidden_size, meta_model
 from suite.sweep.plan import plan

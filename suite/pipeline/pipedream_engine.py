@@ -37,7 +37,7 @@ from suite.layout import Layout
 from suite.pipeline import p2p
 from suite.pipeline.groups import PipelineGroups
 from suite.runtime.metrics import PhaseTimer
-from suite.runtime.precision import Precision
+from suite.runtime.numerics import Precision
 
 
 @dataclass

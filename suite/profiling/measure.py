@@ -27,8 +27,7 @@ from suite.profiling.cores import CoreWatch
 from suite.profiling.profiles import DATA_BATCHES, MAX_STEPS, STEPS, WARMUP, LayerProfile, window_s
 from suite.runtime.metrics import synchronize
 from suite.runtime.model_transforms import compile_blocks, decoder_blocks
-from suite.runtime.optim import build_optimizer
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import build_optimizer, make_precision
 from suite.runtime.torch_api import set_math
 from suite.strategies.pipeline import profile_sample
 from suite.worker.trainer import loss_fn

@@ -31,7 +31,7 @@ from suite.models import build_model
 from suite.models.layers import flatten_layers
 from suite.pipeline.microbatch import MicroBatching
 from suite.pipeline.partition import cut
-from suite.runtime.optim import build_optimizer
+from suite.runtime.numerics import build_optimizer
 from suite.shared_names import Family
 from suite.strategies.base import DataParallel, GradientSync, Library, RankContext, Runtime, Supports
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages, profile_sample

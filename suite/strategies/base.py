@@ -29,8 +29,7 @@ from suite.errors import BadValue
 from suite.layout import Layout
 from suite.runtime.dist import DistEnv
 from suite.runtime.metrics import PhaseTimer, local_tensor, tensor_mb
-from suite.runtime.optim import optimizer_implementation
-from suite.runtime.precision import Precision
+from suite.runtime.numerics import Precision, optimizer_implementation
 from suite.runtime.torch_api import is_dtensor
 from suite.shared_names import Family, GradCompression, OptimizerName, PrecisionName
 

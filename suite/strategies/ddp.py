@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from suite.errors import BadValue, ConfigError
 from suite.layout import will_use_cuda
-from suite.runtime.optim import build_optimizer
+from suite.runtime.numerics import build_optimizer
 from suite.shared_names import Family, GradCompression
 from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports
 

@@ -34,7 +34,7 @@ from torch import nn
 from suite.errors import ConfigError
 from suite.layout import Layout, divisors
 from suite.models.layers import block_layers
-from suite.runtime.optim import build_optimizer
+from suite.runtime.numerics import build_optimizer
 from suite.runtime.torch_api import fsdp_param_groups
 from suite.shared_names import ELEMENTWISE_OPTIMIZERS, Family
 from suite.strategies.base import DataParallel, RankContext, Sharding, Strategy, Supports

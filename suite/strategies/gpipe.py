@@ -20,8 +20,7 @@ from suite.errors import ConfigError
 from suite.layout import Layout
 from suite.models.layers import Layer, flatten_layers, tied_parameters
 from suite.pipeline.partition import StageModule, cut, sum_grads, untie
-from suite.runtime.optim import build_optimizer
-from suite.runtime.precision import AutocastForward
+from suite.runtime.numerics import AutocastForward, build_optimizer
 from suite.shared_names import Family
 from suite.strategies.base import RankContext, Runtime
 from suite.strategies.pipeline import Pipeline, partition_settings, pipeline_metrics

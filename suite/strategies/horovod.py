@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from suite.errors import BadValue
-from suite.runtime.optim import build_optimizer
+from suite.runtime.numerics import build_optimizer
 from suite.shared_names import Family
 from suite.strategies.base import DataParallel, GradientSync, Library, RankContext, Strategy
 

@@ -35,7 +35,7 @@ from suite.layout import Layout, divisors
 from suite.models import DECODERS, llama_dims
 from suite.runtime.dist import all_reduce_flat, broadcast_batch
 from suite.runtime.metrics import local_tensor
-from suite.runtime.optim import build_optimizer
+from suite.runtime.numerics import build_optimizer
 from suite.runtime.torch_api import is_dtensor
 from suite.shared_names import ELEMENTWISE_OPTIMIZERS, Family
 from suite.strategies.base import DataParallel, GradientSync, RankContext, Strategy, Supports

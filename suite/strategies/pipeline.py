@@ -27,7 +27,7 @@ from suite.pipeline.groups import PipelineGroups
 from suite.pipeline.microbatch import MicroBatching, micro_batching
 from suite.pipeline.partition import StageModule, check_balance, cut, stage_sizes, untie
 from suite.runtime.metrics import PhaseTimer, local_tensor
-from suite.runtime.optim import build_optimizer
+from suite.runtime.numerics import build_optimizer
 from suite.runtime.torch_api import is_dtensor
 from suite.strategies.base import RankContext, Runtime, Strategy, Supports
 from suite.strategies.megatron import param_groups, split_stage, whole_logits

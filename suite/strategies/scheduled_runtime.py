@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from suite.runtime.metrics import local_tensor
-from suite.runtime.precision import AutocastForward, Precision
+from suite.runtime.numerics import AutocastForward, Precision
 from suite.strategies.base import LossFn, RankContext
 from suite.strategies.pipeline import DistributedPipeline, DistributedStages
 

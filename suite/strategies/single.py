@@ -8,7 +8,7 @@ from typing import ClassVar
 from torch import nn
 
 from suite.errors import ConfigError
-from suite.runtime.optim import build_optimizer
+from suite.runtime.numerics import build_optimizer
 from suite.shared_names import Family
 from suite.strategies.base import DataParallel, RankContext, Strategy, Supports
 

@@ -26,7 +26,7 @@ from suite.layout import Layout
 from suite.models import build_model
 from suite.runtime.metrics import tensor_mb
 from suite.runtime.model_transforms import recomputed_under_forward_autocast, recomputes
-from suite.runtime.optim import optimizer_implementation
+from suite.runtime.numerics import optimizer_implementation
 from suite.shared_names import Family
 from suite.strategies.base import DataParallel, Library, RankContext, Sharding, Strategy, Supports, optimizer_state
 

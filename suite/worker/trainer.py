@@ -52,7 +52,7 @@ from suite.runtime.model_transforms import (
     convert_to_fp8,
     decoder_blocks,
 )
-from suite.runtime.precision import make_precision
+from suite.runtime.numerics import make_precision
 from suite.runtime.profile import StepTrace
 from suite.runtime.torch_api import set_math
 from suite.runtime.trace_breakdown import breakdown, unmeasured_communication
