@@ -436,6 +436,21 @@ def test_megatron_lm_sends_a_stages_output_in_half_precision_scattered_over_its_
     assert predict(point(*common, "framework=megatron_lm")).step.sent < predict(point(*common)).step.sent
 
 
+def test_a_framework_that_shards_a_pipelines_optimizer_steps_its_share_and_gathers_the_update(results):
+    """BLOOM's Megatron-DeepSpeed (DeepSpeed's bf16 optimizer, ZeRO-1) against Megatron-LM on one 3D point: each of
+    the dp replicas of a stage steps 1/dp of its optimizer and keeps 1/dp of its states, and the updated bf16
+    parameters are all-gathered over the replicas after the fp32 gradients' all-reduce."""
+    common = ("workers=8", "strategy=1f1b", "strategy.pp=2", "strategy.tp=2", "strategy.micro_batches=2",
+              "precision=bf16", "optimizer.name=adam")
+    whole, sharded = (predict(point(*common, f"framework={name}"))
+                      for name in ("megatron_lm", "megatron_deepspeed_bigscience"))
+    assert sharded.step.optimizer == pytest.approx(whole.step.optimizer / 2)
+    assert sharded.memory.optimizer == pytest.approx(whole.memory.optimizer / 2)
+    w, _, _ = workload(point(*common, "framework=megatron_deepspeed_bigscience"))
+    stage = max(devices(w), key=lambda d: d.params).params
+    assert sharded.step.sent - whole.step.sent == pytest.approx(stage * 0.5 * (2 - 1) / 2)
+
+
 @pytest.mark.parametrize(("precision", "share"), [("fp16", 0.5), ("bf16", 1.0)])
 def test_megatron_lm_all_reduces_fp16_gradients_in_fp16_and_bf16_ones_in_fp32(results, precision, share):
     """Data-parallel ranks (and replicas of a tensor-parallel group) all-reduce gradients: the suite's fp32 ones

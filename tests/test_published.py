@@ -234,6 +234,23 @@ def test_megatron_core_records_take_its_documented_defaults_and_its_fp32_attenti
     assert {"precision=bf16", "network.attention=flash"} <= set(map_record(in_bf16).overrides)
 
 
+def test_zero_1_beside_model_parallelism_is_priced_where_the_framework_declares_its_optimizer_sharding():
+    """BLOOM's 3D layout with ZeRO-1 (DeepSpeed's bf16 optimizer, which conf/framework/ declares as sharding the
+    optimizer over the replicas) maps to the suite's 1F1B over tp x pp under that framework, its schedule the
+    framework's documented one; the same layout under a framework that declares no such sharding cannot be priced."""
+    added = {r.id: r for r in load(tool.ADDED_RECORDS)}
+    bloom = added["bloom-a100-176b-384gpu-gbs2048-iter12695"]
+    mapped = map_record(bloom)
+    assert mapped.expressible
+    assert {"framework=megatron_deepspeed_bigscience", "strategy=1f1b", "strategy.tp=4", "strategy.pp=12",
+            "workers=384"} <= set(mapped.overrides)
+    assert any(a.startswith("pipeline schedule not stated: 1f1b, Megatron-DeepSpeed (bigscience-workshop fork)")
+               for a in mapped.assumptions)
+    plain = replace(bloom, training=replace(bloom.training, framework="Megatron-LM"))
+    assert map_record(plain).reasons == (Reason(mapping.LAYOUT_3D, "ZeRO-1 with model parallelism (tp=4, pp=12; "
+                                                                   "the 3D-layouts issue)"),)
+
+
 def test_the_records_this_project_added_cite_their_sources_beside_the_shared_set(records):
     """Issue 61, item 5: 30 or more records from sources other than llm-foundry, each with where it was read; read
     with the shared set by default, no id in both."""
@@ -249,7 +266,9 @@ def test_a_record_across_nodes_that_names_no_network_is_priced_on_the_catalogs_s
     """What crosses nodes goes at the network's rate: a record of several nodes that states neither its inter-node
     network nor its system is priced on its catalog cluster's network, and its assumptions say so."""
     stated = records["megatron-readme-a100-1.7b"]
-    assert not [a for a in map_record(stated).assumptions if "inter-node" in a]
+    (line,) = [a for a in map_record(stated).assumptions if "inter-node" in a]  # words, priced as a catalog's
+    assert line == ("inter-node network priced as dgx_a100_80gb's (conf/cluster/dgx_a100_80gb.yaml); the record's: "
+                    f"{stated.hardware.inter_node}")
     silent = replace(stated, hardware=replace(stated.hardware, inter_node=None, system=None))
     (line,) = [a for a in map_record(silent).assumptions if "inter-node" in a]
     assert line == "inter-node network not stated: dgx_a100_80gb's (conf/cluster/dgx_a100_80gb.yaml)"
@@ -349,6 +368,7 @@ def test_the_command_lists_each_record_and_the_count(tmp_path, capsys, records):
         "megatron-readme-a100-39b: cannot: not stated: layout.virtual_stages of an interleaved 1F1B schedule; not "
         "stated: training.micro_batch (a 2-stage pipeline's micro-batches)",
         f"{STUDY_J_HOROVOD[0]}: {' '.join(STUDY_J_HOROVOD[1])}",
+        "    assumed: inter-node network priced as lisa's (conf/cluster/lisa.yaml); the record's: 40 Gbps Ethernet",
         "    assumed: precision not stated: fp32, Horovod (PyTorch), ring-allreduce's default (PyTorch trains in "
         "float32 unless torch.amp is asked for (torch.get_default_dtype(): \"initially torch.float32\"))",
         "    assumed: activation recomputation not stated: none, PyTorch keeps what backward needs unless "

@@ -159,8 +159,9 @@ def pipeline(w: Workload, base: float) -> Memory:
         async_pipeline = w.strategy.family == Family.async_pipeline
         stash = held * lag(w.layout, d) if async_pipeline else 0.0  # older weight versions
         share = sum(x.saved_bytes for c in mine for x in c.layers) / max(sum(x.saved_bytes for x in w.layers), 1)
-        per_device.append(Memory(0.0, held + buffers + stash, held, _state_ratio(w) * held, kept,
-                                 _workspace(w, share)))
+        # a framework that shards the optimizer over the stage's replicas (ZeRO-1) keeps 1/width of its states
+        states = _state_ratio(w) * held / (w.layout.stage_width(d) if w.cfg.framework.get("optimizer_sharding") else 1)
+        per_device.append(Memory(0.0, held + buffers + stash, held, states, kept, _workspace(w, share)))
     if w.layout.stages_in_one_process and not w.stages_overlap:
         total = Memory(base, *(sum(getattr(m, f) for m in per_device)
                                for f in ("params", "grads", "optimizer", "activations", "transient")))

@@ -553,8 +553,10 @@ def devices(w: Workload, recompute: float = 0.0) -> list[Device]:
 
 
 def _stage_sync(w: Workload, device: Device, tied_ranks: int, stage: int = 0) -> tuple[float, float]:
-    """(seconds, bytes sent) of a stage's gradient sync: an all-reduce over the replicas, and one of a tied
-    weight's copies among the stages that hold one."""
+    """(seconds, bytes sent) of a stage's gradient sync: an all-reduce over the replicas, one of a tied weight's
+    copies among the stages that hold one, and where the framework shards the optimizer over the replicas
+    (conf/framework/, `optimizer_sharding`: DeepSpeed's bf16 optimizer, ZeRO-1) the all-gather of the parameters
+    each replica updated."""
     tied = sum(layer.tied_bytes for c in chunks(w) for layer in c.layers)
     layout = w.layout
     # ranks between two replicas of a stage (consecutive where stages are replicated unlike); of a stage
@@ -562,6 +564,10 @@ def _stage_sync(w: Workload, device: Device, tied_ranks: int, stage: int = 0) ->
     share = reduced_gradient_share(w)
     collectives = [("all_reduce", device.params * share, layout.stage_width(stage), replica),
                    ("all_reduce", tied * share, tied_ranks, max(w.layout.pp - 1, 1) * tp)]
+    sharding = w.cfg.framework.get("optimizer_sharding")
+    if sharding:  # the replicas' updated partitions gathered after the step (the profile's parameters are fp32)
+        gathered = device.params * (0.5 if sharding.gathered == "half" else 1.0)
+        collectives.append(("all_gather", gathered, layout.stage_width(stage), replica))
     return (sum(w.links.collective(*c) for c in collectives),
             sum(sent_bytes(kind, n, ranks) for kind, n, ranks, _ in collectives))
 
@@ -582,6 +588,8 @@ def flushed_pipeline(w: Workload, variant: str) -> StepTime:
     tied_ranks = 2 if w.layout.pp > 1 else 1
     sync, sent = max(_stage_sync(w, d, tied_ranks) for d in stages)
     per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
+    if w.cfg.framework.get("optimizer_sharding"):  # each replica steps its partition (then gathers, `_stage_sync`)
+        per_byte /= w.layout.stage_width(0)
     step = StepTime(compute=schedule.compute, comm=schedule.comm + sync, bubble=schedule.bubble,
                     optimizer=max(per_byte * d.params for d in stages), data=w.data_s, sent=schedule.sent + sent)
     return shared_cores(w, step, [m * d.work.compute + per_byte * d.params for d in stages])

@@ -15,7 +15,7 @@ from suite.paths import CONF_DIR
 
 KEYS = {"names", "attention", "precision", "recompute", "selective_recompute", "offload", "shards_data_parallel",
         "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len", "context_parallel",
-        "activations"}
+        "activations", "optimizer_sharding", "pipeline_schedule"}
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,11 @@ class Framework:
     selective_recompute: str | None = None
     offload: bool = False  # it offloads to the host (what, no record field says)
     shards_data_parallel: bool = False  # its data parallelism is FSDP's
+    shards_optimizer: bool = False  # its optimizer's states partitioned over the data-parallel replicas (ZeRO-1)
     single_process_pipeline: bool = False  # one process drives every stage (torchgpipe)
     seq_len: Default | None = None  # the context its training configs give a language model
     attention_fp32: Default | None = None  # where its fused kernels take half precision only: the one it runs in fp32
+    pipeline_schedule: Default | None = None  # the schedule its pipeline runs (the suite's strategy name)
 
 
 def _default(entry: dict | None, key: str) -> Default | None:
@@ -58,9 +60,11 @@ def frameworks() -> dict[str, Framework]:
         framework = Framework(path.stem, _default(data.get("attention"), "kernel"),
                               _default(data.get("precision"), "default"), _default(data.get("recompute"), "default"),
                               data.get("selective_recompute"), bool(data.get("offload")),
-                              bool(data.get("shards_data_parallel")), bool(data.get("single_process_pipeline")),
+                              bool(data.get("shards_data_parallel")), bool(data.get("optimizer_sharding")),
+                              bool(data.get("single_process_pipeline")),
                               _default(data.get("seq_len"), "default"),
-                              _default(data.get("attention", {}).get("in_fp32"), "kernel"))
+                              _default(data.get("attention", {}).get("in_fp32"), "kernel"),
+                              _default(data.get("pipeline_schedule"), "default"))
         found.update({name: framework for name in data["names"]})
     return found
 

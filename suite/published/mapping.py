@@ -187,6 +187,9 @@ def _cluster(record: Record, draft: _Draft) -> None:
     if (hw.nodes or 1) > 1 or (hw.total_gpus or 0) > per_node:
         if not (hw.inter_node or hw.system):  # the network carries what crosses nodes: said, never silent
             draft.assume(f"inter-node network not stated: {name}'s (conf/cluster/{name}.yaml)")
+        elif hw.inter_node:  # a record's network is words, not numbers: what it is priced as is said beside them
+            draft.assume(f"inter-node network priced as {name}'s (conf/cluster/{name}.yaml); the record's: "
+                         f"{hw.inter_node}")
 
 
 # --- the network and its data -----------------------------------------------------------------------------------
@@ -526,7 +529,8 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     schedule = layout.schedule or ("interleaved_1f1b" if word == "interleaved_1f1b" else None)
     if word == "hybrid":
-        if layout.zero_stage or (framework.shards_data_parallel and (pp or 1) > 1):
+        optimizer_only = layout.zero_stage == 1 and framework.shards_optimizer  # its ZeRO-1, priced as declared
+        if (layout.zero_stage and not optimizer_only) or (framework.shards_data_parallel and (pp or 1) > 1):
             sharded = f"ZeRO-{layout.zero_stage}" if layout.zero_stage else "FSDP"
             draft.cannot(LAYOUT_3D, f"{sharded} with model parallelism (tp={tp}, pp={pp}; the 3D-layouts issue)")
             return None
@@ -536,6 +540,10 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
             draft.cannot(NOT_STATED, "layout.dp, tp and pp of a hybrid layout")
             return None
         else:
+            if pp > 1 and schedule is None and framework.pipeline_schedule:
+                schedule = framework.pipeline_schedule.value
+                draft.assume(f"pipeline schedule not stated: {schedule}, {record.training.framework}'s "
+                             f"({framework.pipeline_schedule.source})")
             word = (schedule or "1f1b") if pp > 1 else "megatron_tp" if tp > 1 else "ddp"
         if pp > 1 and schedule is None:
             draft.assume("pipeline schedule not stated: Megatron-LM's default 1F1B")
