@@ -234,6 +234,8 @@ class ClusterConfig:
     # follow its cores' (Polaris: [3, 2, 1, 0]); None = the local rank's own number.
     gpu_order: list[int] | None = None
     tracking_uri: str | None = None  # an MLflow server the cluster's jobs report to (see `make mlflow-server`)
+    # The names published GPU measurements give this system (`hardware.system`, matched whole): they are priced on it.
+    systems: list[str] = field(default_factory=list)
     job: JobConfig = field(default_factory=JobConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 

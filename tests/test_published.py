@@ -237,13 +237,14 @@ def test_megatron_core_records_take_its_documented_defaults_and_its_fp32_attenti
 def test_zero_1_beside_model_parallelism_is_priced_where_the_framework_declares_its_optimizer_sharding():
     """BLOOM's 3D layout with ZeRO-1 (DeepSpeed's bf16 optimizer, which conf/framework/ declares as sharding the
     optimizer over the replicas) maps to the suite's 1F1B over tp x pp under that framework, its schedule the
-    framework's documented one; the same layout under a framework that declares no such sharding cannot be priced."""
+    framework's documented one, on the catalog cluster that names its system; the same layout under a framework that
+    declares no such sharding cannot be priced."""
     added = {r.id: r for r in load(tool.ADDED_RECORDS)}
     bloom = added["bloom-a100-176b-384gpu-gbs2048-iter12695"]
     mapped = map_record(bloom)
     assert mapped.expressible
     assert {"framework=megatron_deepspeed_bigscience", "strategy=1f1b", "strategy.tp=4", "strategy.pp=12",
-            "workers=384"} <= set(mapped.overrides)
+            "workers=384", "cluster=jean_zay_a100"} <= set(mapped.overrides)  # the system it names, its Omni-Path
     assert any(a.startswith("pipeline schedule not stated: 1f1b, Megatron-DeepSpeed (bigscience-workshop fork)")
                for a in mapped.assumptions)
     plain = replace(bloom, training=replace(bloom.training, framework="Megatron-LM"))
@@ -414,6 +415,18 @@ def test_memory_per_gpu_is_scored_per_source_with_whether_the_model_says_it_fits
     assert "memory per GPU over 2 priced records: median 15.0% (<= 10%: NOT met); fits predicted in 1 of 2 (>= 95%: " \
            "NOT met)" in targets(scored)
     assert targets(scored[2:]) == ["memory per GPU: none of the 1 records that state it priced"]
+
+
+def test_the_share_of_records_priced_counts_those_whose_gpu_the_catalog_has(records):
+    """The priced-share target: of the records whose GPU type a catalog cluster has, how many are priced; a record
+    refused for its GPU is outside the count, one refused for anything else inside it."""
+    from analysis.published_score import Scored, targets
+
+    three = list(records.values())[:3]
+    scored = [Scored(three[0], three[0].measured.metric, 1.0, 1.0),
+              Scored(three[1], three[1].measured.metric, 1.0, None, "not stated: training.micro_batch (...)"),
+              Scored(three[2], three[2].measured.metric, 1.0, None, f"{mapping.GPU}: p40: no cluster of ...")]
+    assert "priced: 1 of the 2 records whose GPU is in the catalog, 50% (>= 85%: NOT met)" in targets(scored)
 
 
 def test_every_framework_of_the_open_set_is_described_and_matched_by_its_whole_name(records):

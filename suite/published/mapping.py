@@ -161,13 +161,17 @@ def gpu_clusters(conf_dir: Path = CONF_DIR) -> tuple[tuple[str, str, int], ...]:
 
 
 def _cluster(record: Record, draft: _Draft) -> None:
-    """`cluster=<name>`: a catalog cluster of the record's GPU type and GPUs per node."""
+    """`cluster=<name>`: the catalog cluster that names the record's system (its `systems`), else one of the record's
+    GPU type and GPUs per node."""
     gpu, per_node = record.hardware.gpu, record.hardware.gpus_per_node
     if gpu is None:
         draft.cannot(NOT_STATED, "hardware.gpu")
         return
     clusters = gpu_clusters()
     of_type = [c for c in clusters if c[1] == gpu]
+    named = [c for c in of_type if record.hardware.system in (_cluster_key(CONF_DIR, c[0], "systems") or ())]
+    if named:
+        of_type = named  # the system the record ran on, where the catalog describes it
     if not of_type:
         unsure = " (its form factor and memory not stated)" if gpu == "v100" else ""
         draft.cannot(GPU, f"{gpu}{unsure}: no cluster of conf/cluster/ has this GPU type")
