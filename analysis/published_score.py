@@ -32,8 +32,9 @@ from suite.published.records import Record
 
 MEMORY = "memory_gb_per_gpu"
 MEMORY_ALSO = {"memory_gib": 2**30, "memory_gb": 1e9, "memory_gb_per_gpu": 1e9}  # measured.also keys, bytes each
+# the GPU pricing issue's and the model-for-every-framework issue's, printed beside what is reached
 TARGETS = {"median": 0.10, "p90": 0.25, "family_median": 0.15, "source_median": 0.15, "memory_median": 0.10,
-           "fits": 0.95, "tau": 0.8, "pick": 0.05, "priced": 0.85}  # the GPU pricing issue's, printed beside what is reached
+           "fits": 0.95, "tau": 0.8, "pick": 0.05, "priced": 0.85}
 SHARDED = ("fsdp", "zero1", "zero2", "zero3")
 
 
@@ -297,14 +298,14 @@ def targets(scored: list[Scored]) -> list[str]:
                      f"{'met' if priced and agreed >= TARGETS['fits'] * priced else 'NOT met'})")
     elif stating:
         lines.append(f"memory per GPU: none of the {len(stating)} records that state it priced")
-    if main:
-        summary = error_summary(main)
-        lines.append(f"throughput / time over {summary['n']} priced records: median {summary['median']:.1%} "
-                     f"(target <= {TARGETS['median']:.0%}), p90 {summary['p90']:.1%} (<= {TARGETS['p90']:.0%})")
     in_catalog = [s for s in throughput(scored) if not (s.reason and GPU in s.reason)]
     if in_catalog:
         priced = sum(s.predicted is not None for s in in_catalog)
         share = priced / len(in_catalog)
         lines.append(f"priced: {priced} of the {len(in_catalog)} records whose GPU is in the catalog, {share:.0%} "
                      f"(>= {TARGETS['priced']:.0%}: {'met' if share >= TARGETS['priced'] else 'NOT met'})")
+    if main:
+        summary = error_summary(main)
+        lines.append(f"throughput / time over {summary['n']} priced records: median {summary['median']:.1%} "
+                     f"(target <= {TARGETS['median']:.0%}), p90 {summary['p90']:.1%} (<= {TARGETS['p90']:.0%})")
     return lines

@@ -263,16 +263,18 @@ def test_the_records_this_project_added_cite_their_sources_beside_the_shared_set
 
 
 
-def test_a_record_across_nodes_that_names_no_network_is_priced_on_the_catalogs_said_in_its_assumptions(records):
-    """What crosses nodes goes at the network's rate: a record of several nodes that states neither its inter-node
-    network nor its system is priced on its catalog cluster's network, and its assumptions say so."""
+def test_a_record_across_nodes_that_names_no_network_is_not_priced_and_a_named_one_is_said(records):
+    """What crosses nodes goes at the network's rate, and no framework documents a network: a record of several nodes
+    that states neither its inter-node network nor its system is not priced for it; one that names its network in
+    words is priced on its catalog cluster's, which its assumptions name beside the record's words."""
     stated = records["megatron-readme-a100-1.7b"]
-    (line,) = [a for a in map_record(stated).assumptions if "inter-node" in a]  # words, priced as a catalog's
+    (line,) = [a for a in map_record(stated).assumptions if "inter-node" in a]
     assert line == ("inter-node network priced as dgx_a100_80gb's (conf/cluster/dgx_a100_80gb.yaml); the record's: "
                     f"{stated.hardware.inter_node}")
     silent = replace(stated, hardware=replace(stated.hardware, inter_node=None, system=None))
-    (line,) = [a for a in map_record(silent).assumptions if "inter-node" in a]
-    assert line == "inter-node network not stated: dgx_a100_80gb's (conf/cluster/dgx_a100_80gb.yaml)"
+    assert Reason(mapping.NOT_STATED, f"hardware.inter_node (a run over {stated.hardware.nodes} nodes)") in \
+        map_record(silent).reasons
+
 
 def test_an_id_in_two_records_files_is_one_line(tmp_path, capsys):
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"

@@ -189,8 +189,9 @@ def _cluster(record: Record, draft: _Draft) -> None:
     draft.set(f"cluster={name}")
     hw = record.hardware
     if (hw.nodes or 1) > 1 or (hw.total_gpus or 0) > per_node:
-        if not (hw.inter_node or hw.system):  # the network carries what crosses nodes: said, never silent
-            draft.assume(f"inter-node network not stated: {name}'s (conf/cluster/{name}.yaml)")
+        if not (hw.inter_node or hw.system):  # what crosses nodes goes at the network's rate, which no default gives
+            nodes = hw.nodes or -(-hw.total_gpus // per_node)
+            draft.cannot(NOT_STATED, f"hardware.inter_node (a run over {nodes} nodes)")
         elif hw.inter_node:  # a record's network is words, not numbers: what it is priced as is said beside them
             draft.assume(f"inter-node network priced as {name}'s (conf/cluster/{name}.yaml); the record's: "
                          f"{hw.inter_node}")

@@ -38,7 +38,8 @@ from suite.sweep.compose import PlanningProgress, compose_all, job_line, problem
 # Settings that change how a point is run or reported, not what it measures (dotted: one key of a group).
 # network.family and .size: what the network was chosen by; its name, architecture and dimensions say what is built.
 NOT_IDENTITY = ("tracking", "timeout_s", "log_every", "save_final_weights", "record_prediction", "cluster.job",
-                "cluster.hardware", "cluster.tracking_uri", "network.family", "network.size", "framework")
+                "cluster.hardware", "cluster.tracking_uri", "cluster.systems", "network.family", "network.size",
+                "framework")
 # Under those, what does change the measurement, where set: the memory a CPU rank is held to (suite.runtime.metrics).
 MEASURED_HARDWARE = ("cluster.hardware.device_memory_gb",)
 # Settings added after points were recorded (dotted: one key of a group): at these defaults they are left out of a
