@@ -572,6 +572,13 @@ def _stage_sync(w: Workload, device: Device, tied_ranks: int, stage: int = 0) ->
             sum(sent_bytes(kind, n, ranks) for kind, n, ranks, _ in collectives))
 
 
+def optimizer_per_byte(w: Workload, stage: int = 0) -> float:
+    """Seconds of optimizer step per parameter byte a pipeline stage holds; 1/width of it where the framework shards
+    the optimizer over the stage's replicas (each steps its partition, then gathers: `_stage_sync`)."""
+    per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
+    return per_byte / w.layout.stage_width(stage) if w.cfg.framework.get("optimizer_sharding") else per_byte
+
+
 def flushed_pipeline(w: Workload, variant: str) -> StepTime:
     """gpipe, gpipe_dist, 1f1b: m micro-batches through p stages, then a flush, each stage's gradient sync and
     its optimizer step. torchgpipe's stages in one process on CPU share one worker thread: they run in turn, every
@@ -587,9 +594,7 @@ def flushed_pipeline(w: Workload, variant: str) -> StepTime:
     schedule = flushed_schedule([d.work for d in stages], m, w.layout.virtual_stages, w.strategy.fills_bubble)
     tied_ranks = 2 if w.layout.pp > 1 else 1
     sync, sent = max(_stage_sync(w, d, tied_ranks) for d in stages)
-    per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
-    if w.cfg.framework.get("optimizer_sharding"):  # each replica steps its partition (then gathers, `_stage_sync`)
-        per_byte /= w.layout.stage_width(0)
+    per_byte = optimizer_per_byte(w)
     step = StepTime(compute=schedule.compute, comm=schedule.comm + sync, bubble=schedule.bubble,
                     optimizer=max(per_byte * d.params for d in stages), data=w.data_s, sent=schedule.sent + sent)
     return shared_cores(w, step, [m * d.work.compute + per_byte * d.params for d in stages])
@@ -626,13 +631,13 @@ def async_pipeline(w: Workload, variant: str) -> StepTime:
     steps, so the slowest stage sets the pace. The pipeline fills and drains once per epoch, spread here over
     the epoch's steps. A stage on r of PipeDream's replicated stages runs its share of the step's round of
     mini-batches, 1 / r of them, each with its all-reduce among the r."""
-    per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
     paces = []
     for stage, d in enumerate(devices(w)):
         sync, sent = _stage_sync(w, d, 1, stage)
         runs = len(w.layout.runs(RankPosition(0, stage, 0)))
         pace = StepTime(compute=runs * d.work.compute, comm=runs * (d.work.sends + sync),
-                        optimizer=runs * per_byte * d.params, data=w.data_s, sent=runs * (d.work.sent + sent))
+                        optimizer=runs * optimizer_per_byte(w, stage) * d.params, data=w.data_s,
+                        sent=runs * (d.work.sent + sent))
         paces.append(pace)
     slowest = max(paces, key=lambda pace: pace.total)
     fill = sum(pace.total - pace.data for pace in paces) - (slowest.total - slowest.data)
