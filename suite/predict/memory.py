@@ -17,7 +17,17 @@ from dataclasses import dataclass, replace
 
 from suite.pipeline.pipedream_engine import lag
 from suite.predict.costs import checkpointed
-from suite.predict.step import PARAM_BYTES, Chunk, Workload, chunks, context_split, regathers, tensor_split, tp_kept
+from suite.predict.step import (
+    PARAM_BYTES,
+    Chunk,
+    Workload,
+    chunks,
+    context_split,
+    optimizer_shards,
+    regathers,
+    tensor_split,
+    tp_kept,
+)
 from suite.profiling.profiles import LayerProfile
 from suite.runtime.gpu_query import first_gpu
 from suite.runtime.model_transforms import checkpoint_interval
@@ -159,8 +169,7 @@ def pipeline(w: Workload, base: float) -> Memory:
         async_pipeline = w.strategy.family == Family.async_pipeline
         stash = held * lag(w.layout, d) if async_pipeline else 0.0  # older weight versions
         share = sum(x.saved_bytes for c in mine for x in c.layers) / max(sum(x.saved_bytes for x in w.layers), 1)
-        # a framework that shards the optimizer over the stage's replicas (ZeRO-1) keeps 1/width of its states
-        states = _state_ratio(w) * held / (w.layout.stage_width(d) if w.cfg.framework.get("optimizer_sharding") else 1)
+        states = _state_ratio(w) * held / optimizer_shards(w, d)
         per_device.append(Memory(0.0, held + buffers + stash, held, states, kept, _workspace(w, share)))
     if w.layout.stages_in_one_process and not w.stages_overlap:
         total = Memory(base, *(sum(getattr(m, f) for m in per_device)

@@ -572,11 +572,15 @@ def _stage_sync(w: Workload, device: Device, tied_ranks: int, stage: int = 0) ->
             sum(sent_bytes(kind, n, ranks) for kind, n, ranks, _ in collectives))
 
 
+def optimizer_shards(w: Workload, stage: int = 0) -> int:
+    """Over how many ranks a pipeline stage's optimizer is split: its replicas where the framework shards it
+    (conf/framework/, `optimizer_sharding`: each steps its partition, then gathers, `_stage_sync`), else 1."""
+    return w.layout.stage_width(stage) if w.cfg.framework.get("optimizer_sharding") else 1
+
+
 def optimizer_per_byte(w: Workload, stage: int = 0) -> float:
-    """Seconds of optimizer step per parameter byte a pipeline stage holds; 1/width of it where the framework shards
-    the optimizer over the stage's replicas (each steps its partition, then gathers: `_stage_sync`)."""
-    per_byte = w.profile.optimizer_s / max(w.profile.param_bytes, 1)
-    return per_byte / w.layout.stage_width(stage) if w.cfg.framework.get("optimizer_sharding") else per_byte
+    """Seconds of optimizer step per parameter byte a pipeline stage holds."""
+    return w.profile.optimizer_s / max(w.profile.param_bytes, 1) / optimizer_shards(w, stage)
 
 
 def flushed_pipeline(w: Workload, variant: str) -> StepTime:
