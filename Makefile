@@ -15,7 +15,7 @@ JOB_ARGS := $(if $(ACCOUNT),cluster.job.account=$(ACCOUNT)) $(if $(QUEUE),cluste
 STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tracking_uri())')"
 
 .PHONY: help setup setup-offline wheelhouse horovod axonn browser test test-fast test-numerics test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
-	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend plan-pipedream bench-model \
+	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend plan-pipedream bench-model bench-kernels \
 	validate-published
 
 # The targets and what each does (the `## ` note on its line); `suite --help` lists the configs and sweeps.
@@ -198,6 +198,11 @@ bench-pipeline: setup  ## each pipeline schedule against GPipe's (ARGS)
 # The fixed cost of a point run here (driver start to recorded run), split into its parts; e.g. ARGS='--points 1'.
 bench-launch: setup  ## the fixed cost of a point run here (ARGS)
 	$(PY) -m suite.tools.benchmarks.launch $(ARGS)
+
+# The datasheet model's kernels and steps against what a GPU lease measured (docs/measurements/<gpu>-<date>/:
+# micro.json's GEMMs, memory-bound kernels and attention; profile_*.json's steps): ARGS="[DIR] [cluster=NAME]".
+bench-kernels: setup  ## the datasheet model's kernels against a GPU's microbenchmarks and step profiles (ARGS)
+	$(PY) -m suite.tools.benchmarks.kernels $(ARGS)
 
 # The performance model against the measured grid of conf/sweep/model_bench.yaml: errors per strategy, memory,
 # fits, recommender top-1 / regret / Kendall tau; needs this machine's calibration record (`make calibrate`).

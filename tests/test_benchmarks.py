@@ -1,10 +1,12 @@
 """Every `make bench-*` target runs, at smoke size (ARGS), as a user types it, and prints its ratio."""
 
+import json
 import re
 
 import pytest
 
 from conftest import run_make
+from suite.paths import REPO_ROOT
 from suite.tools.benchmarks.launch import PARTS
 
 pytestmark = pytest.mark.slow  # `make bench-*`: torchrun and its ranks
@@ -43,3 +45,36 @@ def test_bench_launch_splits_the_cost_of_a_point(results):
     assert abs(sum(parts.values()) - total) < 0.05, result.stdout  # the parts follow each other, no gap
     cost = re.search(r"^launch cost per point: (\d+\.\d\d) s$", result.stdout, re.M)
     assert cost and float(cost.group(1)) > total, result.stdout  # the sweep's start and end on top
+
+
+def test_bench_kernels_scores_a_gpus_kernels_and_steps(tmp_path):
+    """A lease's files cut to one of each kind (the GPU's real names and numbers), and a Llama step shrunk to 2
+    blocks of 256 tokens so that counting it is quick: every kind of kernel and the step print a model / measured
+    ratio or time."""
+    measured = REPO_ROOT / "docs" / "measurements" / "h200-2026-11-28"
+    micro = json.loads((measured / "micro.json").read_text())
+    gemms = [next(g for g in micro["gemms"] if g.get("role") and g["k"] > 1024),
+             next(g for g in micro["gemms"] if g["n"] == 50257)]
+    norm = next(m for m in micro["memory_bound"] if "backward_ms" in m and m["numel"] >= 2**24)
+    small = {"env": micro["env"], "launch_floor": micro["launch_floor"], "gemms": gemms, "memory_bound": [norm],
+             "attention": micro["attention"][:2]}  # FlashAttention-2 and the memory-efficient kernel
+    (tmp_path / "micro.json").write_text(json.dumps(small))
+    step = json.loads((measured / "profile_llama3_8b_4layers_bf16_b1_s8192.json").read_text())
+    step["name"] = "llama3_8b_4layers_shrunk"
+    step["seq"], step["vocab"] = 256, 1024
+    (tmp_path / "profile_llama3_8b_4layers_shrunk.json").write_text(json.dumps(step))
+    result = run_make("bench-kernels", f"ARGS={tmp_path}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "priced on cluster=h200: datasheet: NVIDIA H200 GEMMs at 989.4 x 0.8 TFLOP/s" in result.stdout
+    ratio = r"\| (\d+) \| (\d+\.\d\d) \| (\d+\.\d\d) \| (\d+\.\d\d) \|"
+    rows = {name: n for name, n, *_ in re.findall(rf"^\| ([^|]+) {ratio}$", result.stdout, re.M)}
+    assert rows == {"GEMM: bf16, networks' layers, K > 1024": "1", "GEMM: bf16, a dimension not a multiple of 8": "1",
+                    f"memory-bound: {norm['op']}, at least 16M elements": "1",
+                    f"memory-bound: {norm['op']} backward, at least 16M elements": "1",
+                    **{f"attention (the model's FlashAttention-2) vs {kernel}, forward + backward": "1"
+                       for kernel in ("flash", "efficient")},
+                    "an eager kernel's launch (KERNEL_FLOOR_S)": "1"}, result.stdout
+    assert re.search(r"^llama3_8b_4layers_shrunk: step 193\.8 ms measured, \d+\.\d model$", result.stdout, re.M)
+    for kind in ("matmul", "attention", "memory", "optimizer"):
+        assert re.search(rf"^\| {kind} kernels \| \d+\.\d \| \d+\.\d \| \d+ \| (\d+|not counted) \|$", result.stdout,
+                         re.M), result.stdout

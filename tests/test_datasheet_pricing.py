@@ -17,6 +17,7 @@ from suite.predict.recommend import rank_cell, strategy_overrides
 from suite.predict.step import devices, pipeline_sends, split_block_collectives
 from suite.profiling.counted import ATTENTION, CONV, MATMUL, MEMORY, Kernel, count_network
 from suite.sweep.plan import plan
+from suite.tools.benchmarks.kernels import profiled_kind
 
 TOKENS = ["dataset=tokens", "dataset.seq_len=128", "dataset.vocab_size=512", "dataset.samples=4096"]
 
@@ -593,3 +594,15 @@ def test_the_recommender_ranks_fsdp2_fsdp2_x_tp_fsdp2_x_cp_and_3d_layouts_for_a_
     assert refused["fsdp tp=16"].startswith("strategy fsdp: tp=16 does not divide n_kv_head=8 of llama3_8b")
     offered = ranked | set(refused)  # megatron with and without sequence parallelism, ranked or said why not
     assert {"megatron tp=8", "megatron tp=8 sequence_parallel=true"} <= offered
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", MATMUL),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0_0",
+     ATTENTION),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "TensorListMetadata<1>, ...>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(...)>", MEMORY),
+    ("Optimizer.step#AdamW.step", None)])
+def test_bench_kernels_sorts_a_profiles_cuda_kernels_into_the_kinds_the_model_prices(name, kind):
+    assert profiled_kind(name) == kind
