@@ -76,9 +76,10 @@ def attention_seconds(shape: list[int], gpu: Gpu) -> tuple[float, float]:
     batch, heads, _, tokens, head_dim = shape
     forward = 4 * batch * heads * tokens * tokens * head_dim * CAUSAL_WORK
     query = batch * heads * tokens * head_dim * 2
-    kernel = Kernel(ATTENTION, forward, 4 * query, batch * heads * tokens, head_dim, keys=tokens, causal=True)
-    backward = Kernel(ATTENTION, forward * ATTENTION_BACKWARD, 8 * query, batch * heads * tokens, head_dim, keys=tokens, causal=True)
-    return gpu.seconds(kernel), gpu.seconds(backward)
+    rows = batch * heads * tokens
+    return (gpu.seconds(Kernel(ATTENTION, forward, 4 * query, rows, head_dim, keys=tokens, causal=True)),
+            gpu.seconds(Kernel(ATTENTION, forward * ATTENTION_BACKWARD, 8 * query, rows, head_dim, keys=tokens,
+                               causal=True)))
 
 
 def step_overrides(profile: dict) -> list[str]:
