@@ -94,6 +94,21 @@ def test_the_roofline_prices_a_kernel_at_its_compute_or_its_traffic_whichever_is
     assert gpu.seconds(Kernel(MEMORY, 0, 1024)) == roofline.KERNEL_FLOOR_S
 
 
+def test_layernorm_and_softmax_stream_at_the_share_of_the_bandwidth_atens_kernels_reach():
+    """GPT-2's LayerNorms and its loss's log-softmax, forward and backward, are the kernels that reduce rows; the rest
+    of its memory-bound kernels stream at the share copies and adds reach."""
+    cfg = point("precision=bf16").cfg
+    network = count_network(cfg, 4)
+    memory = [k for layer in network.layers for k in (*layer.forward, *layer.backward) if k.kind == MEMORY]
+    blocks = cfg.network.n_layer
+    # 2 LayerNorms a block and the last one, forward and backward; the loss's log-softmax, forward and backward
+    assert sum(k.row_reduction for k in memory) == 2 * (2 * blocks + 1) + 2
+    gpu = roofline.gpu_of(cfg)
+    norm, add = Kernel(MEMORY, 0, 2**30, row_reduction=True), Kernel(MEMORY, 0, 2**30)
+    assert gpu.seconds(norm) == pytest.approx(2**30 / (2039e9 * roofline.ROW_REDUCTION_EFFICIENCY))
+    assert gpu.seconds(add) == pytest.approx(2**30 / (2039e9 * roofline.MEMORY_EFFICIENCY))
+
+
 def attention_seconds(gpu, keys: int, head_dim: int, causal: bool = True) -> float:
     flops = 4 * keys * keys * head_dim * (0.5 if causal else 1)  # one head of one sequence, forward
     return gpu.seconds(Kernel(ATTENTION, flops, 0, keys, head_dim, keys=keys, causal=causal)) / flops

@@ -4,7 +4,7 @@ What one training step of the network launches is counted on the meta device (su
 kernel is priced by a roofline on the GPU of the point's cluster (`cluster.hardware`, conf/cluster/gpu/):
 
     seconds = max(FLOPs / (peak of its math dtype x GEMM_EFFICIENCY x wave efficiency),
-                  bytes / (HBM bandwidth x MEMORY_EFFICIENCY),
+                  bytes / (HBM bandwidth x MEMORY_EFFICIENCY, or ROW_REDUCTION_EFFICIENCY for norms and softmax),
                   KERNEL_FLOOR_S)
 
 the roofline itself (Williams, Waterman and Patterson 2009, "Roofline: an insightful visual performance model for
@@ -17,12 +17,13 @@ Fused attention on a GPU runs at the share of the peak its kernel's published be
 (suite.predict.attention); with `network.attention=math` it is the GEMMs and softmax it decomposes into.
 Matrix multiplies and convolutions (and a CPU's fused attention) run at the dense peak of the point's math dtype
 (bf16 and fp16 on the tensor cores; fp32 on TF32 tensor cores where `math.tf32` asks for it, as torch does for
-convolutions by default, else on the FP32 units), every other kernel at the memory bandwidth. A GEMM's output is
+convolutions by default, else on the FP32 units), every other kernel at the memory bandwidth (LayerNorm and softmax,
+which reduce each row before writing it, at the lower share ATen's kernels reach of it). A GEMM's output is
 cut into 128 x 128 tiles, one per streaming multiprocessor at a time: a last wave that fills few of them wastes
 the rest (wave quantisation), which is how small GEMMs fall below the peak; one with a dimension that is not a
 multiple of 8 runs on cuBLAS's slow unaligned kernels (UNALIGNED_GEMM_SHARE of the rate). The optimizer step
 streams every parameter's state once per operation of torch's foreach kernels (AdamW: 80 bytes per fp32
-parameter; SGD with momentum 32). The constants are four, named below with where they come from; `make
+parameter; SGD with momentum 32). The constants are five, named below with where they come from; `make
 validate-published` scores them against published GPU measurements.
 
 The profile it returns is the measured profile's (suite.profiling.profiles), so every strategy's step and memory
@@ -59,6 +60,11 @@ from suite.shared_names import Float8Recipe
 GEMM_EFFICIENCY = 0.8
 # Of the datasheet HBM bandwidth, what streaming kernels (elementwise, normalisation, optimizer) reach.
 MEMORY_EFFICIENCY = 0.85
+# Of the datasheet HBM bandwidth, what ATen's LayerNorm and softmax kernels reach, forward and backward
+# (counted.ROW_REDUCTIONS): on an H200, 16M to 256M elements in bf16 and fp32, rows of 1024 and 4096, the median of 48
+# runs is 0.46 (0.23-0.90; docs/measurements.md, "The model against the H200 lease's kernels"), where copies, adds and
+# activations reach 0.71-0.86.
+ROW_REDUCTION_EFFICIENCY = 0.46
 # The least time one kernel takes in eager PyTorch: the host's dispatch and launch of a kernel, which a GPU
 # finishing tiny kernels faster waits on. 5 us: the order of a CUDA launch plus PyTorch's dispatcher.
 KERNEL_FLOOR_S = 5e-6
@@ -99,9 +105,12 @@ class Gpu:
     attention: AttentionKernelCost | None = None  # the fused attention kernel's published share of the peak
     attention_peak_tflops: float = 0.0  # the datasheet peak that share is of (the dtype attention runs in)
     fp8_tflops: float = 0.0  # what a large GEMM of fp8 operands reaches (`fp8=`); 0: none is priced
+    row_reduction_bandwidth_gbs: float = 0.0  # what normalisation and softmax kernels reach; 0: bandwidth_gbs
 
     def seconds(self, kernel: Kernel) -> float:
-        memory = kernel.bytes / (self.bandwidth_gbs * 1e9)
+        bandwidth = (self.row_reduction_bandwidth_gbs or self.bandwidth_gbs) if kernel.row_reduction else \
+            self.bandwidth_gbs
+        memory = kernel.bytes / (bandwidth * 1e9)
         if kernel.kind == ATTENTION and self.attention is not None:
             compute = kernel.flops / (self.attention_peak_tflops * 1e12 * self.attention.share(kernel))
         elif kernel.kind != MEMORY and kernel.flops:
@@ -148,6 +157,7 @@ def gpu_of(cfg) -> Gpu:
         tensor_cores = bool(cfg.math.tf32) and "tf32" in peaks
         conv = peaks["fp32"] if cfg.math.tf32 is False else tf32  # torch's default: TF32 convolutions
     bandwidth = hw.device_memory_bandwidth_gbs * MEMORY_EFFICIENCY
+    reductions = hw.device_memory_bandwidth_gbs * ROW_REDUCTION_EFFICIENCY
     name = hw.gpu or cfg.cluster.name
     rates = (cfg.framework.get("attention") or {}).get("rates")  # a framework's own kernel in torch's place
     attention = (attention_kernel(cfg.network.attention, hw.compute_capability, cfg.precision in MATH_DTYPE, rates)
@@ -161,12 +171,14 @@ def gpu_of(cfg) -> Gpu:
     if calibrated:  # `make calibrate` on the cluster measured a large matmul: what its GEMMs reach
         return Gpu(name, calibrated, calibrated * conv / matmul, bandwidth, hw.sm_count,
                    f"calibrated: {name} GEMMs at the measured {calibrated:.1f} TFLOP/s{fp8_text}, HBM "
-                   f"{bandwidth:.0f} GB/s (datasheet x MEMORY_EFFICIENCY), roofline per kernel{attention_text}",
-                   tensor_cores, attention, attention_peak, fp8 * calibrated / matmul)
+                   f"{bandwidth:.0f} GB/s (datasheet x MEMORY_EFFICIENCY; norms and softmax x "
+                   f"ROW_REDUCTION_EFFICIENCY), roofline per kernel{attention_text}",
+                   tensor_cores, attention, attention_peak, fp8 * calibrated / matmul, reductions)
     return Gpu(name, matmul * GEMM_EFFICIENCY, conv * GEMM_EFFICIENCY, bandwidth, hw.sm_count,
                f"datasheet: {name} GEMMs at {matmul:g} x {GEMM_EFFICIENCY} TFLOP/s{fp8_text}, HBM "
-               f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s, roofline per kernel{attention_text}",
-               tensor_cores, attention, attention_peak, fp8 * GEMM_EFFICIENCY)
+               f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s (norms and softmax x "
+               f"{ROW_REDUCTION_EFFICIENCY}), roofline per kernel{attention_text}",
+               tensor_cores, attention, attention_peak, fp8 * GEMM_EFFICIENCY, reductions)
 
 
 def _fp8_peak(cfg) -> float:

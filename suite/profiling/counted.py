@@ -52,6 +52,10 @@ FREE = {_aten.detach, _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.
 FP32 = {_aten.native_layer_norm, _aten.native_layer_norm_backward, _aten._softmax, _aten._log_softmax,
         _aten._log_softmax_backward_data, _aten._softmax_backward_data, _aten.nll_loss_forward,
         _aten.nll_loss_backward, _aten.sum, _aten.mean, _aten.mse_loss, _aten.exp, _aten.log, _aten.pow}
+# Row-wise normalisation and softmax (and their backward): each reduces a row before it writes it, which holds them
+# below the bandwidth streaming kernels reach (suite.predict.roofline.ROW_REDUCTION_EFFICIENCY).
+ROW_REDUCTIONS = {_aten.native_layer_norm, _aten.native_layer_norm_backward, _aten._softmax,
+                  _aten._softmax_backward_data, _aten._log_softmax, _aten._log_softmax_backward_data}
 HALF_BYTES = 2
 # cuBLAS's tensor-core kernels load 16 bytes at a time: a GEMM with a dimension not a multiple of 8 elements
 # (a 16-bit dtype's 16 bytes; GPT-2's 50257-token vocabulary) runs on kernels of 2-byte loads ("align1").
@@ -74,6 +78,7 @@ class Kernel:
     # A decoder block's memory-bound kernel on its residual stream alone (`_Kernels.stream`): a norm, the dropout
     # after a row-parallel linear, a residual add, and their gradients; what tensor parallelism leaves whole
     residual: bool = False
+    row_reduction: bool = False  # a memory-bound kernel of ROW_REDUCTIONS
 
 
 @dataclass(frozen=True)
@@ -193,7 +198,8 @@ class _Kernels(TorchDispatchMode):
         depth = round(flops / (2 * rows * cols)) if kind in (MATMUL, FP8_MATMUL) and rows * cols else 0
         aligned = kind not in (MATMUL, FP8_MATMUL) or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
         residual = kind == MEMORY and self.stream is not None and self.on_stream(inputs + outputs)
-        self.record(Kernel(kind, flops, moved, rows, cols, aligned, residual=residual), func, inputs, outputs)
+        self.record(Kernel(kind, flops, moved, rows, cols, aligned, residual=residual,
+                           row_reduction=kind == MEMORY and packet in ROW_REDUCTIONS), func, inputs, outputs)
         return out
 
     def record(self, kernel: Kernel, op, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:

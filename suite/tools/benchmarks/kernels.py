@@ -29,6 +29,7 @@ CLUSTERS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100"}  # the GPU's
 PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 LARGE = 2**24  # elements: memory-bound kernels scored apart below this size, where their launch is most of them
+ROW_REDUCTIONS = ("layer_norm", "softmax")  # micro.json's ops that are ATen's LayerNorm and softmax kernels
 OPTIMIZER = "optimizer"  # the foreach kernels of the optimizer step
 # The networks the step profiles ran, as the suite builds them (the profile's name starts with the key)
 NETWORKS = {"gpt2_medium": ["network=gpt2_medium"], "llama3_8b_4layers": ["network=llama3_8b", "network.n_layer=4"]}
@@ -158,11 +159,13 @@ def main(args: list[str]) -> int:
         if "bytes" not in row:  # a composite (cross entropy), not one kernel
             continue
         size = f"{'under' if row['numel'] < LARGE else 'at least'} {LARGE // 2**20}M elements"
+        reduction = row["op"] in ROW_REDUCTIONS  # ATen's kernels of counted.ROW_REDUCTIONS
         groups.setdefault(f"memory-bound: {row['op']}, {size}", []).append(
-            (bf16.seconds(Kernel(MEMORY, 0, row["bytes"])), row["ms"] / 1e3))
+            (bf16.seconds(Kernel(MEMORY, 0, row["bytes"], row_reduction=reduction)), row["ms"] / 1e3))
         if "backward_ms" in row:
             groups.setdefault(f"memory-bound: {row['op']} backward, {size}", []).append(
-                (bf16.seconds(Kernel(MEMORY, 0, row["backward_bytes"])), row["backward_ms"] / 1e3))
+                (bf16.seconds(Kernel(MEMORY, 0, row["backward_bytes"], row_reduction=reduction)),
+                 row["backward_ms"] / 1e3))
     attention = [row for row in micro["attention"] if "error" not in row]
     for row in attention:
         forward, backward = attention_seconds(row["shape"], bf16)
