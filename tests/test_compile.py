@@ -46,3 +46,16 @@ def test_compiled_blocks_are_priced_as_fused_elementwise_kernels():
         assert sum(map(gpu.seconds, kernels_c)) < sum(map(gpu.seconds, kernels))
     assert plain.layers[0] == fused.layers[0] and plain.layers[-1] == fused.layers[-1]
     assert block_c.saved_bytes == block.saved_bytes  # what autograd keeps is counted as eager keeps it
+
+
+def test_a_fused_kernel_that_takes_in_a_layernorm_reduces_rows_as_the_layernorm_did():
+    """GPT-2's compiled block: each LayerNorm (forward, backward) lands in a fused kernel, priced at the share of the
+    bandwidth row reductions reach; the fused kernels without one stream at the elementwise share."""
+    gpt2 = ["dataset=tokens", "dataset.seq_len=128", "dataset.vocab_size=512", "network=gpt2_tiny",
+            "cluster=dgx_h100", "precision=bf16", "compile=true"]
+    (point,) = plan([gpt2], runs_here=False)
+    block = roofline.counted(point.cfg, 2).layers[1]
+    for phase in ("forward", "backward"):
+        fused = [k for k in getattr(block, phase) if k.kind == MEMORY]
+        assert sum(k.row_reduction for k in fused) == 2, phase  # the block's two LayerNorms
+        assert not all(k.row_reduction for k in fused), phase

@@ -326,7 +326,9 @@ def _compiled(forward: list[Kernel], backward: list[Kernel],
             kept = {t: n for t, n in written.items() if last_read.get(t, len(flows)) > run[-1]}
             flops = sum(kernels[k - offset].flops for k in run)
             residual = all(kernels[k - offset].residual for k in run)
-            fused.append(Kernel(MEMORY, flops, sum(read.values()) + sum(kept.values()), residual=residual))
+            reduction = any(kernels[k - offset].row_reduction for k in run)  # a norm's or softmax's rows, fused
+            fused.append(Kernel(MEMORY, flops, sum(read.values()) + sum(kept.values()), residual=residual,
+                                row_reduction=reduction))
             run.clear()
 
         for position, kernel in enumerate(kernels, offset):
