@@ -16,7 +16,7 @@ STORE_URI = "$$($(PY) -c 'from suite.records.store import tracking_uri; print(tr
 
 .PHONY: help setup setup-offline wheelhouse horovod axonn browser test test-fast test-numerics test-compat test-gpu test-gpu-multi lint sweep status collect calibrate ui \
 	mlflow-server slurm-local report bench-overhead bench-pipeline bench-launch predict recommend plan-pipedream bench-model bench-kernels \
-	validate-published
+	profile-kernels validate-published
 
 # The targets and what each does (the `## ` note on its line); `suite --help` lists the configs and sweeps.
 help:
@@ -198,6 +198,12 @@ bench-pipeline: setup  ## each pipeline schedule against GPipe's (ARGS)
 # The fixed cost of a point run here (driver start to recorded run), split into its parts; e.g. ARGS='--points 1'.
 bench-launch: setup  ## the fixed cost of a point run here (ARGS)
 	$(PY) -m suite.tools.benchmarks.launch $(ARGS)
+
+# On a GPU machine: microbenchmarks and training-step profiles of what the datasheet model prices, into OUT (about 4
+# minutes on an H200); keep the folder as docs/measurements/<gpu>-<date>/ and score it with `make bench-kernels
+# ARGS=<folder>`. ARGS=--smoke: a few small shapes, on a CPU too (its test).
+profile-kernels: setup  ## microbenchmarks and step profiles of this machine's GPU into OUT, for bench-kernels (ARGS)
+	$(PY) -m suite.tools.benchmarks.kernel_profile $(or $(OUT),$(error OUT= names the folder to write)) $(ARGS)
 
 # The datasheet model's kernels and steps against what a GPU lease measured (docs/measurements/<gpu>-<date>/:
 # micro.json's GEMMs, memory-bound kernels and attention; profile_*.json's steps): ARGS="[DIR] [cluster=NAME]".

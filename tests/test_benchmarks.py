@@ -78,3 +78,25 @@ def test_bench_kernels_scores_a_gpus_kernels_and_steps(tmp_path):
     for kind in ("matmul", "attention", "memory", "optimizer"):
         assert re.search(rf"^\| {kind} kernels \| \d+\.\d \| \d+\.\d \| \d+ \| (\d+|not counted) \|$", result.stdout,
                          re.M), result.stdout
+
+
+def test_profile_kernels_writes_what_bench_kernels_scores(tmp_path):
+    """What a GPU lease runs (`make profile-kernels`), here on the CPU at its smoke shapes: micro.json and a step's
+    profile naming the overrides of its network, which `make bench-kernels` prices on the cluster it is told."""
+    measured = run_make("profile-kernels", f"OUT={tmp_path}", "ARGS=--smoke")
+    assert measured.returncode == 0, measured.stdout[-3000:] + measured.stderr[-3000:]
+    micro = json.loads((tmp_path / "micro.json").read_text())
+    assert micro["env"]["gpu"] == "none (CPU)" and micro["fp8_gemms"] == []  # no fp8 tensor cores here
+    assert {row["role"] for row in micro["gemms"] if "role" in row} == {"forward", "input_grad", "weight_grad"}
+    assert all(row["ms"] > 0 for part in ("gemms", "memory_bound") for row in micro[part])
+    (path,) = tmp_path.glob("profile_*.json")
+    step = json.loads(path.read_text())
+    assert step["overrides"][0] == "network=gpt2_nano" and step["step_ms"] > 0 and step["kernels"]
+    scored = run_make("bench-kernels", f"ARGS={tmp_path} cluster=h100")
+    assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
+    assert re.search(rf"^{step['name']}: step \d+\.\d ms measured, \d+\.\d model$", scored.stdout, re.M), scored.stdout
+    assert re.search(r"^\| GEMM: bf16, square \| 2 \| \d+\.\d\d \|", scored.stdout, re.M), scored.stdout
+    unnamed = run_make("bench-kernels", f"ARGS={tmp_path}")  # a CPU's files name no GPU of the catalog
+    assert unnamed.returncode != 0
+    assert unnamed.stderr.splitlines()[0] == (f"{tmp_path}: measured on none (CPU), which no cluster is known to "
+                                              "have: name one (cluster=NAME)"), unnamed.stderr

@@ -20,12 +20,22 @@ from pathlib import Path
 
 from suite.errors import ConfigError
 from suite.paths import REPO_ROOT
-from suite.predict.roofline import KERNEL_FLOOR_S, Gpu, counted, datasheet_profile, gpu_of
+from suite.predict.roofline import (
+    ADAM_BYTES,
+    ADAM_DECAY_BYTES,
+    KERNEL_FLOOR_S,
+    Gpu,
+    counted,
+    datasheet_profile,
+    gpu_of,
+)
 from suite.profiling.counted import ALIGNMENT, ATTENTION, ATTENTION_BACKWARD, CAUSAL_WORK, MATMUL, MEMORY, Kernel
 from suite.sweep.plan import plan
 
 DEFAULT_DIR = REPO_ROOT / "docs" / "measurements" / "h200-2026-11-28"
-CLUSTERS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100"}  # the GPU's name in micro.json's env
+# The GPU's name in micro.json's env (torch.cuda's), and the cluster of the catalog with that GPU
+CLUSTERS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100", "NVIDIA A100-SXM4-80GB": "dgx_a100_80gb",
+            "NVIDIA A100-SXM4-40GB": "dgx_a100_40gb"}
 PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 LARGE = 2**24  # elements: memory-bound kernels scored apart below this size, where their launch is most of them
@@ -84,6 +94,10 @@ def attention_seconds(shape: list[int], gpu: Gpu) -> tuple[float, float]:
 
 
 def step_overrides(profile: dict) -> list[str]:
+    """What builds the profiled step's network and batch: the profile's own overrides (suite.tools.benchmarks.
+    kernel_profile writes them), else those of the network its name starts with."""
+    if "overrides" in profile:
+        return profile["overrides"]
     network = next((v for k, v in NETWORKS.items() if profile["name"].startswith(k)), None)
     if network is None:
         raise ConfigError(f"{profile['name']}: no network of the suite is known to be this profile's "
@@ -171,6 +185,10 @@ def main(args: list[str]) -> int:
         forward, backward = attention_seconds(row["shape"], bf16)
         groups.setdefault(f"attention (the model's FlashAttention-2) vs {row['backend']}, forward + backward",
                           []).append((forward + backward, (row["fwd_ms"] + row["bwd_ms"]) / 1e3))
+    adamw = micro.get("optimizers") or {}
+    if "ms" in adamw:  # foreach AdamW with weight decay over fp32 parameters: one pass per operation
+        streamed = (ADAM_BYTES + ADAM_DECAY_BYTES["adamw"]) * adamw["parameters"]
+        groups["foreach AdamW (ADAM_BYTES)"] = [(bf16.seconds(Kernel(MEMORY, 0, streamed)), adamw["ms"] / 1e3)]
     floor = micro.get("launch_floor", {}).get("add_us_per_kernel")
     if floor:
         groups["an eager kernel's launch (KERNEL_FLOOR_S)"] = [(KERNEL_FLOOR_S, floor / 1e6)]
