@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from analysis.model_score import Scored, cell_scores, fits_accuracy, kendall_tau, strategy_errors
 from suite.errors import ConfigError
 from suite.layout import Layout
+from suite.predict import step
 from suite.predict.costs import (
     DeviceWork,
     bubble_fraction,
@@ -25,7 +26,7 @@ from suite.predict.memory import _input_bytes as input_bytes
 from suite.predict.memory import _workspace as memory_workspace
 from suite.predict.memory import rank_memory
 from suite.predict.predictor import crowding, predict, workload
-from suite.predict.step import Workload, step_time
+from suite.predict.step import OVERLAP_SLOWDOWN, Workload, step_time
 from suite.profiling.cache import _median_times, network_profile
 from suite.profiling.profiles import WINDOW_S, LayerProfile, Profile, window_s
 from suite.strategies.ddp import DDP
@@ -201,8 +202,9 @@ def test_zero_volumes_per_stage():
 def test_zero_1_2_reduce_gradient_buckets_behind_backward():
     """Four layers of 8 MiB gradients, 1 s of backward each, buckets of 2 Mi elements (8 MiB in fp32): with
     `overlap_comm` each layer's bucket is reduce-scattered while backward goes on, and only the last one (the first
-    layer's, at the end of backward) is exposed; without it all four are. Either way the parameters' all-gather
-    follows the step. `reduce_scatter: false` all-reduces the buckets instead."""
+    layer's, at the end of backward) is exposed, and backward loses OVERLAP_SLOWDOWN of the three it hides; without
+    it all four are exposed. Either way the parameters' all-gather follows the step. `reduce_scatter: false`
+    all-reduces the buckets instead."""
     mib = 2**20
     layers = [layer(8 * mib, backward=1.0) for _ in range(4)]
     layout = Layout(dp=2, mini_batch=8, shard=2)
@@ -215,14 +217,29 @@ def test_zero_1_2_reduce_gradient_buckets_behind_backward():
 
     for stage in (1, 2):
         overlapped, after = step_time(zero(stage)), step_time(zero(stage, overlap_comm=False))
-        assert overlapped.comm == pytest.approx(scatter + gather)
+        assert overlapped.comm == pytest.approx(scatter + OVERLAP_SLOWDOWN * 3 * scatter + gather)
         assert after.comm == pytest.approx(4 * scatter + gather)
         assert overlapped.sent == after.sent
         reduced = step_time(zero(stage, reduce_scatter=False))
-        assert reduced.comm == pytest.approx(LINK.collective("all_reduce", 8 * mib, 2) + gather)
+        reduce = LINK.collective("all_reduce", 8 * mib, 2)
+        assert reduced.comm == pytest.approx(reduce + OVERLAP_SLOWDOWN * 3 * reduce + gather)
         # The buckets as DeepSpeed allocates them: two with overlap_comm, one without.
         assert rank_memory(zero(stage), 0.0).transient == 2 * 8 * mib
         assert rank_memory(zero(stage, overlap_comm=False), 0.0).transient == 8 * mib
+
+
+def test_fsdp_computes_slower_by_overlap_slowdown_while_its_hidden_collectives_run(monkeypatch):
+    """Four blocks of 64 MiB, 1 s forward and 2 s backward each over 2 ranks: what FSDP's gathers and reduce-scatters
+    do not expose (on a CPU all of them add: `comm_hides=False`) ran beside compute, which loses OVERLAP_SLOWDOWN of
+    their time."""
+    layers = [layer(64 * 2**20, forward=1.0, backward=2.0) for _ in range(4)]
+    w = synthetic(FSDP(reshard_after_forward=True), Layout(dp=2, mini_batch=8, shard=2), layers)
+    issued = step_time(replace(w, comm_hides=False)).comm
+    with_slowdown = step_time(w).comm
+    monkeypatch.setattr(step, "OVERLAP_SLOWDOWN", 0.0)
+    exposed = step_time(w).comm
+    assert 0 < exposed < issued
+    assert with_slowdown == pytest.approx(exposed + OVERLAP_SLOWDOWN * (issued - exposed))
 
 
 def test_zero_3_never_gathers_layers_under_the_persistence_threshold():
@@ -281,31 +298,37 @@ def test_megatron_split_loss_sends_nothing_the_size_of_the_logits():
 def test_megatron_overlapped_gradient_reduction_exposes_only_what_ends_after_backward():
     """tp=1 over dp=2 replicas, four layers of 8 MiB gradients and 1 s of backward each: one all-reduce of all 32 MiB
     after backward (Megatron-LM's default), or with `overlap_grad_reduce` buckets of 2 Mi elements (8 MiB) all-reduced
-    while backward goes on, of which only the last is exposed; the same bytes either way."""
+    while backward goes on, of which only the last is exposed (backward slowed by the three it hides); the same bytes
+    either way."""
     mib = 2**20
     layers = [layer(8 * mib, backward=1.0) for _ in range(4)]
     layout = Layout(dp=2, tp=1, mini_batch=8)
     flat = step_time(synthetic(Megatron(tp=1), layout, layers))
     overlapped = step_time(synthetic(Megatron(tp=1, overlap_grad_reduce=True, bucket_size=2 * mib), layout, layers))
     assert flat.comm == pytest.approx(LINK.collective("all_reduce", 32 * mib, 2))
-    assert overlapped.comm == pytest.approx(LINK.collective("all_reduce", 8 * mib, 2))
+    bucket = LINK.collective("all_reduce", 8 * mib, 2)
+    assert overlapped.comm == pytest.approx(bucket + OVERLAP_SLOWDOWN * 3 * bucket)
     assert overlapped.sent == flat.sent
 
 
 def test_ddp_hides_buckets_behind_backward_and_exposes_the_tail():
     """Four layers of 8 MiB gradients, 1 s of backward each, a 16 MiB bucket cap: the first bucket (1 MiB cap)
     closes on the last layer's 8 MiB, the next on two layers, the last with the first layer, at the end of
-    backward, so its all-reduce (8 MiB over 1 GB/s among 2) is exposed; on CPU all three are."""
+    backward, so its all-reduce (8 MiB over 1 GB/s among 2) is exposed, and backward loses OVERLAP_SLOWDOWN of the
+    time of the two it hides (their kernels share the GPU with it); on CPU all three are exposed."""
     mib = 2**20
     layers = [layer(8 * mib, backward=1.0) for _ in range(4)]
     w = synthetic(DDP(bucket_cap_mb=16, forward_sync_buffers=False), Layout(dp=2, mini_batch=8), layers)
-    assert step_time(w).comm == pytest.approx(2 * 10e-6 + 8 * mib / GB)
+    def all_reduce(n: int) -> float:
+        return 2 * 10e-6 + n * mib / GB
+
+    assert step_time(w).comm == pytest.approx(all_reduce(8) + OVERLAP_SLOWDOWN * (all_reduce(8) + all_reduce(16)))
     # A CPU rank's all-reduces take the cores backward runs on: none of the three buckets is hidden.
     assert step_time(replace(w, comm_hides=False)).comm == pytest.approx(3 * 2 * 10e-6 + 32 * mib / GB)
     eq51 = step_time(w, "study_j").comm  # Eq. 5.1: 2 (W - 1) (L + min(G, th) / (W BW)), th = the bucket cap
     assert eq51 == pytest.approx(2 * (10e-6 + 16 * mib / 2 / GB))
     hvd = synthetic(Horovod(fusion_threshold_mb=0, cycle_time_ms=1), Layout(dp=2, mini_batch=8), layers)
-    assert step_time(hvd).comm == pytest.approx(2 * 10e-6 + 8 * mib / GB)
+    assert step_time(hvd).comm == pytest.approx(all_reduce(8) + OVERLAP_SLOWDOWN * 3 * all_reduce(8))  # a layer each
 
 
 def test_loader_processes_hide_the_data_behind_a_gpus_step():

@@ -19,7 +19,7 @@ class StepTime:
     """One training step of the slowest rank, in seconds, split by what the time was spent on."""
 
     compute: float  # forward and backward (recomputation included) on the critical path
-    comm: float  # communication not hidden behind compute
+    comm: float  # communication not hidden behind compute, and what the hidden slows compute by (step.OVERLAP_SLOWDOWN)
     bubble: float = 0.0  # pipeline fill and drain: the busiest device waiting
     optimizer: float = 0.0
     data: float = 0.0  # loading the batch

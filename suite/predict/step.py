@@ -40,6 +40,11 @@ from suite.shared_names import HALF_PRECISIONS, Family
 from suite.strategies.base import Sharding, Strategy
 
 MIB = 2**20
+# Of the compute a GPU runs while collectives run beside it (NCCL's kernels on SMs of their own, the memory bandwidth
+# shared), the share it loses: 18.9% on average, 40.0% at most, over GPT and Llama models on 4 A100s, H100s, MI250s
+# and MI210s (Lee et al. 2025, "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+# Learning: Performance and Power Implications", arXiv:2507.03114, abstract).
+OVERLAP_SLOWDOWN = 0.189
 PARAM_BYTES = 4  # every network's parameters are fp32 (autocast computes in lower precision, it keeps them)
 VARIANTS = ("suite", "study_j")
 
@@ -138,7 +143,14 @@ def _exposed_reduction(w: Workload, kind: str, ranks: int, sizes: list[float], s
     comm = [w.links.collective(kind, n, ranks, stride) for n in sizes]
     if not w.comm_hides:
         return sum(comm)
-    return max(trailing_comm(starts, comm) - backward, 0.0)
+    exposed = max(trailing_comm(starts, comm) - backward, 0.0)
+    return exposed + hidden_cost(sum(comm), exposed)
+
+
+def hidden_cost(issued: float, exposed: float) -> float:
+    """What the compute that `issued` seconds of collectives ran beside loses to them (`OVERLAP_SLOWDOWN`), all but
+    the `exposed` seconds having run beside it."""
+    return OVERLAP_SLOWDOWN * max(issued - exposed, 0.0)
 
 
 def _overlapped_all_reduce(w: Workload, backward: float, shrink: float) -> float:
@@ -337,6 +349,7 @@ def _sharded(w: Workload, variant: str) -> StepTime:
     sent += sum(sent_bytes("reduce_scatter", n, shard) for n in scattered)
     if w.comm_hides:
         comm = (fwd_end - fwd) + (ends[-1] - bwd) + tail
+        comm += hidden_cost(sum(gathered + regathered_s + scattered_s), comm)
     else:
         comm = sum(gathered + regathered_s + scattered_s)
     return StepTime(compute=micro * (fwd + bwd), comm=micro * comm + after_step, optimizer=optimizer, data=w.data_s,
