@@ -24,14 +24,14 @@ MEGATRON_TP = ("megatron-readme2020-mp-dgxa100-4b", (
     "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=36",
     "network.n_head=24", "network.n_embd=3072", "network.attention=math", "cluster=dgx_a100_40gb", "workers=4",
     "strategy=megatron", "strategy.tp=4", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16",
-    "activation_checkpointing=every", "optimizer.name=adam"))
+    "activation_checkpointing=every", "network.dropout=0.1", "optimizer.name=adam"))  # Megatron-LM's default dropout
 ZERO = ("narayanan-a100-t2-zero3-175b-384gpu", (
     "framework=megatron_deepspeed",
     "dataset=tokens", "dataset.seq_len=2048", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=96",
     "network.n_head=96", "network.n_embd=12288", "network.attention=math", "cluster=dgx_a100_80gb", "workers=384",
     "strategy=zero",
     "strategy.zero_stage=3", "batch_size=4", "precision=fp16", "activation_checkpointing=every",
-    "optimizer.name=adam"))
+    "network.dropout=0.1", "optimizer.name=adam"))
 STUDY_J_GPIPE = ("studyj-torchgpipe-resnet18-imagenet-4gpu-configA", (
     "framework=torchgpipe",
     "dataset=imagenet", "network=resnet18", "cluster=lisa", "workers=4", "strategy=gpipe",
@@ -41,13 +41,13 @@ HYBRID_DP_TP = ("megatron-readme2020-dp-dgxa100-2b", (  # Megatron-LM's dp x tp:
     "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=30",
     "network.n_head=18", "network.n_embd=2304", "network.attention=math", "cluster=dgx_a100_40gb", "workers=256",
     "strategy=megatron", "strategy.tp=2", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16",
-    "activation_checkpointing=every", "optimizer.name=adam"))
+    "activation_checkpointing=every", "network.dropout=0.1", "optimizer.name=adam"))
 HYBRID_3D = ("narayanan-a100-t2-ptd-530b-560gpu", (  # Megatron-LM's dp x pp x tp: 1F1B's stages split over tp ranks
     "framework=megatron_lm",
     "dataset=tokens", "dataset.seq_len=2048", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=105",
     "network.n_head=128", "network.n_embd=20480", "network.attention=math", "cluster=dgx_a100_80gb", "workers=560",
     "strategy=1f1b", "strategy.tp=8", "strategy.pp=35", "strategy.micro_batch_size=1", "batch_size=1120",
-    "precision=bf16", "activation_checkpointing=every", "optimizer.name=adam"))
+    "precision=bf16", "activation_checkpointing=every", "network.dropout=0.1", "optimizer.name=adam"))
 LLAMA3_8B = ("torchtitan-h100-llama3-8b-8gpu-fsdp", (  # torchtitan's FSDP2 on Meta's Grand Teton
     "framework=torchtitan", "dataset=tokens", "dataset.seq_len=8192", "dataset.vocab_size=128256",
     "network=llama3_8b", "cluster=grand_teton", "workers=8", "strategy=fsdp", "batch_size=2", "precision=bf16",
@@ -81,6 +81,17 @@ def test_a_published_configuration_maps_to_the_suite_point_that_trains_it(record
     mapped = map_record(records[ident])
     assert mapped.reasons == ()
     assert mapped.overrides == overrides
+
+
+def test_a_megatron_record_trains_with_its_frameworks_documented_dropout_said_with_its_source(records):
+    """No record states its dropout: Megatron-LM's runs had its arguments' 0.1 (attention and hidden), said where it
+    is taken; a framework that documents none (torchtitan's Llama has no dropout) is priced without, as the suite."""
+    megatron = map_record(records[MEGATRON_TP[0]])
+    assert "network.dropout=0.1" in megatron.overrides
+    assert ("dropout not stated: 0.1, Megatron-LM's --attention-dropout and --hidden-dropout defaults "
+            "(megatron/arguments.py)") in megatron.assumptions
+    llama = map_record(records[LLAMA3_8B[0]])
+    assert not any("dropout" in text for text in (*llama.overrides, *llama.assumptions))
 
 
 def test_what_a_record_leaves_unstated_is_said_not_hidden(records):

@@ -15,7 +15,7 @@ from suite.paths import CONF_DIR
 
 KEYS = {"names", "attention", "precision", "recompute", "selective_recompute", "offload", "shards_data_parallel",
         "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len", "context_parallel",
-        "activations", "optimizer_sharding", "pipeline_schedule"}
+        "activations", "optimizer_sharding", "pipeline_schedule", "dropout"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Framework:
     seq_len: Default | None = None  # the context its training configs give a language model
     attention_fp32: Default | None = None  # where its fused kernels take half precision only: the one it runs in fp32
     pipeline_schedule: Default | None = None  # the schedule its pipeline runs (the suite's strategy name)
+    dropout: Default | None = None  # its language models' dropout probability (attention and hidden), by default
 
 
 def _default(entry: dict | None, key: str) -> Default | None:
@@ -64,7 +65,8 @@ def frameworks() -> dict[str, Framework]:
                               bool(data.get("single_process_pipeline")),
                               _default(data.get("seq_len"), "default"),
                               _default(data.get("attention", {}).get("in_fp32"), "kernel"),
-                              _default(data.get("pipeline_schedule"), "default"))
+                              _default(data.get("pipeline_schedule"), "default"),
+                              _default(data.get("dropout"), "default"))
         found.update({name: framework for name in data["names"]})
     return found
 

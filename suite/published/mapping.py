@@ -432,6 +432,18 @@ def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
                                  f"{record.training.framework} documents no default the suite describes)")
 
 
+def _dropout(record: Record, language: bool, draft: _Draft) -> None:
+    """A language model's dropout (attention probabilities and hidden states; no record states it): its framework's
+    documented default, said with its source; the suite's none where the framework describes none."""
+    framework = framework_of(record.training.framework)
+    if not language or not framework.dropout:
+        return
+    value = float(framework.dropout.value)
+    if value:
+        draft.set(f"network.dropout={value:g}")
+    draft.assume(f"dropout not stated: {value:g}, {framework.dropout.source}")
+
+
 OPTIMIZER = re.compile(r"(?P<name>[a-z_]+)\s*(\((?:lr\s*=\s*(?P<lr>[0-9.e-]+))?[^)]*\))?")
 
 
@@ -653,6 +665,7 @@ def map_record(record: Record) -> Mapped:
     _eager(record, strategy or "", draft)
     _precision(record, strategy or "", draft)
     _recompute(record, strategy or "", draft)
+    _dropout(record, language, draft)
     _optimizer(record, language, draft)
     _epoch(record, language, draft)
     if record.layout.sequence_parallel and strategy in ("fsdp", "1f1b", "gpipe_dist") and (record.layout.tp or 1) > 1:
