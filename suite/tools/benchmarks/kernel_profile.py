@@ -40,10 +40,12 @@ WIDTHS = (1024, 4096)  # rows' width for the normalisations and softmax
 ATTENTION = ((8, 16, 16, 1024, 64), (4, 16, 16, 2048, 64), (2, 32, 8, 4096, 128), (1, 32, 8, 8192, 128),
              (1, 64, 8, 8192, 128))  # batch, query heads, key-value heads, tokens, head dimension; causal
 LOSSES = ((8192, 50304), (8192, 128256))  # tokens, vocabulary
+# The suite's networks the steps profile, by the prefix of a profile's name: the overrides that build each
+NETWORKS = {"gpt2_medium": ["network=gpt2_medium"], "llama3_8b_4layers": ["network=llama3_8b", "network.n_layer=4"]}
 # name: overrides that build the suite's network, batch, sequence, vocabulary
-STEPS = {"gpt2_medium_bf16_b8_s1024_v50304": (["network=gpt2_medium"], 8, 1024, 50304),
-         "llama3_8b_4layers_bf16_b1_s8192": (["network=llama3_8b", "network.n_layer=4"], 1, 8192, 128256),
-         "llama3_8b_4layers_bf16_b2_s4096": (["network=llama3_8b", "network.n_layer=4"], 2, 4096, 128256)}
+STEPS = {"gpt2_medium_bf16_b8_s1024_v50304": (NETWORKS["gpt2_medium"], 8, 1024, 50304),
+         "llama3_8b_4layers_bf16_b1_s8192": (NETWORKS["llama3_8b_4layers"], 1, 8192, 128256),
+         "llama3_8b_4layers_bf16_b2_s4096": (NETWORKS["llama3_8b_4layers"], 2, 4096, 128256)}
 FULL = {"squares": SQUARES, "weights": 4096, "rows": ROWS, "layers": LAYERS, "other_dtypes": (4096, 8192),
         "elements": ELEMENTS, "widths": WIDTHS, "attention": ATTENTION, "losses": LOSSES,
         "optimizer_gpt2": (50304, 1024, 24),
@@ -256,14 +258,19 @@ def optimizer(clock: Clock, device: torch.device, shapes: dict) -> dict:
     return {"name": "adamw_foreach", "parameters": count, "ms": ms, "bytes_per_parameter_at_1tbs": ms * 1e9 / count}
 
 
+def step_overrides(network: list[str], batch: int, seq: int, vocab: int) -> list[str]:
+    """A profiled step's point: the network's overrides, its tokens and batch, bf16 autocast, AdamW with decay."""
+    return [*network, "dataset=tokens", f"dataset.seq_len={seq}", f"dataset.vocab_size={vocab}", f"batch_size={batch}",
+            "precision=bf16", "optimizer.name=adamw", "optimizer.weight_decay=0.1"]
+
+
 def step_profile(clock: Clock, device: torch.device, name: str, overrides: list[str], batch: int, seq: int,
                  vocab: int) -> dict:
     from suite.models import build_model
     from suite.sweep.plan import plan
     from suite.worker.trainer import loss_fn
 
-    everything = [*overrides, "dataset=tokens", f"dataset.seq_len={seq}", f"dataset.vocab_size={vocab}",
-                  f"batch_size={batch}", "precision=bf16", "optimizer.name=adamw", "optimizer.weight_decay=0.1"]
+    everything = step_overrides(overrides, batch, seq, vocab)
     (point,) = plan([everything], runs_here=False)
     torch.manual_seed(0)
     model = build_model(point.cfg.network, point.cfg.dataset).to(device)

@@ -31,6 +31,7 @@ from suite.predict.roofline import (
 )
 from suite.profiling.counted import ALIGNMENT, ATTENTION, ATTENTION_BACKWARD, CAUSAL_WORK, MATMUL, MEMORY, Kernel
 from suite.sweep.plan import plan
+from suite.tools.benchmarks.kernel_profile import NETWORKS, step_overrides
 
 DEFAULT_DIR = REPO_ROOT / "docs" / "measurements" / "h200-2026-11-28"
 # The GPU's name in micro.json's env (torch.cuda's), and the cluster of the catalog with that GPU
@@ -41,8 +42,6 @@ ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 LARGE = 2**24  # elements: memory-bound kernels scored apart below this size, where their launch is most of them
 ROW_REDUCTIONS = ("layer_norm", "softmax")  # micro.json's ops that are ATen's LayerNorm and softmax kernels
 OPTIMIZER = "optimizer"  # the foreach kernels of the optimizer step
-# The networks the step profiles ran, as the suite builds them (the profile's name starts with the key)
-NETWORKS = {"gpt2_medium": ["network=gpt2_medium"], "llama3_8b_4layers": ["network=llama3_8b", "network.n_layer=4"]}
 
 
 def _ratios(rows: Iterable[tuple[float, float]]) -> str:
@@ -93,7 +92,7 @@ def attention_seconds(shape: list[int], gpu: Gpu) -> tuple[float, float]:
                                causal=True)))
 
 
-def step_overrides(profile: dict) -> list[str]:
+def overrides_of(profile: dict) -> list[str]:
     """What builds the profiled step's network and batch: the profile's own overrides (suite.tools.benchmarks.
     kernel_profile writes them), else those of the network its name starts with."""
     if "overrides" in profile:
@@ -101,9 +100,8 @@ def step_overrides(profile: dict) -> list[str]:
     network = next((v for k, v in NETWORKS.items() if profile["name"].startswith(k)), None)
     if network is None:
         raise ConfigError(f"{profile['name']}: no network of the suite is known to be this profile's "
-                          f"(suite.tools.benchmarks.kernels.NETWORKS: {', '.join(NETWORKS)})")
-    return [*network, "dataset=tokens", f"dataset.seq_len={profile['seq']}", f"dataset.vocab_size={profile['vocab']}",
-            f"batch_size={profile['batch']}", "precision=bf16", "optimizer.name=adamw", "optimizer.weight_decay=0.1"]
+                          f"(suite.tools.benchmarks.kernel_profile.NETWORKS: {', '.join(NETWORKS)})")
+    return step_overrides(network, profile["batch"], profile["seq"], profile["vocab"])
 
 
 def profiled_kind(kernel: str) -> str | None:
@@ -122,7 +120,7 @@ def profiled_kind(kernel: str) -> str | None:
 
 def print_step(profile: dict, cluster: str) -> None:
     """One profiled step against the model's: its time, each phase, and each kind of kernel's time and count."""
-    (point,) = plan([[f"cluster={cluster}", *step_overrides(profile)]], runs_here=False)
+    (point,) = plan([[f"cluster={cluster}", *overrides_of(profile)]], runs_here=False)
     gpu, batch = gpu_of(point.cfg), profile["batch"]
     priced = datasheet_profile(point.cfg, batch)
     kernels = [k for layer in counted(point.cfg, batch).layers for k in (*layer.forward, *layer.backward)]
