@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from conftest import DIGITS, free_port
+from conftest import DIGITS
 from launchers.local import rendezvous_store
 from suite.paths import REPO_ROOT
-from suite.runtime.rendezvous import allocation_hosts, allocation_master, discover, lsf_hosts, slurm_hosts
+from suite.runtime.rendezvous import allocation_hosts, allocation_master, discover, lsf_hosts, slurm_hosts, step_port
 from suite.sweep.plan import new_point_dir, plan
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PALS_", "LSB_", "PBS_", "MPI_")
@@ -127,8 +127,14 @@ def test_open_mpi_rank_on_another_host_meets_at_the_job_scripts_master():
 def test_each_step_of_a_job_has_a_port_of_its_own():
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[07-08]"}
     (host0, port0), (host1, port1) = allocation_master(env, 0), allocation_master(env, 1)
-    assert host0 == host1 == "gpu07" and port1 == port0 + 1 or (port0, port1) == (39999, 20000)
+    assert host0 == host1 == "gpu07" and port1 == port0 + 1 or (port0, port1) == (32767, 20000)
     assert discover({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", **env}).master_port == port0
+
+
+def test_a_jobs_ports_stay_below_linuxs_ephemeral_range():
+    """A port the kernel may hand an outgoing connection (32768-60999 by default) can be taken before rank 0
+    listens, and a rank connecting to it may be given it as its own (TCP's self-connect): the rendezvous hangs."""
+    assert {20000 <= step_port(str(job), step) < 32768 for job in range(4000) for step in range(4)} == {True}
 
 
 def test_lsf_skips_lassens_launch_node():
@@ -185,7 +191,7 @@ def test_two_ranks_find_each_other_from_the_launchers_variables(store, tmp_path,
     (point,) = plan([[*DIGITS, "epochs=1", "steps_per_epoch=2", "strategy=ddp", "workers=2",
                       "cluster.job.record_in_job=true"]])
     out = new_point_dir(point)
-    port = free_port()
+    port = step_port(f"4242.{style}", 0)  # Open MPI's MASTER_PORT as a job script exports it, below the ephemeral range
     ranks = [subprocess.Popen([sys.executable, "-m", "suite.worker", str(out.path)], cwd=REPO_ROOT,
                               env=launcher_env(style, rank, tmp_path, port), stdout=subprocess.DEVNULL,
                               stderr=subprocess.STDOUT) for rank in range(2)]

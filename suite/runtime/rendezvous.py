@@ -42,7 +42,9 @@ LAUNCHERS = (
     ("mpiexec/PALS", "PALS_RANKID", None, "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE"),
     ("srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
 )
-PORT_BASE, PORT_RANGE = 20000, 20000
+# Below Linux's default ephemeral range (net.ipv4.ip_local_port_range 32768-60999): a port in it can be taken by an
+# outgoing connection, or by a rank's own connect to the port before rank 0 listens (TCP's self-connect), which hangs.
+PORT_BASE, PORT_RANGE = 20000, 12768
 
 
 @dataclass(frozen=True)
