@@ -63,6 +63,28 @@ def test_a_transformer_block_keeps_the_activations_korthikanti_et_al_count():
         assert block.saved_bytes / (2 * 256 * p.cfg.network.n_embd) == pytest.approx(per_token, rel=1e-3)
 
 
+def test_dropout_on_a_gpu_is_cudas_one_kernel_with_a_one_byte_mask():
+    """ATen's dropout on a CUDA tensor is native_dropout, one kernel: it reads the input and writes the output and a
+    bool mask (2 + 2 + 1 bytes an element in half precision); a CPU draws a mask in the input's dtype, scales it and
+    multiplies by it (bernoulli_, div_, mul: 4 + 4 + 6). Megatron-LM's block (half precision, the scores
+    materialised, dropout on both residual branches and on the scores) then keeps Korthikanti et al.'s (2022)
+    34 s b h + 5 a s^2 b bytes (the masks at one byte an element) and its LayerNorms' statistics."""
+    def block(cluster: str, dropout: float):
+        cfg = point("framework=megatron_lm", "network.attention=math", f"network.dropout={dropout}", "precision=bf16",
+                    cluster=cluster).cfg
+        return cfg, count_network(cfg, 2).layers[1]
+
+    for cluster, bytes_per_element in (("dgx_a100_80gb", 5), ("local", 14)):
+        cfg, dropped = block(cluster, 0.1)
+        _, kept = block(cluster, 0.0)
+        b, s, h, a = 2, cfg.dataset.seq_len, cfg.network.n_embd, cfg.network.n_head
+        elements = 2 * s * b * h + a * s * s * b  # the two residual branches' and the scores'
+        forward = sum(k.bytes for k in dropped.forward) - sum(k.bytes for k in kept.forward)
+        assert forward == bytes_per_element * elements, cluster
+    beyond = block("dgx_a100_80gb", 0.1)[1].saved_bytes - (34 * s * b * h + 5 * a * s * s * b)
+    assert 0 <= beyond <= 2 * 2 * s * b * 4  # and the two LayerNorms' mean and rstd of each token
+
+
 def test_half_precision_keeps_and_moves_fewer_bytes_than_fp32():
     fp32 = count_network(point().cfg, 4)
     bf16 = count_network(point("precision=bf16").cfg, 4)

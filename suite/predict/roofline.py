@@ -197,18 +197,20 @@ def _fp8_peak(cfg) -> float:
 
 @lru_cache(maxsize=64)
 def _counted(network: str, dataset: str, batch: int, precision: str, fp8: str, compile: bool,
-             activations: str) -> CountedNetwork:
+             activations: str, gpu: str | None) -> CountedNetwork:
     cfg = OmegaConf.create({"network": OmegaConf.create(network), "dataset": OmegaConf.create(dataset),
                             "precision": precision, "fp8": fp8, "compile": compile,
-                            "framework": {"activations": {"dtype": activations}}})
+                            "framework": {"activations": {"dtype": activations}},
+                            "cluster": {"hardware": {"gpu": gpu}}})
     return count_network(cfg, batch)
 
 
 def counted(cfg, batch: int) -> CountedNetwork:
-    """`count_network`, once per network, data shape, batch, precision, fp8 recipe, compilation and the framework's
-    activations' dtype in a process."""
+    """`count_network`, once per network, data shape, batch, precision, fp8 recipe, compilation, the framework's
+    activations' dtype and GPU (or none) in a process."""
     return _counted(OmegaConf.to_yaml(cfg.network, resolve=True), OmegaConf.to_yaml(cfg.dataset, resolve=True),
-                    batch, cfg.precision, cfg.fp8, cfg.compile, "half" if half_activations(cfg) else "computed")
+                    batch, cfg.precision, cfg.fp8, cfg.compile, "half" if half_activations(cfg) else "computed",
+                    OmegaConf.select(cfg, "cluster.hardware.gpu"))
 
 
 def optimizer_bytes(cfg) -> tuple[int, int]:

@@ -18,7 +18,9 @@ Float16Module, DeepSpeed's engine) holds every floating-point tensor in 2 bytes,
 weights included, and casts no weights in the step. With `fp8=`, the network's linear layers are converted as the
 ranks convert them (suite.runtime.model_transforms, torchao's Float8Linear) and counted as torchao runs them
 uncompiled: each cast to fp8 its own amax, scale and cast kernels, each GEMM of fp8 operands (1 byte an element)
-an fp8 GEMM.
+an fp8 GEMM. Counted for a GPU, dropout is the one kernel CUDA runs (ATen's `dropout` takes `native_dropout` on a CUDA
+tensor: it writes the output and a one-byte mask, and its backward reads that mask), not the meta device's
+decomposition into `bernoulli_`, `div_` and `mul` over a mask of the input's dtype, which is what a CPU runs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -118,7 +121,7 @@ class _Kernels(TorchDispatchMode):
     tracks which tensors autocast would hold in half precision."""
 
     def __init__(self, half: bool, state: set[int], watch: CoreWatch, policy: MatmulKeepingPolicy | None,
-                 all_half: bool = False) -> None:
+                 all_half: bool = False, cuda: bool = False) -> None:
         # imported when counting, not with the module: it imports triton (a third of a second for every driver)
         from torch.utils.flop_counter import flop_registry
 
@@ -134,6 +137,8 @@ class _Kernels(TorchDispatchMode):
         self.recomputed: list[Kernel] = []  # the kernels it does not save
         self.kept_bytes = 0  # the outputs of those it saves
         self.half_ids: set[int] = set()
+        self.cuda = cuda  # dropout as CUDA's fused kernel
+        self.dropout_masks: set[int] = set()  # the ids of the masks the decomposed dropout draws (with `cuda`)
         self.alive: list[torch.Tensor] = []  # ids stay unique while their tensors live
         self.largest = 0
         # A decoder block's residual stream: (its elements, its width); None outside decoder blocks
@@ -155,6 +160,8 @@ class _Kernels(TorchDispatchMode):
                 and all(t.numel() <= elements and t.dim() > 0 and t.shape[-1] in (width, 1) for t in floating))
 
     def nbytes(self, t: torch.Tensor) -> int:
+        if id(t) in self.dropout_masks:
+            return t.numel()  # native_dropout's bool mask
         size = HALF_BYTES if id(t) in self.half_ids or (self.all_half and t.is_floating_point()) else _element_size(t)
         return t.numel() * size
 
@@ -168,6 +175,12 @@ class _Kernels(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
+        if self.cuda and packet is _aten.bernoulli_:  # drawn inside native_dropout's one kernel
+            self.dropout_masks.add(id(args[0]))
+            self.alive.append(args[0])
+            return out
+        if packet is _aten.div_ and id(args[0]) in self.dropout_masks:  # its scale, applied there too
+            return out
         if packet in FREE or func.is_view:
             if self.half and any(id(t) in self.half_ids for t in _tensors(args)):
                 self.mark_half(_tensors(out))
@@ -357,7 +370,9 @@ def half_activations(cfg) -> bool:
 
 
 def count_network(cfg, batch: int) -> CountedNetwork:
-    """Every kernel of one training step of the point's network at `batch`, layer by layer, in its precision."""
+    """Every kernel of one training step of the point's network at `batch`, layer by layer, in its precision, as a GPU
+    runs it where the point's cluster names one (`cluster.hardware.gpu`), else as a CPU does."""
+    cuda = bool(OmegaConf.select(cfg, "cluster.hardware.gpu"))
     from suite.strategies.pipeline import profile_sample
     from suite.worker.trainer import loss_fn
 
@@ -386,7 +401,7 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         seen.update(id(p) for p in own)
         watch = CoreWatch(layer.module)
         policy = MatmulKeepingPolicy() if isinstance(layer.module, DECODER_BLOCKS) else None
-        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch, policy, all_half)
+        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch, policy, all_half, cuda)
         x_in = x.detach().requires_grad_(x.is_floating_point())
         if isinstance(layer.module, DECODER_BLOCKS):
             kernels.stream = (x_in.numel(), x_in.shape[-1])
