@@ -15,7 +15,8 @@ from suite.predict import fabric, roofline
 from suite.predict.predictor import predict, workload
 from suite.predict.recommend import rank_cell, strategy_overrides
 from suite.predict.step import devices, pipeline_sends, split_block_collectives
-from suite.profiling.counted import ATTENTION, CONV, MATMUL, MEMORY, Kernel, count_network
+from suite.profiling.cores import CoreWatch
+from suite.profiling.counted import ATTENTION, CONV, MATMUL, MEMORY, Kernel, _Kernels, count_network
 from suite.sweep.plan import plan
 from suite.tools.benchmarks.kernels import profiled_kind
 
@@ -83,6 +84,20 @@ def test_dropout_on_a_gpu_is_cudas_one_kernel_with_a_one_byte_mask():
         assert forward == bytes_per_element * elements, cluster
     beyond = block("dgx_a100_80gb", 0.1)[1].saved_bytes - (34 * s * b * h + 5 * a * s * s * b)
     assert 0 <= beyond <= 2 * 2 * s * b * 4  # and the two LayerNorms' mean and rstd of each token
+
+
+def test_an_allocation_is_no_kernel_and_filling_it_is_one():
+    """The caching allocator hands out memory without a kernel: autograd's `new_empty_strided` for a gradient laid out
+    as its parameter is, and so are `new_empty` and `empty`; the `copy_` that fills it is a kernel, which reads its
+    source and writes its destination."""
+    kernels = _Kernels(False, set(), CoreWatch(torch.nn.Identity()), None, cuda=True)
+    with torch.device("meta"), kernels:
+        grad = torch.ones(64, 32)
+        weight = grad.new_empty_strided((32, 64), (1, 32))
+        weight.copy_(grad.t())
+        grad.new_empty((8, 8))
+        torch.empty(8)
+    assert [k.bytes for k in kernels.kernels] == [64 * 32 * 4, 2 * 64 * 32 * 4]  # ones; copy_: read, written
 
 
 def test_half_precision_keeps_and_moves_fewer_bytes_than_fp32():

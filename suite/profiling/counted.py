@@ -48,7 +48,10 @@ ATTENTION = "attention"  # fused attention
 MEMORY = "memory"  # everything else: elementwise, normalisation, reductions, copies
 
 _aten = torch.ops.aten
-FREE = {_aten.detach, _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.lift_fresh, _aten._unsafe_view,
+# Views, and allocations (the caching allocator's, no kernel; `new_empty_strided` is autograd's for a gradient of
+# another layout than its parameter's, which the `copy_` after it fills)
+FREE = {_aten.detach, _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided,
+        _aten.lift_fresh, _aten._unsafe_view,
         _aten.alias, _aten.t, _aten.view, _aten.expand, _aten.permute, _aten.transpose, _aten.unsqueeze,
         _aten.squeeze, _aten.split, _aten.unbind, _aten.slice, _aten.select, _aten.split_with_sizes}
 # Autocast's CUDA fp32 list, as far as the suite's networks reach it (torch/csrc/autograd/autocast_mode.cpp).
@@ -186,6 +189,8 @@ class _Kernels(TorchDispatchMode):
                 self.mark_half(_tensors(out))
             return out
         inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+        if packet is _aten.copy_:  # writes its destination without reading it
+            inputs = inputs[1:]
         counter = self.flop_registry.get(packet)
         flops = float(counter(*args, **kwargs, out_val=out)) if counter else 0.0
         conv = packet in (_aten.convolution, _aten.convolution_backward)
