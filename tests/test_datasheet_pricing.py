@@ -197,6 +197,34 @@ def test_math_attention_is_counted_as_the_gemms_and_materialised_softmax_torch_r
     assert matmul_flops == 2 * 2 * scores * 32  # Q K^T and P V over the whole score matrix, head dim 32
 
 
+def test_materialised_attention_runs_the_kernels_of_its_framework():
+    """Megatron-LM from 2021 on: the scores by one GEMM that scales them, FusedScaleMaskSoftmax's one kernel (mask and
+    softmax), dropout, the GEMM with the values. Its 2020 code: torch's kernels (the scale, masking, softmax), as
+    torch's math attention runs them but for the softmax, where torch's `_safe_softmax` adds five kernels on a GPU
+    (two scalar fills, the comparison with -inf, each row's all(), the where() zeroing rows masked whole), none on a
+    CPU."""
+    def block(framework: str, cluster: str = "dgx_a100_80gb", *overrides: str):
+        cfg = point(f"framework={framework}", "network.attention=math", "network.dropout=0.1", "precision=bf16",
+                    *overrides, cluster=cluster).cfg
+        return cfg, count_network(cfg, 2).layers[1]
+
+    cfg, fused = block("megatron_lm")
+    n = 2 * cfg.network.n_head * cfg.dataset.seq_len ** 2  # the score matrix's elements
+    assert [(k.kind, k.row_reduction) for k in fused.core_forward] == \
+        [(MATMUL, False), (MEMORY, True), (MEMORY, False), (MATMUL, False)]
+    # past 2048 keys FusedScaleMaskSoftmax takes torch's softmax, the scores masked first
+    assert len(block("megatron_lm", "dgx_a100_80gb", "dataset.seq_len=4096")[1].core_forward) == 5
+    assert [k.bytes for k in fused.core_forward if k.kind == MEMORY] == [2 * 2 * n, (2 + 2 + 1) * n]
+    _, plain = block("megatron_lm_2020")
+    _, torch_math = block("suite")
+    assert len(torch_math.core_forward) == len(plain.core_forward) + 5
+    assert len(block("suite", "local")[1].core_forward) == len(block("megatron_lm_2020", "local")[1].core_forward)
+    for other in (plain, torch_math):
+        assert sum(k.row_reduction for k in other.core_forward) == 1  # the softmax
+        assert sum(k.flops for k in other.forward) == sum(k.flops for k in fused.forward)
+        assert sum(k.flops for k in other.backward) == sum(k.flops for k in fused.backward)
+
+
 def test_a_gemm_one_tile_past_a_full_wave_runs_a_second_wave():
     gpu = roofline.gpu_of(point("precision=bf16").cfg)  # 108 SMs
     full = Kernel(MATMUL, 1e11, 0, 108 * 128, 128)

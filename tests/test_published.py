@@ -20,7 +20,7 @@ RECORDS = Path(__file__).resolve().parents[1] / "analysis" / "published" / "gpu_
 SHARED = Path("/work/shared/published/gpu_measurements.yaml")
 
 MEGATRON_TP = ("megatron-readme2020-mp-dgxa100-4b", (
-    "framework=megatron_lm",
+    "framework=megatron_lm_2020",
     "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=36",
     "network.n_head=24", "network.n_embd=3072", "network.attention=math", "cluster=dgx_a100_40gb", "workers=4",
     "strategy=megatron", "strategy.tp=4", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16",
@@ -37,7 +37,7 @@ STUDY_J_GPIPE = ("studyj-torchgpipe-resnet18-imagenet-4gpu-configA", (
     "dataset=imagenet", "network=resnet18", "cluster=lisa", "workers=4", "strategy=gpipe",
     "strategy.micro_batch_size=24", "batch_size=288"))
 HYBRID_DP_TP = ("megatron-readme2020-dp-dgxa100-2b", (  # Megatron-LM's dp x tp: the suite's megatron with replicas
-    "framework=megatron_lm",
+    "framework=megatron_lm_2020",
     "dataset=tokens", "dataset.seq_len=1024", "dataset.vocab_size=51200", "network=gpt2_small", "network.n_layer=30",
     "network.n_head=18", "network.n_embd=2304", "network.attention=math", "cluster=dgx_a100_40gb", "workers=256",
     "strategy=megatron", "strategy.tp=2", "strategy.batch_grows_with_tp=false", "batch_size=16", "precision=fp16",
@@ -89,7 +89,7 @@ def test_a_megatron_record_trains_with_its_frameworks_documented_dropout_said_wi
     megatron = map_record(records[MEGATRON_TP[0]])
     assert "network.dropout=0.1" in megatron.overrides
     assert ("dropout not stated: 0.1, Megatron-LM's --attention-dropout and --hidden-dropout defaults "
-            "(megatron/arguments.py)") in megatron.assumptions
+            "(megatron/arguments.py at 5281919)") in megatron.assumptions
     llama = map_record(records[LLAMA3_8B[0]])
     assert not any("dropout" in text for text in (*llama.overrides, *llama.assumptions))
 
@@ -451,6 +451,10 @@ def test_every_framework_of_the_open_set_is_described_and_matched_by_its_whole_n
     assert named <= frameworks().keys(), named - frameworks().keys()
     megatron = framework_of("Megatron-LM")
     assert megatron.attention.value == "math" and "--use-flash-attn" in megatron.attention.source
+    # its README's 2020 records cite the commit of that year's code, described by a file of its own
+    assert framework_of("Megatron-LM", records["megatron-readme2020-mp-dgxa100-4b"].source.ref).name == \
+        "megatron_lm_2020"
+    assert framework_of("Megatron-LM", records["megatron-readme-a100-1.7b"].source.ref).name == "megatron_lm"
     assert megatron.recompute.value == "every" and megatron.selective_recompute == "selective"
     torchtitan = framework_of("torchtitan (PyTorch FSDP2)")
     assert torchtitan.precision.value == "bf16" and torchtitan.selective_recompute == "selective_op"

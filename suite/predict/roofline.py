@@ -49,6 +49,7 @@ from suite.profiling.counted import (
     CountedNetwork,
     Kernel,
     count_network,
+    framework_attention,
     half_activations,
 )
 from suite.profiling.profiles import LayerProfile, Profile
@@ -159,7 +160,7 @@ def gpu_of(cfg) -> Gpu:
     bandwidth = hw.device_memory_bandwidth_gbs * MEMORY_EFFICIENCY
     reductions = hw.device_memory_bandwidth_gbs * ROW_REDUCTION_EFFICIENCY
     name = hw.gpu or cfg.cluster.name
-    rates = (cfg.framework.get("attention") or {}).get("rates")  # a framework's own kernel in torch's place
+    rates = framework_attention(cfg).get("rates")  # a framework's own kernel in torch's place
     attention = (attention_kernel(cfg.network.attention, hw.compute_capability, cfg.precision in MATH_DTYPE, rates)
                  if hw.gpu else None)  # a CPU's fused attention: at its GEMMs' rate
     # FlashAttention-2 runs in half precision only; the memory-efficient kernel in fp32 runs on the FP32 units
@@ -197,20 +198,20 @@ def _fp8_peak(cfg) -> float:
 
 @lru_cache(maxsize=64)
 def _counted(network: str, dataset: str, batch: int, precision: str, fp8: str, compile: bool,
-             activations: str, gpu: str | None) -> CountedNetwork:
+             activations: str, softmax: str | None, gpu: str | None) -> CountedNetwork:
     cfg = OmegaConf.create({"network": OmegaConf.create(network), "dataset": OmegaConf.create(dataset),
                             "precision": precision, "fp8": fp8, "compile": compile,
-                            "framework": {"activations": {"dtype": activations}},
+                            "framework": {"activations": {"dtype": activations}, "attention": {"softmax": softmax}},
                             "cluster": {"hardware": {"gpu": gpu}}})
     return count_network(cfg, batch)
 
 
 def counted(cfg, batch: int) -> CountedNetwork:
     """`count_network`, once per network, data shape, batch, precision, fp8 recipe, compilation, the framework's
-    activations' dtype and GPU (or none) in a process."""
+    activations' dtype and attention softmax, and GPU (or none) in a process."""
     return _counted(OmegaConf.to_yaml(cfg.network, resolve=True), OmegaConf.to_yaml(cfg.dataset, resolve=True),
                     batch, cfg.precision, cfg.fp8, cfg.compile, "half" if half_activations(cfg) else "computed",
-                    OmegaConf.select(cfg, "cluster.hardware.gpu"))
+                    framework_attention(cfg).get("softmax"), OmegaConf.select(cfg, "cluster.hardware.gpu"))
 
 
 def optimizer_bytes(cfg) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ FP32 = {_aten.native_layer_norm, _aten.native_layer_norm_backward, _aten._softma
         _aten.nll_loss_backward, _aten.sum, _aten.mean, _aten.mse_loss, _aten.exp, _aten.log, _aten.pow}
 # Row-wise normalisation and softmax (and their backward): each reduces a row before it writes it, which holds them
 # below the bandwidth streaming kernels reach (suite.predict.roofline.ROW_REDUCTION_EFFICIENCY).
-ROW_REDUCTIONS = {_aten.native_layer_norm, _aten.native_layer_norm_backward, _aten._softmax,
+ROW_REDUCTIONS = {_aten.native_layer_norm, _aten.native_layer_norm_backward, _aten._softmax, _aten._safe_softmax,
                   _aten._softmax_backward_data, _aten._log_softmax, _aten._log_softmax_backward_data}
 HALF_BYTES = 2
 # cuBLAS's tensor-core kernels load 16 bytes at a time: a GEMM with a dimension not a multiple of 8 elements
@@ -124,7 +125,7 @@ class _Kernels(TorchDispatchMode):
     tracks which tensors autocast would hold in half precision."""
 
     def __init__(self, half: bool, state: set[int], watch: CoreWatch, policy: MatmulKeepingPolicy | None,
-                 all_half: bool = False, cuda: bool = False) -> None:
+                 all_half: bool = False, cuda: bool = False, safe_softmax: bool = False) -> None:
         # imported when counting, not with the module: it imports triton (a third of a second for every driver)
         from torch.utils.flop_counter import flop_registry
 
@@ -142,6 +143,7 @@ class _Kernels(TorchDispatchMode):
         self.half_ids: set[int] = set()
         self.cuda = cuda  # dropout as CUDA's fused kernel
         self.dropout_masks: set[int] = set()  # the ids of the masks the decomposed dropout draws (with `cuda`)
+        self.safe_softmax = safe_softmax  # `_safe_softmax` as the kernels it runs on a GPU (torch's math attention)
         self.alive: list[torch.Tensor] = []  # ids stay unique while their tensors live
         self.largest = 0
         # A decoder block's residual stream: (its elements, its width); None outside decoder blocks
@@ -218,7 +220,23 @@ class _Kernels(TorchDispatchMode):
         residual = kind == MEMORY and self.stream is not None and self.on_stream(inputs + outputs)
         self.record(Kernel(kind, flops, moved, rows, cols, aligned, residual=residual,
                            row_reduction=kind == MEMORY and packet in ROW_REDUCTIONS), func, inputs, outputs)
+        if packet is _aten._safe_softmax and self.safe_softmax:
+            self.zero_masked_rows(inputs[0], outputs[0])
         return out
+
+    def zero_masked_rows(self, scores: torch.Tensor, probs: torch.Tensor) -> None:
+        """What `_safe_softmax` runs after its softmax on a GPU (aten/src/ATen/native/transformers/attention.cpp): a
+        -inf scalar filled, the scores compared with it, each row's all(), a zero filled, and where() zeroing the rows
+        masked whole."""
+        masked = torch.empty(scores.shape, dtype=torch.bool, device=scores.device)
+        rows = torch.empty((*scores.shape[:-1], 1), dtype=torch.bool, device=scores.device)
+        for kernel, op, inputs, outputs in (
+                (Kernel(MEMORY, 0.0, 0.0), _aten.scalar_tensor.default, [], []),
+                (Kernel(MEMORY, 0.0, self.nbytes(scores) + masked.numel()), _aten.eq.Tensor, [scores], [masked]),
+                (Kernel(MEMORY, 0.0, masked.numel() + rows.numel()), _aten.all.dim, [masked], [rows]),
+                (Kernel(MEMORY, 0.0, 0.0), _aten.scalar_tensor.default, [], []),
+                (Kernel(MEMORY, 0.0, rows.numel() + 2 * self.nbytes(probs)), _aten.where.self, [rows, probs], [probs])):
+            self.record(kernel, op, inputs, outputs)
 
     def record(self, kernel: Kernel, op, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         self.kernels.append(kernel)
@@ -249,19 +267,109 @@ class _FusedAttention(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None, None
 
 
-class _Attention(TorchFunctionMode):
-    """`F.scaled_dot_product_attention` as one fused kernel recorded on `kernels`."""
+class _ScoresAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, recorder, dropout):
+        out = torch.empty_like(q)
+        kept = recorder.scores_forward(q, k, v, out, dropout)
+        ctx.save_for_backward(q, k, v, *kept)
+        ctx.recorder = recorder
+        return out
 
-    def __init__(self, kernels: _Kernels) -> None:
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, *kept = ctx.saved_tensors
+        ctx.recorder.scores_backward(q, k, v, grad, kept)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None, None
+
+
+class _Attention(TorchFunctionMode):
+    """`F.scaled_dot_product_attention` as one fused kernel recorded on `kernels`; with `scores`, as Megatron-LM runs
+    its attention from 2021 on (megatron/model/transformer.py, ParallelAttention; `attention.softmax: fused` in
+    conf/framework/): the scores materialised by one batched GEMM that scales them (torch.baddbmm's alpha),
+    FusedScaleMaskSoftmax's one kernel that masks and normalises them (megatron/model/fused_softmax.py), dropout,
+    and the GEMM with the values; backward the two GEMMs' four, dropout's and the softmax's own. The fused kernel
+    takes half precision, 17 to 2048 keys, queries and heads x batch in fours; otherwise the scores are masked by
+    masked_fill_ before torch's softmax, as FusedScaleMaskSoftmax falls back (its fp32 casts not counted)."""
+
+    def __init__(self, kernels: _Kernels, scores: bool = False) -> None:
         super().__init__()
-        self.kernels = kernels
+        self.kernels, self.scores = kernels, scores
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             q, k, v = args[:3]
+            if self.scores:
+                return _ScoresAttention.apply(q, k, v, self, float(kwargs.get("dropout_p", 0.0)))
             return _FusedAttention.apply(q, k, v, self, bool(kwargs.get("is_causal")))
         return func(*args, **kwargs)
+
+    def launch(self, op, inputs: list[torch.Tensor], outputs: list[torch.Tensor], depth: int = 0,
+               row_reduction: bool = False) -> None:
+        """One kernel of the materialised attention: a batched GEMM of inner dimension `depth`, else memory-bound."""
+        if self.kernels.half:  # in the scores' precision (a GEMM's output under autocast, the mask a bool)
+            self.kernels.mark_half(outputs)
+        moved = sum(map(self.kernels.nbytes, inputs)) + sum(map(self.kernels.nbytes, outputs))
+        self.kernels.largest = max([self.kernels.largest, *map(self.kernels.nbytes, outputs)])
+        if not depth:
+            kernel = Kernel(MEMORY, 0.0, moved, row_reduction=row_reduction)
+        else:
+            cols = outputs[0].shape[-1]
+            rows = outputs[0].numel() // cols
+            kernel = Kernel(MATMUL, 2.0 * rows * cols * depth, moved, rows, cols,
+                            all(n % ALIGNMENT == 0 for n in (rows, cols, depth)))
+        self.kernels.record(kernel, op, inputs, outputs)
+
+    def _like(self, q: torch.Tensor, keys: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A [..., queries, keys] tensor of the scores (a bool one with `dtype`)."""
+        t = q.new_empty((*q.shape[:-1], keys), dtype=dtype or q.dtype)
+        self.kernels.alive.append(t)
+        return t
+
+    def fusable(self, q: torch.Tensor, keys: int) -> bool:
+        """Whether FusedScaleMaskSoftmax runs its fused kernel (megatron/model/fused_softmax.py's condition)."""
+        queries = q.shape[-2]
+        return self.kernels.half and 16 < keys <= 2048 and queries % 4 == 0 and \
+            (q.numel() // (queries * q.shape[-1])) % 4 == 0
+
+    def scores_forward(self, q, k, v, out, dropout: float) -> list[torch.Tensor]:
+        """Records the forward; returns what backward reads besides q, k and v: the softmax's output, and with
+        dropout its mask and the dropped probabilities."""
+        if self.kernels.half:
+            self.kernels.mark_half([q, k, v, out])
+        keys, depth = k.shape[-2], q.shape[-1]
+        scores, probs = self._like(q, keys), self._like(q, keys)
+        self.launch(_aten.baddbmm.default, [q, k], [scores], depth)
+        if not self.fusable(q, keys):
+            self.launch(_aten.masked_fill_.Scalar, [scores], [scores])
+        self.launch(_aten._softmax.default, [scores], [probs], row_reduction=True)
+        kept = [probs]
+        if dropout:
+            dropped, mask = self._like(q, keys), self._like(q, keys, torch.bool)
+            self.launch(_aten.native_dropout.default, [probs], [dropped, mask])
+            kept += [mask, dropped]
+        self.launch(_aten.bmm.default, [kept[-1], v], [out], keys)
+        return kept
+
+    def scores_backward(self, q, k, v, grad, kept: list[torch.Tensor]) -> None:
+        probs, used = kept[0], kept[-1]
+        if self.kernels.half:
+            self.kernels.mark_half([grad])
+        keys, depth = k.shape[-2], q.shape[-1]
+        grad_used = self._like(q, keys)
+        self.launch(_aten.bmm.default, [grad, v], [grad_used], depth)  # dP = dO V^T
+        self.launch(_aten.bmm.default, [used, grad], [torch.empty_like(v)], q.shape[-2])  # dV = P^T dO
+        grad_probs = grad_used
+        if len(kept) > 1:
+            grad_probs = self._like(q, keys)
+            self.launch(_aten.native_dropout_backward.default, [grad_used, kept[1]], [grad_probs])
+        grad_scores = self._like(q, keys)
+        self.launch(_aten._softmax_backward_data.default, [grad_probs, probs], [grad_scores], row_reduction=True)
+        if not self.fusable(q, keys):
+            self.launch(_aten.masked_fill.Scalar, [grad_scores], [grad_scores])
+        self.launch(_aten.bmm.default, [grad_scores, k], [torch.empty_like(q)], keys)  # dQ = dS K
+        self.launch(_aten.bmm.default, [grad_scores, q], [torch.empty_like(k)], q.shape[-2])  # dK = dS^T Q
 
     def attention(self, q, k, v, out, causal: bool, backward: bool) -> None:
         k_len, head_dim = k.shape[-2], q.shape[-1]
@@ -367,6 +475,11 @@ def _autocast_weights(module: torch.nn.Module) -> list[torch.Tensor]:
     return [p for p in module.parameters() if p.dim() > 1 and id(p) not in fp8]
 
 
+def framework_attention(cfg) -> dict:
+    """The point's framework's attention traits (conf/framework/, `attention`)."""
+    return dict((cfg.get("framework") or {}).get("attention") or {})
+
+
 def half_activations(cfg) -> bool:
     """Whether the point's framework runs the whole model in its half precision (conf/framework/, `activations`)
     rather than under autocast, as the suite does."""
@@ -396,7 +509,16 @@ def count_network(cfg, batch: int) -> CountedNetwork:
     for module in model.modules():  # a leaf that requires grad may not be modified in place (see measure.py)
         if getattr(module, "inplace", False):
             module.inplace = False
-    fused = _Attention if cfg.network.attention != "math" else nullcontext
+    # The softmax of materialised scores: torch's math attention's `_safe_softmax` (no framework trait), a framework's
+    # plain softmax after its own masking (`aten`: Megatron-LM's of 2020), or Megatron-LM's fused CUDA kernel (`fused`;
+    # without a GPU FusedScaleMaskSoftmax falls back to torch's softmax)
+    softmax = framework_attention(cfg).get("softmax")
+    if cfg.network.attention != "math":
+        fused = _Attention
+    elif softmax == "fused" and cuda:
+        fused = partial(_Attention, scores=True)
+    else:  # the math kernel decomposed as it runs
+        fused = nullcontext
     seen: set[int] = set()
     counted, x, x_half, largest = [], inputs, False, 0
     for index, layer in enumerate(layers):
@@ -406,7 +528,8 @@ def count_network(cfg, batch: int) -> CountedNetwork:
         seen.update(id(p) for p in own)
         watch = CoreWatch(layer.module)
         policy = MatmulKeepingPolicy() if isinstance(layer.module, DECODER_BLOCKS) else None
-        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch, policy, all_half, cuda)
+        kernels = _Kernels(half, params | {id(b) for b in model.buffers()}, watch, policy, all_half, cuda,
+                           safe_softmax=cuda and softmax is None)
         x_in = x.detach().requires_grad_(x.is_floating_point())
         if isinstance(layer.module, DECODER_BLOCKS):
             kernels.stream = (x_in.numel(), x_in.shape[-1])

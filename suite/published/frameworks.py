@@ -2,7 +2,9 @@
 where a record leaves it unstated (precision, recomputation, its attention kernel, its context length) and what it
 does that a record's fields do not say (offloading, sharded data parallelism, a one-process pipeline), each default
 with its source. A record names its framework as its source spells it; a file's `names` are matched whole, never by
-substring, and a framework no file describes has no defaults (what it leaves unstated stays "not stated")."""
+substring, and a framework no file describes has no defaults (what it leaves unstated stays "not stated"). Where a
+framework changed what it runs between releases, a file of one era names the commits its records cite (`source_refs`,
+matched at the start of a record's `source.ref`); the file of the same name without them describes the rest."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from suite.paths import CONF_DIR
 
 KEYS = {"names", "attention", "precision", "recompute", "selective_recompute", "offload", "shards_data_parallel",
         "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len", "context_parallel",
-        "activations", "optimizer_sharding", "pipeline_schedule", "dropout"}
+        "activations", "optimizer_sharding", "pipeline_schedule", "dropout", "source_refs"}
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,10 @@ def _default(entry: dict | None, key: str) -> Default | None:
 
 
 @functools.cache
-def frameworks() -> dict[str, Framework]:
-    """Each described framework, by every name a record may give it."""
-    found = {}
+def frameworks() -> dict[str, list[tuple[tuple[str, ...], Framework]]]:
+    """Each described framework by every name a record may give it: under one name, each era's file with the source
+    refs it is matched by (none: the name's default)."""
+    found: dict[str, list[tuple[tuple[str, ...], Framework]]] = {}
     for path in sorted((CONF_DIR / "framework").glob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
         unknown = set(data) - KEYS
@@ -67,10 +70,19 @@ def frameworks() -> dict[str, Framework]:
                               _default(data.get("attention", {}).get("in_fp32"), "kernel"),
                               _default(data.get("pipeline_schedule"), "default"),
                               _default(data.get("dropout"), "default"))
-        found.update({name: framework for name in data["names"]})
+        for name in data["names"]:
+            found.setdefault(name, []).append((tuple(data.get("source_refs") or ()), framework))
     return found
 
 
-def framework_of(name: str | None) -> Framework:
-    """The framework a record names; one with no defaults where no file describes it."""
-    return frameworks().get(name or "", Framework(name or "not stated"))
+def described(name: str | None, ref: str | None = None) -> Framework | None:
+    """The file describing the framework a record names, of the era its source `ref` cites; None where none does."""
+    eras = frameworks().get(name or "", [])
+    cited = [framework for refs, framework in eras if ref and any(ref.startswith(r) for r in refs)]
+    return next(iter(cited or [framework for refs, framework in eras if not refs]), None)
+
+
+def framework_of(name: str | None, ref: str | None = None) -> Framework:
+    """The framework a record names (of the era its source `ref` cites); one with no defaults where no file
+    describes it."""
+    return described(name, ref) or Framework(name or "not stated")

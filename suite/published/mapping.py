@@ -32,7 +32,7 @@ from suite.models import network_names
 from suite.models.gpt2 import GPT2_SIZES, GPT2Dims
 from suite.models.llama import LLAMA3_SIZES
 from suite.paths import CONF_DIR
-from suite.published.frameworks import framework_of, frameworks
+from suite.published.frameworks import described, framework_of
 from suite.published.records import Record
 from suite.strategies import strategy_class
 from suite.sweep import hardware_catalog
@@ -204,7 +204,7 @@ def _seq_len(record: Record, draft: _Draft) -> int | None:
     """The record's context, else its framework's documented default (an assumption); None where neither is."""
     if record.model.seq_len is not None:
         return record.model.seq_len
-    default = framework_of(record.training.framework).seq_len
+    default = framework_of(record.training.framework, record.source.ref).seq_len
     if default is None:
         return None
     draft.assume(f"sequence length not stated: {default.value}, {record.training.framework}'s default "
@@ -284,15 +284,15 @@ def _llama3(record: Record, draft: _Draft) -> None:
 def _framework(record: Record, draft: _Draft) -> None:
     """Priced as the record's framework runs the point, where a file of conf/framework/ describes it; else as the
     suite's own implementation."""
-    described = frameworks().get(record.training.framework or "")
-    if described:
-        draft.set(f"framework={described.name}")
+    framework = described(record.training.framework, record.source.ref)
+    if framework:
+        draft.set(f"framework={framework.name}")
 
 
 def _attention(record: Record, draft: _Draft) -> None:
     """The attention kernel the record's framework ran (conf/framework/), the record naming none: in fp32 its fp32
     kernel where its fused ones take half precision only."""
-    framework = framework_of(record.training.framework)
+    framework = framework_of(record.training.framework, record.source.ref)
     kernel = framework.attention
     precision = record.training.precision or (framework.precision.value if framework.precision else "")
     if precision.lower() == "fp32" and framework.attention_fp32:
@@ -341,7 +341,7 @@ def _network(record: Record, draft: _Draft) -> bool:
 def _precision(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.precision
     if word is None:  # the framework's documented default (issue 61: fp32 assumed for every framework, 10x off)
-        default = framework_of(record.training.framework).precision
+        default = framework_of(record.training.framework, record.source.ref).precision
         if default is None:
             draft.cannot(PRECISION, f"not stated: precision (the record names none, and {record.training.framework} "
                          "documents no default the suite describes)")
@@ -408,7 +408,7 @@ def _eager(record: Record, strategy: str, draft: _Draft) -> None:
 
 def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
     word = record.training.activation_recompute
-    framework = framework_of(record.training.framework)
+    framework = framework_of(record.training.framework, record.source.ref)
     if word == "selective" and not framework.selective_recompute:
         draft.cannot(RECOMPUTE, f"{record.training.framework}'s selective checkpointing, of a kind not described "
                                 "(conf/framework/, selective_recompute)")
@@ -435,7 +435,7 @@ def _recompute(record: Record, strategy: str, draft: _Draft) -> None:
 def _dropout(record: Record, language: bool, draft: _Draft) -> None:
     """A language model's dropout (attention probabilities and hidden states; no record states it): its framework's
     documented default, said with its source; the suite's none where the framework describes none."""
-    framework = framework_of(record.training.framework)
+    framework = framework_of(record.training.framework, record.source.ref)
     if not language or not framework.dropout:
         return
     value = float(framework.dropout.value)
@@ -533,7 +533,7 @@ def _layout(record: Record, language: bool, draft: _Draft) -> str | None:
     if total is None:
         draft.cannot(NOT_STATED, "hardware.total_gpus")
         return None
-    framework = framework_of(record.training.framework)
+    framework = framework_of(record.training.framework, record.source.ref)
     cp = record.measured.also.get("context_parallel_degree") or 1
     if cp > 1 and not (framework.shards_data_parallel and word == "hybrid"):
         draft.cannot(CONTEXT_PARALLEL, f"the sequence split over {cp} GPUs beside {word} (the suite splits it "
