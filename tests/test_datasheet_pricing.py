@@ -100,6 +100,22 @@ def test_an_allocation_is_no_kernel_and_filling_it_is_one():
     assert [k.bytes for k in kernels.kernels] == [64 * 32 * 4, 2 * 64 * 32 * 4]  # ones; copy_: read, written
 
 
+def test_layer_norms_backward_on_a_gpu_reads_its_input_again_for_the_parameters_gradients():
+    """ATen's CUDA LayerNorm backward is two kernels: the input's gradient, then GammaBetaBackward's for the weight
+    and bias, which reads the output's gradient, the input and its statistics again; a CPU's is counted as one."""
+    rows, width, stats = 64 * 32 * 4, 32 * 4, 2 * 64 * 4  # bytes: a [64, 32] fp32 tensor, a row of it, mean and rstd
+    with torch.device("meta"):
+        x, weight, bias = (torch.ones(*shape, requires_grad=True) for shape in ((64, 32), (32,), (32,)))
+        y = torch.nn.functional.layer_norm(x, (32,), weight, bias)
+        grad = torch.ones_like(y)
+    for cuda, moved in ((True, [3 * rows + stats + width, 2 * rows + stats + 2 * width]),
+                        (False, [3 * rows + stats + 4 * width])):
+        kernels = _Kernels(False, set(), CoreWatch(torch.nn.Identity()), None, cuda=cuda)
+        with kernels:
+            torch.autograd.grad(y, (x, weight, bias), grad, retain_graph=True)
+        assert [k.bytes for k in kernels.kernels] == moved and all(k.row_reduction for k in kernels.kernels)
+
+
 def test_half_precision_keeps_and_moves_fewer_bytes_than_fp32():
     fp32 = count_network(point().cfg, 4)
     bf16 = count_network(point("precision=bf16").cfg, 4)
@@ -138,8 +154,9 @@ def test_layernorm_and_softmax_stream_at_the_share_of_the_bandwidth_atens_kernel
     network = count_network(cfg, 4)
     memory = [k for layer in network.layers for k in (*layer.forward, *layer.backward) if k.kind == MEMORY]
     blocks = cfg.network.n_layer
-    # 2 LayerNorms a block and the last one, forward and backward; the loss's log-softmax, forward and backward
-    assert sum(k.row_reduction for k in memory) == 2 * (2 * blocks + 1) + 2
+    # 2 LayerNorms a block and the last one, forward, and backward in two kernels on a GPU; the loss's log-softmax,
+    # forward and backward
+    assert sum(k.row_reduction for k in memory) == 3 * (2 * blocks + 1) + 2
     gpu = roofline.gpu_of(cfg)
     norm, add = Kernel(MEMORY, 0, 2**30, row_reduction=True), Kernel(MEMORY, 0, 2**30)
     assert gpu.seconds(norm) == pytest.approx(2**30 / (2039e9 * roofline.ROW_REDUCTION_EFFICIENCY))

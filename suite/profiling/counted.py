@@ -20,7 +20,8 @@ ranks convert them (suite.runtime.model_transforms, torchao's Float8Linear) and 
 uncompiled: each cast to fp8 its own amax, scale and cast kernels, each GEMM of fp8 operands (1 byte an element)
 an fp8 GEMM. Counted for a GPU, dropout is the one kernel CUDA runs (ATen's `dropout` takes `native_dropout` on a CUDA
 tensor: it writes the output and a one-byte mask, and its backward reads that mask), not the meta device's
-decomposition into `bernoulli_`, `div_` and `mul` over a mask of the input's dtype, which is what a CPU runs.
+decomposition into `bernoulli_`, `div_` and `mul` over a mask of the input's dtype, which is what a CPU runs; and
+LayerNorm's backward is CUDA's two kernels (the input's gradient, then the weight's and bias's).
 """
 
 from __future__ import annotations
@@ -218,11 +219,25 @@ class _Kernels(TorchDispatchMode):
         depth = round(flops / (2 * rows * cols)) if kind in (MATMUL, FP8_MATMUL) and rows * cols else 0
         aligned = kind not in (MATMUL, FP8_MATMUL) or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
         residual = kind == MEMORY and self.stream is not None and self.on_stream(inputs + outputs)
-        self.record(Kernel(kind, flops, moved, rows, cols, aligned, residual=residual,
-                           row_reduction=kind == MEMORY and packet in ROW_REDUCTIONS), func, inputs, outputs)
+        if self.cuda and packet is _aten.native_layer_norm_backward and len(outputs) > 1:
+            self.layer_norm_backward(func, args, outputs, residual)
+        else:
+            self.record(Kernel(kind, flops, moved, rows, cols, aligned, residual=residual,
+                               row_reduction=kind == MEMORY and packet in ROW_REDUCTIONS), func, inputs, outputs)
         if packet is _aten._safe_softmax and self.safe_softmax:
             self.zero_masked_rows(inputs[0], outputs[0])
         return out
+
+    def layer_norm_backward(self, op, args, outputs: list[torch.Tensor], residual: bool) -> None:
+        """LayerNorm's backward as CUDA runs it (aten/src/ATen/native/cuda/layer_norm_kernel.cu): the input's gradient,
+        then the weight's and bias's by a kernel of their own (GammaBetaBackward) that reads the output's gradient, the
+        input and its statistics again."""
+        grad, x, _, mean, rstd, weight = args[:6]
+        rows = [t for t in (grad, x, mean, rstd) if t is not None]
+        for reads, writes in ((rows + [weight], outputs[:1]), (rows, outputs[1:])):
+            reads = [t for t in reads if t is not None]
+            self.record(Kernel(MEMORY, 0.0, sum(map(self.nbytes, reads + writes)), residual=residual,
+                               row_reduction=True), op, reads, writes)
 
     def zero_masked_rows(self, scores: torch.Tensor, probs: torch.Tensor) -> None:
         """What `_safe_softmax` runs after its softmax on a GPU (aten/src/ATen/native/transformers/attention.cpp): a
