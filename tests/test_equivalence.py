@@ -361,7 +361,10 @@ LAMB = ["optimizer.name=lamb", "optimizer.lr=0.01", "optimizer.weight_decay=0.01
 
 
 ACCUMULATING = {"single": ["strategy=single"], "ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"],
-                **{f"zero{stage}": ZERO[stage] for stage in ZERO}}
+                **{f"zero{stage}": ZERO[stage] for stage in ZERO},
+                "megatron_dp2": ["strategy=megatron", "strategy.tp=1"],
+                "megatron_dp2_overlapped": ["strategy=megatron", "strategy.tp=1", "strategy.overlap_grad_reduce=true",
+                                            "strategy.bucket_size=20000"]}
 
 
 @pytest.mark.parametrize("strategy", ACCUMULATING)
@@ -369,14 +372,18 @@ def test_gradient_accumulation_equivalence(store, strategy):
     """Single's global batch of 8 in one step, as 2 micro-batches per rank: DDP all-reduces once, in the last
     micro-batch's backward (no_sync before it); FSDP reduce-scatters every micro-batch's gradients into its shards;
     ZeRO counts the micro-batches in DeepSpeed's engine (`gradient_accumulation_steps`), stage 1 reducing in the last
-    one's backward, stages 2 and 3 into their partitions in every one's."""
+    one's backward, stages 2 and 3 into their partitions in every one's; Megatron's replicas all-reduce once, in the
+    last one's backward (after it, or in buckets during it, none launched before)."""
     workers = 1 if strategy == "single" else 2
     common = ADAM if strategy.startswith("zero") else []
     candidate = [*ACCUMULATING[strategy], f"workers={workers}", f"batch_size={GLOBAL_BATCH // workers // 2}",
                  "grad_accum=2"]
     reference = ["strategy=single", "workers=1", f"batch_size={GLOBAL_BATCH}"]
     workload = WORKLOADS["gpt2"] + STEPS + common
-    assert_same_training(*run_against_single(store, workload + reference, workload + candidate))
+    reference, accumulated = run_against_single(store, workload + reference, workload + candidate)
+    assert_same_training(reference, accumulated)
+    if strategy.startswith("megatron"):  # the gradients all-reduced once a step, not once per micro-batch
+        assert comm_mb(accumulated) == pytest.approx(reference.summary()["mem_params_mb"], rel=1e-3)
 
 
 def test_ddp_equivalence_lamb_checkpointing(store):

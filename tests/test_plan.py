@@ -95,7 +95,7 @@ MALFORMED = {
     "no micro-batch to accumulate": (["grad_accum=0"], "grad_accum must be positive, got 0"),
     "accumulation under horovod": (["strategy=horovod", "grad_accum=2"],
                                    "strategy horovod does not accumulate gradients (grad_accum=2); leave it 1 (ddp, "
-                                   "fsdp, single, zero accumulate)"),
+                                   "fsdp, megatron, single, zero accumulate)"),
     "accumulation in a pipeline": (["strategy=1f1b", "workers=2", "grad_accum=2"],
                                    "a pipeline's micro-batches are its accumulation (strategy.micro_batches)"),
     "megatron on a CNN": (["strategy=megatron", "workers=2"], "strategy megatron splits a decoder's attention"),

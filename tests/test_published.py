@@ -13,7 +13,7 @@ import yaml
 
 from suite.published import mapping
 from suite.published.mapping import Reason, map_record, plan_records
-from suite.published.records import MalformedRecord, Record, load
+from suite.published.records import MalformedRecord, Record, load, stated_elsewhere
 from suite.tools import published as tool
 
 RECORDS = Path(__file__).resolve().parents[1] / "analysis" / "published" / "gpu_measurements.yaml"
@@ -222,11 +222,10 @@ def test_mapped_points_plan_and_a_planner_rejection_is_the_records_reason(planne
     (accumulating,) = plan_records([replace(record, training=replace(record.training, grad_accum=2,
                                                                         micro_batch=None))])
     assert (accumulating.point.cfg.batch_size, accumulating.point.cfg.grad_accum) == (2, 2)
-    record = planned[HYBRID_DP_TP[0]].record  # Megatron-LM's accumulation is not the suite's megatron's
-    (rejected,) = plan_records([replace(record, training=replace(record.training, grad_accum=2, micro_batch=None))])
-    assert rejected.reasons == (Reason(mapping.PLANNER, "strategy megatron does not accumulate gradients "
-                                                        "(grad_accum=2); leave it 1 (ddp, fsdp, single, zero "
-                                                        "accumulate)"),)
+    record = planned[HYBRID_DP_TP[0]].record  # Megatron-LM's accumulation, the suite's megatron's too
+    (accumulating,) = plan_records([replace(record, training=replace(record.training, grad_accum=2, micro_batch=None))])
+    assert (accumulating.point.strategy.name, accumulating.point.cfg.grad_accum,
+            accumulating.point.layout.micro_batches) == ("megatron", 2, 2)
 
 
 
@@ -285,6 +284,57 @@ def test_a_record_across_nodes_that_names_no_network_is_not_priced_and_a_named_o
     silent = replace(stated, hardware=replace(stated.hardware, inter_node=None, system=None))
     assert Reason(mapping.NOT_STATED, f"hardware.inter_node (a run over {stated.hardware.nodes} nodes)") in \
         map_record(silent).reasons
+
+
+def test_what_a_records_authors_state_elsewhere_fills_what_it_leaves_null_said_with_its_source():
+    """Megatron-LM's README table leaves its pipelines' micro-batches and model chunks unstated; the paper's scripts
+    (examples/sc21/run_table_1.sh) state them: the open set's records take them, each said with its citation."""
+    planned = {m.record.id: m for m in tool.load_planned(list(tool.OPEN_SET))}
+    interleaved = planned["megatron-readme-a100-76b"]
+    assert interleaved.record.training.micro_batch == 2 and interleaved.record.layout.virtual_stages == 3
+    layout = interleaved.point.layout
+    assert (layout.tp, layout.pp, layout.virtual_stages, layout.micro_batch_size, layout.micro_batches) == \
+        (8, 4, 3, 2, 28)
+    assert ("not in the record, stated elsewhere: training.micro_batch=2, layout.virtual_stages=3 (NVIDIA/Megatron-LM@"
+            "de7dc40f883ceed06344051c3c7ebd57da59cc53 examples/sc21/run_table_1.sh: MODEL_SIZE 76B: MBS=2, "
+            "--num-layers-per-virtual-pipeline-stage 5 (NLS=60 / (PP=4 x 5) = 3 chunks per rank))") in \
+        interleaved.assumptions
+    accumulated = planned["megatron-readme-a100-18b"].point  # 4 micro-batches of 8 a replica: Megatron accumulates
+    assert (accumulated.strategy.name, accumulated.cfg.batch_size, accumulated.cfg.grad_accum) == ("megatron", 8, 4)
+    assert planned["megatron-readme-a100-1t"].point.layout.virtual_stages == 1  # no flag: not interleaved
+
+
+def test_a_stated_elsewhere_entry_fills_only_what_its_record_leaves_null(tmp_path, records):
+    record = records["megatron-readme-a100-39b"]
+    source = {"ref": "a script", "where": "its line 3"}
+    path = tmp_path / "elsewhere.yaml"
+    cases = [({"id": record.id, "source": source, "layout": {"pp": 4}},
+              f"{path}: entry {record.id}: layout.pp is stated in the record (2): an entry fills only what it leaves "
+              "null"),
+             ({"id": record.id, "training": {"micro_batch": 4}},
+              f"{path}: entry {record.id}: source.ref and source.where are required: where the fields are stated"),
+             ({"id": record.id, "source": source, "training": {"micro_batch": "four"}},
+              f"{path}: entry {record.id}: training.micro_batch='four' is not an integer"),
+             ({"id": record.id, "source": source, "measured": {"value": 1}},
+              f"{path}: entry {record.id}: measured is not a key of an entry (id, source, hardware, model, training, "
+              "layout)")]
+    for entry, line in cases:
+        path.write_text(yaml.safe_dump([entry]))
+        with pytest.raises(MalformedRecord) as e:
+            stated_elsewhere([record], path)
+        assert str(e.value) == line
+    path.write_text(yaml.safe_dump([{"id": record.id, "source": source, "training": {"micro_batch": 4}},
+                                    {"id": "a-record-of-another-file", "source": source, "layout": {"pp": 2}}]))
+    (filled,) = stated_elsewhere([record], path)
+    assert filled.training.micro_batch == 4 and filled.stated_elsewhere == ("training.micro_batch=4 (a script: its "
+                                                                            "line 3)",)
+    assert replace(filled, training=record.training, stated_elsewhere=()) == record
+
+
+def test_every_stated_elsewhere_entry_names_a_record_of_the_open_set():
+    ids = {r.id for path in tool.OPEN_SET for r in load(path)}
+    entries = yaml.safe_load(tool.STATED_ELSEWHERE.read_text())
+    assert entries and {e["id"] for e in entries} <= ids
 
 
 def test_an_id_in_two_records_files_is_one_line(tmp_path, capsys):
@@ -372,15 +422,17 @@ def test_a_records_file_that_is_not_one_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"error: {broken}:3:1: ")
 
 
+UNSPLIT_HYBRID = "narayanan-a100-t2-ptd-175b-384gpu"  # a model-parallel size of 96, not split into tp and pp
+
+
 def test_the_command_lists_each_record_and_the_count(tmp_path, capsys, records):
     path = tmp_path / "records.yaml"
     entries = yaml.safe_load(RECORDS.read_text())
-    path.write_text(yaml.safe_dump([e for e in entries if e["id"] in (STUDY_J_HOROVOD[0], "megatron-readme-a100-39b")],
+    path.write_text(yaml.safe_dump([e for e in entries if e["id"] in (STUDY_J_HOROVOD[0], UNSPLIT_HYBRID)],
                                    sort_keys=False))
     assert tool.main([str(path), "--assumptions"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "megatron-readme-a100-39b: cannot: not stated: layout.virtual_stages of an interleaved 1F1B schedule; not "
-        "stated: training.micro_batch (a 2-stage pipeline's micro-batches)",
+        f"{UNSPLIT_HYBRID}: cannot: not stated: layout.dp, tp and pp of a hybrid layout",
         f"{STUDY_J_HOROVOD[0]}: {' '.join(STUDY_J_HOROVOD[1])}",
         "    assumed: inter-node network priced as lisa's (conf/cluster/lisa.yaml); the record's: 40 Gbps Ethernet",
         "    assumed: precision not stated: fp32, Horovod (PyTorch), ring-allreduce's default (PyTorch trains in "

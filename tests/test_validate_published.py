@@ -12,13 +12,14 @@ from suite.tools.published import ADDED_RECORDS, RECORDS
 
 pytestmark = pytest.mark.slow
 
-CHOSEN = ("megatron-readme2020-mp-dgxa100-1b", "llmfoundry-a100-40-mpt125m-s2048-16gpu", "megatron-readme-a100-39b")
+CHOSEN = ("megatron-readme2020-mp-dgxa100-1b", "llmfoundry-a100-40-mpt125m-s2048-16gpu",
+          "narayanan-a100-t2-ptd-175b-384gpu")
 
 
 @pytest.fixture
 def records(tmp_path):
-    """Three records of the open set (one the suite cannot express: an interleaved schedule of unstated chunks and
-    micro-batches), the second with a memory
+    """Three records of the open set (one the suite cannot express: a model-parallel size not split into tp and
+    pp), the second with a memory
     figure added as a source would state it."""
     by_id = {e["id"]: e for e in yaml.safe_load(RECORDS.read_text())}
     entries = [by_id[i] for i in CHOSEN]

@@ -391,7 +391,9 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     all-reduces of one fp32 value per token (the max, the sum of exponentials, the target's logit). Replicas
     all-reduce their shard's gradients after backward, or with `overlap_grad_reduce` in buckets of `bucket_size`
     elements while backward runs on. The batch reaches the group's ranks as a broadcast from its first rank.
-    Checkpointed blocks run their split forward again in backward, its two collectives included."""
+    Checkpointed blocks run their split forward again in backward, its two collectives included. With gradient
+    accumulation all of it but the replicas' reduction runs once per micro-batch (the profile is of one), the
+    reduction in the last one's backward."""
     tp, dp, layers = w.layout.tp, w.layout.dp * w.layout.cp, w.layers  # gradients averaged over context ranks too
     vocab = w.strategy.vocab_parallel
     split = [layer.block or vocab for layer in layers]
@@ -403,10 +405,13 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     blocks = [layer for layer in layers if layer.block]
     activation = blocks[0].output_bytes
     collectives = split_block_collectives(w, len(blocks), sum(again), activation)
-    if tp > 1:  # the group's first rank broadcasts the batch: its shape, then int64 inputs and targets
-        collectives += [("broadcast", 16, tp), ("broadcast", 2 * w.profile.batch * w.cfg.dataset.seq_len * 8, tp)]
     if vocab:
         collectives += vocab_collectives(w, activation, embedding=True, head=True)
+    micro = w.layout.micro_batches
+    collectives *= micro
+    if tp > 1:  # the group's first rank broadcasts the step's batch: its shape, then int64 inputs and targets
+        tokens = micro * w.profile.batch * w.cfg.dataset.seq_len
+        collectives += [("broadcast", 16, tp), ("broadcast", 2 * tokens * 8, tp)]
     held = sum(layer.param_bytes / n for layer, n in zip(layers, ways))
     share = reduced_gradient_share(w)
     comm = sum(w.links.collective(*c) for c in collectives)
@@ -419,7 +424,7 @@ def tensor_parallel(w: Workload, variant: str) -> StepTime:
     else:
         comm += w.links.collective("all_reduce", held * share, dp, tp)
     optimizer = w.profile.optimizer_s * held / max(w.profile.param_bytes, 1)
-    return StepTime(compute=fwd + bwd, comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
+    return StepTime(compute=micro * (fwd + bwd), comm=comm, optimizer=optimizer, data=w.data_s, sent=sent)
 
 
 def split_block_collectives(w: Workload, blocks: int, recomputed: int,

@@ -658,6 +658,8 @@ def map_record(record: Record) -> Mapped:
     for what it leaves unstated; or the reasons it is not a point. Pure: nothing composed, nothing read but the
     catalog's cluster files."""
     draft = _Draft()
+    for line in record.stated_elsewhere:
+        draft.assume(f"not in the record, stated elsewhere: {line}")
     _framework(record, draft)
     language = _network(record, draft)
     _cluster(record, draft)

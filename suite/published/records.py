@@ -5,6 +5,11 @@ A malformed record is one line naming the file, the record and the key (`<file>:
 `MalformedRecord` before anything is mapped or priced: a value of the wrong type, a word outside its vocabulary (a
 strategy, a GPU, a metric), a key the schema does not have, a missing `id`, `measured.metric` or `measured.value`,
 an id given twice.
+
+A record's own source may leave null what another public source by its authors states for the same run (the scripts
+that produced a paper's table): a file of such fields (`stated_elsewhere`, analysis/published/stated_elsewhere.yaml)
+fills them, each with its citation, which the mapping prints among the record's assumptions. It fills only what the
+record leaves null: it never changes what the record states.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import io
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
@@ -110,6 +115,7 @@ class Record:
     layout: Layout
     measured: Measured
     notes: str | None = None
+    stated_elsewhere: tuple[str, ...] = ()  # fields filled from another source: `<field>=<value> (<its citation>)`
 
     @property
     def prefix(self) -> str:
@@ -207,10 +213,8 @@ def shown(path: Path) -> str:
     return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
-def load(path: str | Path) -> list[Record]:
-    """Every record of a published-measurements file, in its order. MalformedRecord (one line) for a file that
-    cannot be read or a record the schema does not allow."""
-    path = Path(path)
+def _entries(path: Path, what: str) -> tuple[str, list]:
+    """A file's name as shown and its YAML list; MalformedRecord (one line) where it cannot be read or is no list."""
     name = shown(path)
     try:
         stream = io.StringIO(path.read_text())
@@ -221,8 +225,14 @@ def load(path: str | Path) -> list[Record]:
     except yaml.YAMLError as e:
         raise MalformedRecord(yaml_error_line(e) or f"{name}: not YAML") from e
     if not isinstance(entries, list):
-        raise MalformedRecord(f"{name}: a published-measurements file is a list of records, got "
-                              f"{type(entries).__name__}")
+        raise MalformedRecord(f"{name}: {what} is a list of records, got {type(entries).__name__}")
+    return name, entries
+
+
+def load(path: str | Path) -> list[Record]:
+    """Every record of a published-measurements file, in its order. MalformedRecord (one line) for a file that
+    cannot be read or a record the schema does not allow."""
+    name, entries = _entries(Path(path), "a published-measurements file")
     records, seen = [], {}
     for index, entry in enumerate(entries, 1):
         if not isinstance(entry, dict):
@@ -238,3 +248,43 @@ def load(path: str | Path) -> list[Record]:
         seen[ident] = index
         records.append(parse(entry, where))
     return records
+
+
+FILLABLE = ("hardware", "model", "training", "layout")
+
+
+def stated_elsewhere(records: list[Record], path: str | Path) -> list[Record]:
+    """The records with the fields a file of `stated_elsewhere` entries gives them filled in, each entry `id`,
+    `source: {ref, where}` (where those fields are stated) and the fields under their sections (`training:
+    {micro_batch: 4}`); a record no entry names as it was. MalformedRecord (one line) for an entry the schema does
+    not allow, one without its source, or one that gives a field its record states."""
+    name, entries = _entries(Path(path), "a stated-elsewhere file")
+    by_id = {record.id: record for record in records}
+    for index, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            raise MalformedRecord(f"{name}: entry {index}: an entry is a mapping with the id of a record")
+        where = f"{name}: entry {entry['id']}"
+        for key in entry:
+            if key not in ("id", "source", *FILLABLE):
+                raise MalformedRecord(f"{where}: {key} is not a key of an entry (id, source, {', '.join(FILLABLE)})")
+        source = _section(Source, entry.get("source"), where, "source")
+        if not (source.ref and source.where):
+            raise MalformedRecord(f"{where}: source.ref and source.where are required: where the fields are stated")
+        record = by_id.get(entry["id"])
+        if record is None:
+            continue  # a record of a file not read this time
+        filled, said = {}, []
+        for section in FILLABLE:
+            given = _section(SECTIONS[section], entry.get(section), where, section)
+            stated = getattr(record, section)
+            keys = [key for key, value in (entry.get(section) or {}).items() if value is not None]
+            for key in keys:
+                if getattr(stated, key) is not None:
+                    raise MalformedRecord(f"{where}: {section}.{key} is stated in the record "
+                                          f"({getattr(stated, key)!r}): an entry fills only what it leaves null")
+                said.append(f"{section}.{key}={getattr(given, key)}")
+            if keys:
+                filled[section] = replace(stated, **{key: getattr(given, key) for key in keys})
+        line = f"{', '.join(said)} ({source.ref}: {source.where})"
+        by_id[record.id] = replace(record, stated_elsewhere=(*record.stated_elsewhere, line), **filled)
+    return [by_id[record.id] for record in records]

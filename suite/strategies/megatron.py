@@ -23,6 +23,8 @@ Megatron-intra is dp=1, Megatron-data is tp=1.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -201,7 +203,8 @@ class OverlappedReduction:
     """Megatron-LM's `--overlap-grad-reduce` (and torch DDP's buckets): the gradients in buckets of up to
     `bucket_size` elements, filled in the reverse order of the parameters (the order backward produces them); a
     bucket is all-reduced over `group`, asynchronously, as soon as the last of its gradients is accumulated,
-    while backward goes on; `finish` waits for them after backward and averages."""
+    while backward goes on; `finish` waits for them after backward and averages. Disarmed (`armed`, the micro-batches
+    before the last where gradients accumulate), it lets the gradients accumulate and launches nothing."""
 
     def __init__(self, params: list[nn.Parameter], group, dp: int, bucket_size: int) -> None:
         self.group, self.dp = group, dp
@@ -215,6 +218,7 @@ class OverlappedReduction:
             filled += local_tensor(param).numel()
         self.bucket_of = {param: i for i, bucket in enumerate(self.buckets) for param in bucket}
         self.in_flight: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []
+        self.armed = True
         self._reset()
         for param in self.bucket_of:
             param.register_post_accumulate_grad_hook(self._accumulated)
@@ -224,6 +228,8 @@ class OverlappedReduction:
         self.launched = [False] * len(self.buckets)
 
     def _accumulated(self, param: nn.Parameter) -> None:
+        if not self.armed:
+            return
         i = self.bucket_of[param]
         self.waiting[i] -= 1
         if self.waiting[i] == 0:
@@ -251,8 +257,9 @@ class OverlappedReduction:
 
 class TensorParallel(DataParallel):
     """Each rank holds its tensor-parallel shards; replicas holding the same shards average their gradients
-    over the data-parallel group: after backward in one flat all-reduce, or overlapped with it (`overlapped`). The
-    group's first rank loads the batch and broadcasts it over `tp_group`."""
+    over the data-parallel group: after backward in one flat all-reduce, or overlapped with it (`overlapped`); with
+    gradient accumulation in the last micro-batch's backward only, as Megatron-LM reduces once a step. The group's
+    first rank loads the batch and broadcasts it over `tp_group`."""
 
     def __init__(self, rank: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer, dp_group, tp_group,
                  vocab_parallel: bool, overlapped: OverlappedReduction | None = None,
@@ -261,6 +268,7 @@ class TensorParallel(DataParallel):
         self.dp_group, self.tp_group, self.sequence = dp_group, tp_group, sequence
         self.split_logits, self.overlapped = vocab_parallel, overlapped
         self.loads_batch = rank.layout.position(rank.env.rank).tp_rank == 0
+        self.reduces = True  # this micro-batch's backward reduces the gradients (the last one's)
 
     @property
     def takes_inputs(self) -> bool:
@@ -282,9 +290,18 @@ class TensorParallel(DataParallel):
         """Evaluation: the whole logits (`whole_sequence_logits`)."""
         return whole_sequence_logits(self.model, inputs, self.tp_group, self.rank.layout.tp, self.sequence)
 
+    @contextlib.contextmanager
+    def gradient_sync(self, last: bool) -> Iterator[None]:
+        """Gradients accumulate locally until the `last` micro-batch, whose backward reduces their sum."""
+        self.reduces = last
+        if self.overlapped:
+            self.overlapped.armed = last
+        yield
+
     def backward(self, loss: torch.Tensor) -> None:
         super().backward(loss)
-        self.reduce_gradients()
+        if self.reduces:
+            self.reduce_gradients()
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the replicas (and their context-parallel ranks): wait for the buckets
@@ -325,8 +342,10 @@ class Megatron(Strategy):
     family: ClassVar[Family] = Family.tensor_parallel
     label: ClassVar[str] = "Megatron"
     # Parameters are sharded (element-wise updates only). Checkpointed blocks recompute their tensor-parallel
-    # forward, collectives included, as Megatron-LM's full recomputation does.
-    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS)
+    # forward, collectives included, as Megatron-LM's full recomputation does. Gradients accumulate over `grad_accum`
+    # micro-batches, reduced over the replicas once, in the last one's backward.
+    supports: ClassVar[Supports] = Supports(counts_communication=True, optimizers=ELEMENTWISE_OPTIMIZERS,
+                                            grad_accum=True)
     needs_torch: ClassVar[str] = "2.5"  # torch.distributed.tensor, DTensor's public API
     tp: int = 2
     batch_grows_with_tp: bool = True
@@ -365,9 +384,11 @@ class Megatron(Strategy):
 
     def layout(self, cfg) -> Layout:
         """With `batch_grows_with_tp` (Study N's Megatron-intra) the batch per worker is fixed, so each
-        tensor-parallel group trains on batch_size x tp; otherwise each group trains on batch_size."""
+        tensor-parallel group trains on batch_size x tp; otherwise each group trains on batch_size; either in each of
+        `grad_accum` micro-batches per step."""
         return Layout(dp=cfg.workers // (self.tp * self.cp), tp=self.tp, cp=self.cp,
-                      mini_batch=cfg.batch_size * (self.tp if self.batch_grows_with_tp else 1))
+                      mini_batch=cfg.batch_size * (self.tp if self.batch_grows_with_tp else 1) * cfg.grad_accum,
+                      micro_batches=cfg.grad_accum)
 
     def setup(self, model: nn.Module, rank: RankContext) -> TensorParallel:
         mesh = rank.layout.mesh(rank.env.device.type)

@@ -20,11 +20,13 @@ import sys
 from suite.errors import ConfigError, OneLineParser
 from suite.paths import REPO_ROOT
 from suite.published.mapping import EXPRESSIBLE, Mapped, counts, plan_records
-from suite.published.records import MalformedRecord, load
+from suite.published.records import MalformedRecord, load, stated_elsewhere
 
 RECORDS = REPO_ROOT / "analysis" / "published" / "gpu_measurements.yaml"
 ADDED_RECORDS = RECORDS.with_name("gpu_measurements_added.yaml")
 OPEN_SET = (str(RECORDS), str(ADDED_RECORDS))
+# What other sources by a record's authors state of its run where the record leaves it null (records.stated_elsewhere)
+STATED_ELSEWHERE = RECORDS.with_name("stated_elsewhere.yaml")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -53,8 +55,8 @@ def summary_lines(planned: list[Mapped]) -> list[str]:
 
 
 def load_planned(paths: list[str]) -> list[Mapped] | None:
-    """The records of the files, mapped and planned; None after one `error:` line where a file is malformed or two
-    files hold one id."""
+    """The records of the files, with what STATED_ELSEWHERE states of them, mapped and planned; None after one
+    `error:` line where a file is malformed or two files hold one id."""
     try:
         records, where = [], {}
         for path in paths:
@@ -63,7 +65,7 @@ def load_planned(paths: list[str]) -> list[Mapped] | None:
                     raise MalformedRecord(f"{path}: record {record.id}: its id is {where[record.id]}'s too")
                 where[record.id] = path
                 records.append(record)
-        return plan_records(records)
+        return plan_records(stated_elsewhere(records, STATED_ELSEWHERE))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
