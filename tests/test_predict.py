@@ -311,6 +311,17 @@ def test_megatron_overlapped_gradient_reduction_exposes_only_what_ends_after_bac
     assert overlapped.sent == flat.sent
 
 
+def test_megatron_accumulating_gradients_computes_each_micro_batch_and_reduces_once():
+    """2 micro-batches a step: forward and backward twice, the replicas' all-reduce once (Megatron-LM's, in the last
+    micro-batch's backward); exposed after it, or of the overlapped buckets only the tail of the last backward."""
+    mib = 2**20
+    layers = [layer(8 * mib, forward=0.5, backward=1.0) for _ in range(4)]
+    for strategy in (Megatron(tp=1), Megatron(tp=1, overlap_grad_reduce=True, bucket_size=2 * mib)):
+        once = step_time(synthetic(strategy, Layout(dp=2, tp=1, mini_batch=8), layers))
+        twice = step_time(synthetic(strategy, Layout(dp=2, tp=1, mini_batch=16, micro_batches=2), layers))
+        assert (twice.compute, twice.comm, twice.sent) == pytest.approx((2 * once.compute, once.comm, once.sent))
+
+
 def test_ddp_hides_buckets_behind_backward_and_exposes_the_tail():
     """Four layers of 8 MiB gradients, 1 s of backward each, a 16 MiB bucket cap: the first bucket (1 MiB cap)
     closes on the last layer's 8 MiB, the next on two layers, the last with the first layer, at the end of
