@@ -366,6 +366,31 @@ def test_pipeline_step_from_the_partition():
     assert step.bubble == pytest.approx(3.0 + send)
 
 
+def test_a_frameworks_pipelines_are_cut_by_its_own_rule_not_by_time():
+    """An embedding, 8 blocks and a head over 4 stages: Megatron-LM cuts 2 blocks a stage, the ends besides
+    (`equal_blocks`; a count that does not divide it refuses); BLOOM's DeepSpeed counts the embedding and the head
+    as a block each and fills the stages in turn with 3 (`equal_layers`: partition_balanced on equal weights). The
+    suite's own pipelines are cut by the profile's times (`balance`, torchgpipe's balancer)."""
+    layers = [layer(4, 0.1, 0.2, block=False), *(layer(4, 1.0, 2.0) for _ in range(8)),
+              layer(4, 3.0, 6.0, block=False)]
+    layout = Layout(dp=1, pp=4, mini_batch=8, micro_batches=8)
+
+    def cut(rule: str | None, pp: int = 4) -> list[int]:
+        w = synthetic(OneFOneB(balance="by_time", micro_batches=8), replace(layout, pp=pp), layers)
+        if rule:
+            cfg = OmegaConf.to_container(w.cfg)
+            cfg["framework"]["pipeline_partition"] = {"rule": rule}
+            w = replace(w, cfg=OmegaConf.create(cfg))
+        return step.stage_sizes(w)
+
+    assert cut(None) == step.balance([x.forward_s + x.backward_s for x in layers], 4)
+    assert cut("equal_blocks") == [3, 2, 2, 3]
+    assert cut("equal_layers") == [3, 3, 3, 1]
+    assert cut("equal_layers", pp=5) == [2] * 5
+    with pytest.raises(ConfigError, match="8 blocks do not split evenly into 3 pipeline chunks"):
+        cut("equal_blocks", pp=3)
+
+
 def test_a_pipeline_on_fewer_cores_than_ranks_lasts_at_least_its_work_shared_among_them():
     """The stages above (6 s and 3 s per micro-batch) with their ranks 2 to a core: the 4 micro-batches' work per
     stage, 24 s and 12 s, shared out, take 2 x 18 s = 36 s, longer than the schedule's 27 s and its sends: the rest

@@ -459,14 +459,47 @@ def vocab_collectives(w: Workload, activation: float, embedding: bool, head: boo
 
 def stage_sizes(w: Workload) -> list[int]:
     """Layers per pipeline chunk, as the strategy's `balance` cuts them: an explicit list, equal parameter
-    counts, or equal measured time (torchgpipe's balancer, here on the profile's times)."""
+    counts, or equal measured time (torchgpipe's balancer, here on the profile's times); unless the point's framework
+    partitions its pipelines by a rule of its own (conf/framework/, `pipeline_partition`: `framework_partition`)."""
     chunks = w.layout.pp * w.layout.virtual_stages
     knob = w.strategy.balance
     if not isinstance(knob, str):
         return list(knob)
+    rule = (w.cfg.framework.get("pipeline_partition") or {}).get("rule")
+    if rule:
+        return framework_partition(rule, [layer.block for layer in w.layers], chunks)
     if knob == "by_params":
         return balance([max((layer.param_bytes + layer.tied_bytes) // PARAM_BYTES, 1) for layer in w.layers], chunks)
     return balance([layer.forward_s + layer.backward_s for layer in w.layers], chunks)
+
+
+EQUAL_BLOCKS = "equal_blocks"  # Megatron-LM: num_layers / chunks blocks each, the embedding first, the head last
+EQUAL_LAYERS = "equal_layers"  # DeepSpeed's partition_method "type:transformer|embedding": ends counted as blocks
+
+
+def framework_partition(rule: str, blocks: list[bool], chunks: int) -> list[int]:
+    """Layers per chunk of a network whose layers are `blocks` (True) or its ends (the embedding before them, the
+    head after), as a framework cuts them: `equal_blocks`, the same number of blocks in every chunk (Megatron-LM,
+    which refuses a count that does not divide), the layers before the first block with the first chunk and those
+    after the last with the last; `equal_layers`, every layer counted alike, the chunks filled in turn with
+    ceil(layers / chunks) each, the last with what is left (DeepSpeed's `partition_balanced` on equal weights: the
+    least heaviest part, filled from the front)."""
+    if rule == EQUAL_LAYERS:
+        most = -(-len(blocks) // chunks)
+        if most * (chunks - 1) >= len(blocks):
+            raise ConfigError(f"{len(blocks)} layers in chunks of {most} leave a pipeline chunk of {chunks} empty "
+                              f"({EQUAL_LAYERS})")
+        return [most] * (chunks - 1) + [len(blocks) - most * (chunks - 1)]
+    if rule != EQUAL_BLOCKS:
+        raise ConfigError(f"pipeline_partition.rule={rule} is not one of {EQUAL_BLOCKS}, {EQUAL_LAYERS}")
+    count = sum(blocks)
+    if count % chunks:
+        raise ConfigError(f"{count} blocks do not split evenly into {chunks} pipeline chunks, as the framework's "
+                          f"pipelines split them ({EQUAL_BLOCKS})")
+    sizes = [count // chunks] * chunks
+    sizes[0] += blocks.index(True)
+    sizes[-1] += blocks[::-1].index(True)
+    return sizes
 
 
 @dataclass(frozen=True)

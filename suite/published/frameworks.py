@@ -17,7 +17,7 @@ from suite.paths import CONF_DIR
 
 KEYS = {"names", "attention", "precision", "recompute", "selective_recompute", "offload", "shards_data_parallel",
         "single_process_pipeline", "runnable", "pipeline_sends", "gradient_reduction", "seq_len", "context_parallel",
-        "activations", "optimizer_sharding", "pipeline_schedule", "dropout", "source_refs"}
+        "activations", "optimizer_sharding", "pipeline_schedule", "pipeline_partition", "dropout", "source_refs"}
 
 
 @dataclass(frozen=True)
