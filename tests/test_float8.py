@@ -51,13 +51,16 @@ def test_fp8_where_it_cannot_train_is_one_line_before_launch(overrides, line):
 
 def test_fp8_layers_are_priced_at_the_fp8_peak_with_the_casts_torchao_runs():
     """A block's three GEMMs per linear layer (forward, and backward's two) run on fp8 operands at the H100's fp8
-    peak, twice its bf16 one; each cast to fp8 adds memory-bound kernels (torchao uncompiled: amax, scale, cast);
-    the head's GEMMs stay bf16."""
+    peak, twice its bf16 one, of which they reach what the H200 lease measured fp8 GEMMs reach against bf16 ones
+    (1.81 times bf16's rate with one scale a tensor, 1.75 with a scale a row); each cast to fp8 adds memory-bound
+    kernels (torchao uncompiled: amax, scale, cast); the head's GEMMs stay bf16."""
     medium = [*H100, "network=gpt2_medium", "dataset.seq_len=1024", "dataset.vocab_size=50304"]  # over kernel floors
     (bf16,) = plan([medium], runs_here=False)
     (fp8,) = plan([[*medium, "fp8=tensorwise"]], runs_here=False)
     gpu = roofline.gpu_of(fp8.cfg)
-    assert gpu.fp8_tflops == pytest.approx(2 * gpu.matmul_tflops, rel=1e-3)  # 1978.9 and 989.4 TFLOP/s, x 0.8
+    assert gpu.fp8_tflops == pytest.approx(1.81 * gpu.matmul_tflops, rel=5e-3)  # 1978.9 and 989.4 TFLOP/s, x 0.8
+    (rowwise,) = plan([[*medium, "fp8=rowwise"]], runs_here=False)
+    assert roofline.gpu_of(rowwise.cfg).fp8_tflops == pytest.approx(1.75 * gpu.matmul_tflops, rel=5e-3)
     plain, converted = roofline.counted(bf16.cfg, 8), roofline.counted(fp8.cfg, 8)
     block, block8 = plain.layers[1], converted.layers[1]
     kernels = [k for k in block.forward + block.backward if k.kind == MATMUL]

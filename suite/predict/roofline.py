@@ -17,13 +17,15 @@ Fused attention on a GPU runs at the share of the peak its kernel's published be
 (suite.predict.attention); with `network.attention=math` it is the GEMMs and softmax it decomposes into.
 Matrix multiplies and convolutions (and a CPU's fused attention) run at the dense peak of the point's math dtype
 (bf16 and fp16 on the tensor cores; fp32 on TF32 tensor cores where `math.tf32` asks for it, as torch does for
-convolutions by default, else on the FP32 units), every other kernel at the memory bandwidth (LayerNorm and softmax,
-which reduce each row before writing it, at the lower share ATen's kernels reach of it). A GEMM's output is
+convolutions by default, else on the FP32 units; fp8 linear layers' GEMMs, `fp8=`, at the fp8 peak, reaching a
+little less of it than bf16's reach of theirs: FP8_RELATIVE_SHARE), every other kernel at the memory bandwidth
+(LayerNorm and softmax, which reduce each row before writing it, at the lower share ATen's kernels reach of it). A
+GEMM's output is
 cut into 128 x 128 tiles, one per streaming multiprocessor at a time: a last wave that fills few of them wastes
 the rest (wave quantisation), which is how small GEMMs fall below the peak; one with a dimension that is not a
 multiple of 8 runs on cuBLAS's slow unaligned kernels (UNALIGNED_GEMM_SHARE of the rate). The optimizer step
 streams every parameter's state once per operation of torch's foreach kernels (AdamW: 80 bytes per fp32
-parameter; SGD with momentum 32). The constants are five, named below with where they come from; `make
+parameter; SGD with momentum 32). The constants are few, named below with where they come from; `make
 validate-published` scores them against published GPU measurements.
 
 The profile it returns is the measured profile's (suite.profiling.profiles), so every strategy's step and memory
@@ -74,6 +76,12 @@ KERNEL_FLOOR_S = 5e-6
 # three GEMMs at 95, 139 and 147 TFLOP/s where aligned ones reach about 790 (0.12 to 0.19; docs/measurements.md, "The
 # H200 machine"): padding the vocabulary to 50304 took the step from 82.6 to 65.1 ms.
 UNALIGNED_GEMM_SHARE = 0.15
+# Of an fp8 GEMM's peak, the share it reaches relative to the share a bf16 GEMM of the same shape reaches of its own
+# (GEMM_EFFICIENCY, or the calibrated rate): fp8's measured speedup over bf16 divided by their peaks' ratio, 2 on
+# Hopper. On the H200 lease, torch._scaled_mm against torch.mm at six shapes from 4096 cubed to 16384 x 128256 x 4096
+# (docs/measurements/h200-2026-11-28/micro.json, `fp8_gemms` against `gemms`; docs/measurements.md): median speedups
+# 1.81 with one scale a tensor (cuBLAS's kernel; 1.31-2.11) and 1.75 with a scale a row (CUTLASS's; 1.29-1.82).
+FP8_RELATIVE_SHARE = {Float8Recipe.tensorwise: 0.906, Float8Recipe.rowwise: 0.873}
 TILE = 128  # rows and columns of a GEMM output tile of one SM (cuBLAS's common 128 x 128 tiles)
 # What a GPU rank holds before its model: the CUDA context and torch's kernels (lazily loaded), NCCL's
 # communicator buffers, the caching allocator's first blocks. 1 GiB, to be replaced by `make calibrate`'s
@@ -167,25 +175,26 @@ def gpu_of(cfg) -> Gpu:
     attention_peak = peaks[MATH_DTYPE[cfg.precision]] if cfg.precision in MATH_DTYPE else peaks["fp32"]
     attention_text = f", {attention.source}" if attention else ""
     fp8 = _fp8_peak(cfg)
-    fp8_text = f", fp8 GEMMs at {fp8:g} x the same share" if fp8 else ""
+    relative = FP8_RELATIVE_SHARE.get(cfg.get("fp8"), 0.0)
+    fp8_text = f", fp8 GEMMs at {fp8:g} x the same share x {relative:g} ({cfg.fp8} scales)" if fp8 else ""
     calibrated = matmul_tflops(cfg.cluster.name, cfg.precision)
     if calibrated:  # `make calibrate` on the cluster measured a large matmul: what its GEMMs reach
         return Gpu(name, calibrated, calibrated * conv / matmul, bandwidth, hw.sm_count,
                    f"calibrated: {name} GEMMs at the measured {calibrated:.1f} TFLOP/s{fp8_text}, HBM "
                    f"{bandwidth:.0f} GB/s (datasheet x MEMORY_EFFICIENCY; norms and softmax x "
                    f"ROW_REDUCTION_EFFICIENCY), roofline per kernel{attention_text}",
-                   tensor_cores, attention, attention_peak, fp8 * calibrated / matmul, reductions)
+                   tensor_cores, attention, attention_peak, fp8 * relative * calibrated / matmul, reductions)
     return Gpu(name, matmul * GEMM_EFFICIENCY, conv * GEMM_EFFICIENCY, bandwidth, hw.sm_count,
                f"datasheet: {name} GEMMs at {matmul:g} x {GEMM_EFFICIENCY} TFLOP/s{fp8_text}, HBM "
                f"{hw.device_memory_bandwidth_gbs:g} x {MEMORY_EFFICIENCY} GB/s (norms and softmax x "
                f"{ROW_REDUCTION_EFFICIENCY}), roofline per kernel{attention_text}",
-               tensor_cores, attention, attention_peak, fp8 * GEMM_EFFICIENCY, reductions)
+               tensor_cores, attention, attention_peak, fp8 * relative * GEMM_EFFICIENCY, reductions)
 
 
 def _fp8_peak(cfg) -> float:
     """The GPU's dense fp8 peak where the point trains fp8 linear layers (0.0 where it does not); a ConfigError
-    naming the key where its catalog entry lacks it. No fp8 GEMM is measured here: it reaches the share of its
-    peak that the point's bf16 GEMMs reach of theirs."""
+    naming the key where its catalog entry lacks it. An fp8 GEMM reaches FP8_RELATIVE_SHARE of the share of its peak
+    that the point's bf16 GEMMs reach of theirs (the H200 lease's microbenchmarks)."""
     if cfg.get("fp8", Float8Recipe.none) == Float8Recipe.none:
         return 0.0
     hw = cfg.cluster.hardware
