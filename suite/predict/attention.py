@@ -11,6 +11,8 @@ Dao-AILab/flash-attention@4f285b35): batch x sequence = 16k tokens, hidden 2048 
 fp16, FLOPs counted as suite.profiling.counted counts them (4 B s^2 H d forward, halved under a causal mask,
 backward 2.5 times that; benchmarks/benchmark_flash_attention.py lines 27-30). The values are the bars' labels;
 one, the A100's 512 tokens at head dimension 128 without a mask, is under the legend and read from its bar's height.
+On Hopper torch's own build of FlashAttention-2 reaches less than the plot (TORCH_FLASH2_HOPPER, timed on the
+H200 lease); on the A100 it is priced at the plot's bars.
 
 The figure's "FlashAttention Triton" bars are Tri Dao's Triton FlashAttention (flash_attn_triton.py), which torch
 does not ship: a framework that ran it (llm-foundry's `attn_impl: triton`) says so in its file (conf/framework/,
@@ -45,6 +47,12 @@ FLASH_TRITON_A100 = {(64, False): (90, 102, 98, 98, 100, 100), (128, False): (78
                      (64, True): (59, 75, 79, 76, 79, 80), (128, True): (50, 61, 68, 74, 78, 80)}
 FLASH2_H100 = {(64, False): (215, 254, 274, 288, 294, 296), (128, False): (248, 294, 320, 326, 335, 338),
                (64, True): (141, 192, 232, 257, 273, 284), (128, True): (163, 221, 265, 294, 308, 328)}
+# What torch's own FlashAttention-2 (SDPBackend.FLASH_ATTENTION, the kernel torch picks on Hopper unless cuDNN's is
+# enabled: pytorch/pytorch#138522) reaches there of the published H100 plot's rate: the five causal shapes the H200
+# lease timed forward and backward (head dimension 64 at 1024 and 2048 tokens, 128 at 4096 and 8192;
+# docs/measurements/h200-2026-11-28/micro.json, `make bench-kernels`) took the plot's time over 0.89, the median
+# (0.73-0.96; 0.89 and 0.91 at the two shapes of the plot's own batch x heads).
+TORCH_FLASH2_HOPPER = 0.89
 # The figures' GPUs' dense fp16 peaks (conf/cluster/gpu/a100_sxm4_40gb.yaml, h100_sxm5_80gb.yaml)
 A100_PEAK = 312.0
 H100_PEAK = 989.4
@@ -74,8 +82,9 @@ class AttentionKernelCost:
 
     def share(self, kernel: Kernel) -> float:
         if self.kernel == AttentionKernel.flash:
-            return _share(*((FLASH2_H100, H100_PEAK) if self.capability >= HOPPER else (FLASH2_A100, A100_PEAK)),
-                          kernel)
+            if self.capability >= HOPPER:
+                return _share(FLASH2_H100, H100_PEAK, kernel) * TORCH_FLASH2_HOPPER
+            return _share(FLASH2_A100, A100_PEAK, kernel)
         share = _share(FLASH_TRITON_A100 if self.kernel == FLASH_TRITON else EFFICIENT_A100, A100_PEAK, kernel)
         if self.capability >= HOPPER:
             share *= _share(FLASH2_H100, H100_PEAK, kernel) / _share(FLASH2_A100, A100_PEAK, kernel)
@@ -87,7 +96,9 @@ class AttentionKernelCost:
             self.kernel, "the memory-efficient kernel")
         gpu = "H100" if self.capability >= HOPPER else "A100"
         scaled = " scaled to Hopper by FlashAttention-2's" if self.kernel != "flash" and gpu == "H100" else ""
-        return f"attention: {name} at its published {'A100' if scaled else gpu} share of the peak{scaled}"
+        hopper_flash = self.kernel == AttentionKernel.flash and gpu == "H100"
+        torch_build = f" x {TORCH_FLASH2_HOPPER} (torch's build, measured)" if hopper_flash else ""
+        return f"attention: {name} at its published {'A100' if scaled else gpu} share of the peak{scaled}{torch_build}"
 
 
 def attention_kernel(attention: str, capability: float, half: bool,
