@@ -20,10 +20,9 @@ Matrix multiplies and convolutions (and a CPU's fused attention) run at the dens
 convolutions by default, else on the FP32 units; fp8 linear layers' GEMMs, `fp8=`, at the fp8 peak, reaching a
 little less of it than bf16's reach of theirs: FP8_RELATIVE_SHARE), every other kernel at the memory bandwidth
 (LayerNorm and softmax, which reduce each row before writing it, at the lower share ATen's kernels reach of it). A
-GEMM's output is
-cut into 128 x 128 tiles, one per streaming multiprocessor at a time: a last wave that fills few of them wastes
-the rest (wave quantisation), which is how small GEMMs fall below the peak; one with a dimension that is not a
-multiple of 8 runs on cuBLAS's slow unaligned kernels (UNALIGNED_GEMM_SHARE of the rate). The optimizer step
+GEMM's output is cut into 128 x 128 tiles, one per streaming multiprocessor at a time: a last wave that fills few of
+them wastes the rest (wave quantisation), which is how small GEMMs fall below the peak; one with a dimension that is
+not a multiple of 8 runs on cuBLAS's slow unaligned kernels (UNALIGNED_GEMM_SHARE of the rate). The optimizer step
 streams every parameter's state once per operation of torch's foreach kernels (AdamW: 80 bytes per fp32
 parameter; SGD with momentum 32). The constants are few, named below with where they come from; `make
 validate-published` scores them against published GPU measurements.

@@ -483,7 +483,7 @@ def framework_partition(rule: str, blocks: list[bool], chunks: int) -> list[int]
     which refuses a count that does not divide), the layers before the first block with the first chunk and those
     after the last with the last; `equal_layers`, every layer counted alike, the chunks filled in turn with
     ceil(layers / chunks) each, the last with what is left (DeepSpeed's `partition_balanced` on equal weights: the
-    least heaviest part, filled from the front)."""
+    smallest bottleneck, filled from the front)."""
     if rule == EQUAL_LAYERS:
         most = -(-len(blocks) // chunks)
         if most * (chunks - 1) >= len(blocks):
