@@ -40,7 +40,7 @@ class AttentionKernel(StrEnum):
     """Which of torch's `scaled_dot_product_attention` kernels GPT-2 runs (torch.nn.attention.SDPBackend)."""
 
     auto = "auto"  # torch's choice: FlashAttention-2 where it can run (bf16/fp16, compute capability 8.0+), else
-    # the memory-efficient kernel on a GPU, the CPU's flash kernel on CPU
+    # the memory-efficient kernel on a GPU, the CPU's flash kernel on CPU; on Hopper and later from torch 2.11 cuDNN's
     flash = "flash"  # FlashAttention-2 (a CPU implementation on CPU)
     efficient = "efficient"  # the memory-efficient kernel (xformers'), any CUDA GPU and dtype
     math = "math"  # two batched GEMMs around a materialised, masked softmax: attention before fused kernels

@@ -12,7 +12,9 @@ fp16, FLOPs counted as suite.profiling.counted counts them (4 B s^2 H d forward,
 backward 2.5 times that; benchmarks/benchmark_flash_attention.py lines 27-30). The values are the bars' labels;
 one, the A100's 512 tokens at head dimension 128 without a mask, is under the legend and read from its bar's height.
 On Hopper torch's own build of FlashAttention-2 reaches less than the plot (TORCH_FLASH2_HOPPER, timed on the
-H200 lease); on the A100 it is priced at the plot's bars.
+H200 lease); on the A100 it is priced at the plot's bars. From torch 2.11 torch's own choice on Hopper and later is
+cuDNN's fused attention (its wheels' cuDNN passes the version check_prefer_cudnn_attention asks for), priced at what
+the lease timed it reach against the plot (CUDNN_HOPPER).
 
 The figure's "FlashAttention Triton" bars are Tri Dao's Triton FlashAttention (flash_attn_triton.py), which torch
 does not ship: a framework that ran it (llm-foundry's `attn_impl: triton`) says so in its file (conf/framework/,
@@ -30,6 +32,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import torch
+from packaging.version import Version
 
 from suite.models.gpt2 import flash_runs
 from suite.profiling.counted import Kernel
@@ -53,6 +58,14 @@ FLASH2_H100 = {(64, False): (215, 254, 274, 288, 294, 296), (128, False): (248, 
 # docs/measurements/h200-2026-11-28/micro.json, `make bench-kernels`) took the plot's time over 0.89, the median
 # (0.73-0.96; 0.89 and 0.91 at the two shapes of the plot's own batch x heads).
 TORCH_FLASH2_HOPPER = 0.89
+# cuDNN's fused attention (SDPBackend.CUDNN_ATTENTION), which torch's `auto` takes on compute capability 9.0 and later
+# where its cuDNN is 9.15.1 or newer (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+# check_prefer_cudnn_attention; pytorch/pytorch#138522 made it opt-in before): torch 2.11's wheels, whose cuDNN 9.19
+# the H200 lease ran it with (its profiles' attention kernels are cuDNN's). Against the published H100 plot's rate, the
+# lease's five causal shapes ran 1.62 times as fast (median; 0.91-1.72).
+CUDNN = "cudnn"
+CUDNN_HOPPER = 1.62
+CUDNN_PREFERRED_FROM = "2.11"  # the first torch whose wheels' cuDNN passes that check
 # The figures' GPUs' dense fp16 peaks (conf/cluster/gpu/a100_sxm4_40gb.yaml, h100_sxm5_80gb.yaml)
 A100_PEAK = 312.0
 H100_PEAK = 989.4
@@ -77,10 +90,12 @@ def _share(curves: dict, peak: float, kernel: Kernel) -> float:
 class AttentionKernelCost:
     """What one of torch's fused attention kernels reaches on a GPU of `capability`, as a share of its peak."""
 
-    kernel: str  # flash | efficient | flash_triton (a framework's: see the module's docstring)
+    kernel: str  # flash | efficient | cudnn (torch's on Hopper) | flash_triton (a framework's: the docstring)
     capability: float
 
     def share(self, kernel: Kernel) -> float:
+        if self.kernel == CUDNN:
+            return _share(FLASH2_H100, H100_PEAK, kernel) * CUDNN_HOPPER
         if self.kernel == AttentionKernel.flash:
             if self.capability >= HOPPER:
                 return _share(FLASH2_H100, H100_PEAK, kernel) * TORCH_FLASH2_HOPPER
@@ -92,6 +107,9 @@ class AttentionKernelCost:
 
     @property
     def source(self) -> str:
+        if self.kernel == CUDNN:
+            return (f"attention: cuDNN's fused attention (torch's choice on Hopper from {CUDNN_PREFERRED_FROM}) at "
+                    f"{CUDNN_HOPPER} x FlashAttention-2's published H100 share of the peak (measured)")
         name = {AttentionKernel.flash: "FlashAttention-2", FLASH_TRITON: "Triton FlashAttention"}.get(
             self.kernel, "the memory-efficient kernel")
         gpu = "H100" if self.capability >= HOPPER else "A100"
@@ -101,15 +119,20 @@ class AttentionKernelCost:
         return f"attention: {name} at its published {'A100' if scaled else gpu} share of the peak{scaled}{torch_build}"
 
 
-def attention_kernel(attention: str, capability: float, half: bool,
-                     rates: str | None = None) -> AttentionKernelCost | None:
-    """The fused kernel torch runs for `network.attention` on a GPU of `capability` (None for math, which the
-    counted network already holds as its GEMMs and softmax), or the kernel a framework ran in its place (`rates`:
-    flash_triton). The planner has refused flash where it cannot run (suite.sweep.checks)."""
+def attention_kernel(attention: str, capability: float, half: bool, rates: str | None = None,
+                     torch_version: str = torch.__version__) -> AttentionKernelCost | None:
+    """The fused kernel torch (of `torch_version`: this environment's, which runs the suite's points) runs for
+    `network.attention` on a GPU of `capability` (None for math, which the counted network already holds as its
+    GEMMs and softmax), or the kernel a framework ran in its place (`rates`: flash_triton). The planner has refused
+    flash where it cannot run (suite.sweep.checks)."""
     if attention == AttentionKernel.math:
         return None
     if rates == FLASH_TRITON:
         return AttentionKernelCost(FLASH_TRITON, capability)
     if attention == AttentionKernel.auto:
-        attention = AttentionKernel.flash if flash_runs(half, capability) else AttentionKernel.efficient
+        if not flash_runs(half, capability):
+            return AttentionKernelCost(AttentionKernel.efficient, capability)
+        if capability >= HOPPER and Version(torch_version).release >= Version(CUDNN_PREFERRED_FROM).release:
+            return AttentionKernelCost(CUDNN, capability)
+        attention = AttentionKernel.flash
     return AttentionKernelCost(str(attention), capability)

@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import torch
 from omegaconf import OmegaConf
 
 from suite.errors import ConfigError
@@ -167,8 +168,9 @@ def gpu_of(cfg) -> Gpu:
     bandwidth = hw.device_memory_bandwidth_gbs * MEMORY_EFFICIENCY
     reductions = hw.device_memory_bandwidth_gbs * ROW_REDUCTION_EFFICIENCY
     name = hw.gpu or cfg.cluster.name
-    rates = framework_attention(cfg).get("rates")  # a framework's own kernel in torch's place
-    attention = (attention_kernel(cfg.network.attention, hw.compute_capability, cfg.precision in MATH_DTYPE, rates)
+    traits = framework_attention(cfg)  # a framework's own kernel in torch's place (`rates`), or its torch's choice
+    attention = (attention_kernel(cfg.network.attention, hw.compute_capability, cfg.precision in MATH_DTYPE,
+                                  traits.get("rates"), str(traits.get("torch") or torch.__version__))
                  if hw.gpu else None)  # a CPU's fused attention: at its GEMMs' rate
     # FlashAttention-2 runs in half precision only; the memory-efficient kernel in fp32 runs on the FP32 units
     attention_peak = peaks[MATH_DTYPE[cfg.precision]] if cfg.precision in MATH_DTYPE else peaks["fp32"]

@@ -48,7 +48,7 @@ class Framework:
 
 
 def _default(entry: dict | None, key: str) -> Default | None:
-    return Default(str(entry[key]), str(entry["source"])) if entry else None
+    return Default(str(entry[key]), str(entry["source"])) if entry and key in entry else None
 
 
 @functools.cache

@@ -50,9 +50,14 @@ def _ratios(rows: Iterable[tuple[float, float]]) -> str:
             else "0 | | |")
 
 
-def _gpu(cluster: str, dtype: str, tf32: bool = False) -> Gpu:
+# The attention kernel the model prices for each of torch's backends the profile timed: `auto` is torch's own choice,
+# cuDNN's on Hopper (suite.predict.attention); math (a CPU's profile) at the GEMMs' rate
+MODEL_ATTENTION = {"flash": "flash", "efficient": "efficient", "cudnn": "auto", "math": "math"}
+
+
+def _gpu(cluster: str, dtype: str, tf32: bool = False, attention: str = "auto") -> Gpu:
     (point,) = plan([[f"cluster={cluster}", f"precision={PRECISION[dtype]}", f"math.tf32={str(tf32).lower()}",
-                      "dataset=tokens", "network=gpt2_medium"]], runs_here=False)
+                      "dataset=tokens", "network=gpt2_medium", f"network.attention={attention}"]], runs_here=False)
     return gpu_of(point.cfg)
 
 
@@ -180,9 +185,10 @@ def main(args: list[str]) -> int:
                  row["backward_ms"] / 1e3))
     attention = [row for row in micro["attention"] if "error" not in row]
     for row in attention:
-        forward, backward = attention_seconds(row["shape"], bf16)
-        groups.setdefault(f"attention (the model's FlashAttention-2) vs {row['backend']}, forward + backward",
-                          []).append((forward + backward, (row["fwd_ms"] + row["bwd_ms"]) / 1e3))
+        forward, backward = attention_seconds(row["shape"], _gpu(cluster, "bfloat16",
+                                                                 attention=MODEL_ATTENTION[row["backend"]]))
+        groups.setdefault(f"attention: {row['backend']}, forward + backward", []).append(
+            (forward + backward, (row["fwd_ms"] + row["bwd_ms"]) / 1e3))
     adamw = micro.get("optimizers") or {}
     if "ms" in adamw:  # foreach AdamW with weight decay over fp32 parameters: one pass per operation
         streamed = (ADAM_BYTES + ADAM_DECAY_BYTES["adamw"]) * adamw["parameters"]
