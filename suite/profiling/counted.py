@@ -68,6 +68,12 @@ HALF_BYTES = 2
 # cuBLAS's tensor-core kernels load 16 bytes at a time: a GEMM with a dimension not a multiple of 8 elements
 # (a 16-bit dtype's 16 bytes; GPT-2's 50257-token vocabulary) runs on kernels of 2-byte loads ("align1").
 ALIGNMENT = 8
+
+
+def aligned(*dims: int) -> bool:
+    """Whether a GEMM of these dimensions (M, N, K) runs on the tensor cores' fast kernels (ALIGNMENT)."""
+    return all(d % ALIGNMENT == 0 for d in dims)
+
 CAST_BYTES = 6  # a parameter copied between fp32 and half precision: 4 bytes read, 2 written (or back)
 ATTENTION_BACKWARD = 2.5
 CAUSAL_WORK = 0.5
@@ -217,12 +223,12 @@ class _Kernels(TorchDispatchMode):
             if conv and len(shape) == 4:  # NCHW, an implicit GEMM of N*H*W rows and C columns
                 rows, cols = shape[0] * shape[2] * shape[3], shape[1]
         depth = round(flops / (2 * rows * cols)) if kind in (MATMUL, FP8_MATMUL) and rows * cols else 0
-        aligned = kind not in (MATMUL, FP8_MATMUL) or all(d % ALIGNMENT == 0 for d in (rows, cols, depth))
+        fast = kind not in (MATMUL, FP8_MATMUL) or aligned(rows, cols, depth)
         residual = kind == MEMORY and self.stream is not None and self.on_stream(inputs + outputs)
         if self.cuda and packet is _aten.native_layer_norm_backward and len(outputs) > 1:
             self.layer_norm_backward(func, args, outputs, residual)
         else:
-            self.record(Kernel(kind, flops, moved, rows, cols, aligned, residual=residual,
+            self.record(Kernel(kind, flops, moved, rows, cols, fast, residual=residual,
                                row_reduction=kind == MEMORY and packet in ROW_REDUCTIONS), func, inputs, outputs)
         if packet is _aten._safe_softmax and self.safe_softmax:
             self.zero_masked_rows(inputs[0], outputs[0])
@@ -332,8 +338,7 @@ class _Attention(TorchFunctionMode):
         else:
             cols = outputs[0].shape[-1]
             rows = outputs[0].numel() // cols
-            kernel = Kernel(MATMUL, 2.0 * rows * cols * depth, moved, rows, cols,
-                            all(n % ALIGNMENT == 0 for n in (rows, cols, depth)))
+            kernel = Kernel(MATMUL, 2.0 * rows * cols * depth, moved, rows, cols, aligned(rows, cols, depth))
         self.kernels.record(kernel, op, inputs, outputs)
 
     def _like(self, q: torch.Tensor, keys: int, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -29,7 +29,7 @@ from suite.predict.roofline import (
     datasheet_profile,
     gpu_of,
 )
-from suite.profiling.counted import ALIGNMENT, ATTENTION, ATTENTION_BACKWARD, CAUSAL_WORK, MATMUL, MEMORY, Kernel
+from suite.profiling.counted import ATTENTION, ATTENTION_BACKWARD, CAUSAL_WORK, MATMUL, MEMORY, Kernel, aligned
 from suite.sweep.plan import plan
 from suite.tools.benchmarks.kernel_profile import NETWORKS, step_overrides
 
@@ -68,7 +68,7 @@ def gemm_group(gemm: dict) -> str:
         return "fp32 on TF32 tensor cores" if gemm.get("tf32") else "fp32 on the FP32 units"
     if dtype == "float16":
         return "fp16, square"
-    if not all(gemm[d] % ALIGNMENT == 0 for d in "mnk"):
+    if not aligned(gemm["m"], gemm["n"], gemm["k"]):
         return "bf16, a dimension not a multiple of 8"
     if gemm.get("role"):
         return f"bf16, networks' layers, K {'<=' if gemm['k'] <= 1024 else '>'} 1024"
@@ -81,7 +81,7 @@ def gemm_seconds(gemm: dict, gpus: Callable[[str, bool], Gpu]) -> float:
     m, n, k, dtype = gemm["m"], gemm["n"], gemm["k"], gemm["dtype"]
     size = ELEMENT_BYTES[dtype]
     kernel = Kernel(MATMUL, 2 * m * n * k, size * (m * k + k * n + m * n), m, n,
-                    aligned=all(d % ALIGNMENT == 0 for d in (m, n, k)))
+                    aligned=aligned(m, n, k))
     return gpus(dtype, bool(gemm.get("tf32"))).seconds(kernel)
 
 
@@ -159,10 +159,13 @@ def main(args: list[str]) -> int:
         print(f"{directory}: measured on {gpu_name}, which no cluster is known to have: name one (cluster=NAME)",
               file=sys.stderr)
         return 2
-    cache: dict[tuple[str, bool], Gpu] = {}
+    cache: dict[tuple[str, bool, str], Gpu] = {}
 
-    def gpus(dtype: str, tf32: bool) -> Gpu:
-        return cache.setdefault((dtype, tf32), _gpu(cluster, dtype, tf32))
+    def gpus(dtype: str, tf32: bool, attention: str = "auto") -> Gpu:
+        key = (dtype, tf32, attention)
+        if key not in cache:
+            cache[key] = _gpu(cluster, dtype, tf32, attention)
+        return cache[key]
 
     bf16 = gpus("bfloat16", False)
     print(f"{directory.relative_to(REPO_ROOT) if directory.is_relative_to(REPO_ROOT) else directory}: {gpu_name} "
@@ -185,8 +188,7 @@ def main(args: list[str]) -> int:
                  row["backward_ms"] / 1e3))
     attention = [row for row in micro["attention"] if "error" not in row]
     for row in attention:
-        forward, backward = attention_seconds(row["shape"], _gpu(cluster, "bfloat16",
-                                                                 attention=MODEL_ATTENTION[row["backend"]]))
+        forward, backward = attention_seconds(row["shape"], gpus("bfloat16", False, MODEL_ATTENTION[row["backend"]]))
         groups.setdefault(f"attention: {row['backend']}, forward + backward", []).append(
             (forward + backward, (row["fwd_ms"] + row["bwd_ms"]) / 1e3))
     adamw = micro.get("optimizers") or {}
